@@ -1,0 +1,181 @@
+"""Registration: the jobs an application declares at import time."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._exceptions import RegistrationError, ScheduleError
+from ._schedule import Schedule, parse
+
+if TYPE_CHECKING:
+    from ._round import Round
+
+__all__ = ["Job", "Registry", "default_registry", "register", "register_per_instance"]
+
+#: The longest job name: the name is the lease row's key.
+MAX_NAME_LENGTH = 200
+
+JobFunction = Callable[["Round"], Any] | Callable[["Round"], Awaitable[Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A registered job: what runs, when, and whether under a lease.
+
+    Attributes:
+        name: The job's identity: in every log line about it and as its lease's name.
+        fn: The callable run for each round, given the round's :class:`Round`.
+        schedule: When it runs.
+        leased: ``True`` for a job run once per instant across all replicas;
+            ``False`` for a per-instance job, which every replica runs on its own.
+        is_async: ``fn`` is a coroutine function (run on an asyncio loop).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    schedule: Schedule
+    leased: bool
+    is_async: bool
+
+
+class Registry:
+    """A set of jobs. The module-level :func:`register` adds to the default one.
+
+    Tests and libraries build their own (``Registry()``) and hand it to
+    ``Scheduler(registry=...)``. Once a scheduler running a registry has started, the
+    registry is frozen: registering then raises :class:`RuntimeError`, because a job
+    added after the start would silently never run.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._frozen_by: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Registry of {len(self._jobs)} job(s)>"
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """The registered jobs, in registration order."""
+        with self._lock:
+            return tuple(self._jobs.values())
+
+    def register(self, fn: F, spec: str, name: str) -> F:
+        """Register ``fn`` to run on ``spec``, once per instant across all replicas.
+
+        Args:
+            fn: Called with the round's :class:`~cronjob.Round`; a plain function runs
+                in a worker thread, a coroutine function on an asyncio loop. It must be
+                idempotent: a round cut short runs a second time.
+            spec: A six-field cron expression (seconds first) or a descriptor such as
+                ``"@hourly"`` or ``"@every 5m"``, optionally prefixed ``CRON_TZ=<zone> ``.
+            name: The job's identity, unique in the registry (at most 200 characters).
+
+        Returns:
+            ``fn`` unchanged.
+
+        Raises:
+            ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
+            RegistrationError: no name, a name already taken, or ``fn`` not callable with
+                one argument.
+            RuntimeError: a scheduler running this registry has already started.
+        """
+        self._add(fn, spec, name, leased=True)
+        return fn
+
+    def register_per_instance(self, fn: F, spec: str, name: str) -> F:
+        """Register ``fn`` to run on ``spec`` on every replica, without a lease.
+
+        For work that belongs to the process (a local cache, a local directory). Such a
+        job never catches up an instant and never runs a round a second time. Arguments,
+        return value and errors are as for :meth:`register`.
+        """
+        self._add(fn, spec, name, leased=False)
+        return fn
+
+    def _add(self, fn: Callable[..., Any], spec: str, name: str, *, leased: bool) -> None:
+        _check_name(name)
+        _check_fn(fn, name)
+        try:
+            schedule = parse(spec)
+        except ScheduleError as exc:
+            raise ScheduleError(f"job {name!r}: {exc}") from exc
+        except TypeError as exc:
+            raise ScheduleError(f"job {name!r}: spec must be a string, got {spec!r}") from exc
+        job = Job(
+            name=name,
+            fn=fn,
+            schedule=schedule,
+            leased=leased,
+            is_async=inspect.iscoroutinefunction(fn),
+        )
+        with self._lock:
+            if self._frozen_by is not None:
+                raise RuntimeError(
+                    f"cannot register job {name!r}: the scheduler {self._frozen_by} has "
+                    "already started with this registry; register jobs at import time"
+                )
+            if name in self._jobs:
+                raise RegistrationError(f"job {name!r} is already registered")
+            self._jobs[name] = job
+
+    def _freeze(self, by: str) -> tuple[Job, ...]:
+        """Refuse further registrations and return the jobs (called at scheduler start)."""
+        with self._lock:
+            if self._frozen_by is None:
+                self._frozen_by = by
+            return tuple(self._jobs.values())
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):
+        raise RegistrationError(f"a job name must be a string, got {name!r}")
+    if not name.strip():
+        raise RegistrationError("a job needs a name: got an empty one")
+    if len(name) > MAX_NAME_LENGTH:
+        raise RegistrationError(
+            f"job name {name[:40]!r}... is {len(name)} characters long; "
+            f"the limit is {MAX_NAME_LENGTH}"
+        )
+
+
+def _check_fn(fn: object, name: str) -> None:
+    if not callable(fn):
+        raise RegistrationError(f"job {name!r}: {fn!r} is not callable")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: trust them
+        return
+    try:
+        signature.bind(object())
+    except TypeError as exc:
+        raise RegistrationError(
+            f"job {name!r}: {getattr(fn, '__qualname__', fn)!r} must accept the round "
+            f"as its one positional argument ({exc})"
+        ) from None
+
+
+#: The registry that :func:`register` and ``Scheduler(registry=None)`` use.
+default_registry = Registry()
+
+
+def register(fn: F, spec: str, name: str) -> F:
+    """Register ``fn`` in the default registry; see :meth:`Registry.register`."""
+    return default_registry.register(fn, spec, name)
+
+
+def register_per_instance(fn: F, spec: str, name: str) -> F:
+    """Register a per-instance job in the default registry.
+
+    See :meth:`Registry.register_per_instance`.
+    """
+    return default_registry.register_per_instance(fn, spec, name)

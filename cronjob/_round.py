@@ -1,0 +1,187 @@
+"""The round: one run of a job for one instant, and what the job sees of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ._exceptions import Cancelled, LeaseLost
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from ._clock import Clock
+
+__all__ = ["Outcome", "Round", "classify"]
+
+
+class Outcome(enum.Enum):
+    """How a round ended."""
+
+    #: The job returned: the round ran to its end.
+    SUCCEEDED = "succeeded"
+    #: The job raised an error of its own: the round ran to its end (logged, not retried).
+    FAILED = "failed"
+    #: The job raised the round's cancellation: the round may run a second time.
+    CUT_SHORT = "cut short"
+
+
+#: Opens the fenced transaction of a round: ``transaction(round)``.
+TransactionFactory = Callable[["Round"], contextlib.AbstractContextManager["Connection"]]
+
+
+class Round:
+    """What a job receives: the identity of its round and the means to stop early.
+
+    Attributes:
+        name: The job's name.
+        instant: The scheduled instant this round runs for, an aware UTC datetime — the
+            same on a second run and on a catch-up.
+        attempt: 1, or 2 for the second run of a round cut short.
+        trace_id: The round's trace id (32 hex digits, W3C format), in its logs and SQL.
+        replica: The id of the replica running the round.
+    """
+
+    __slots__ = (
+        "_cause",
+        "_clock",
+        "_event",
+        "_lock",
+        "_transaction",
+        "attempt",
+        "instant",
+        "name",
+        "replica",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        instant: datetime,
+        attempt: int,
+        replica: str,
+        trace_id: str,
+        clock: Clock,
+        transaction: TransactionFactory,
+    ) -> None:
+        self.name = name
+        self.instant = instant
+        self.attempt = attempt
+        self.replica = replica
+        self.trace_id = trace_id
+        self._clock = clock
+        self._event = clock.event()
+        self._cause: Cancelled | None = None
+        self._lock = threading.Lock()
+        self._transaction = transaction
+
+    def __repr__(self) -> str:
+        state = f" cancelled ({self._cause})" if self._cause else ""
+        return (
+            f"<Round {self.name!r} {self.instant.isoformat()} attempt {self.attempt}"
+            f" on {self.replica!r}{state}>"
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the round has been cancelled (shutdown or lease lost)."""
+        return self._cause is not None
+
+    @property
+    def cause(self) -> Cancelled | None:
+        """Why the round was cancelled: a :class:`Shutdown` or :class:`LeaseLost`, or None."""
+        return self._cause
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` on the scheduler's clock, waking early if the round is cancelled.
+
+        Returns:
+            ``True`` as soon as the round is cancelled (at once if it already is),
+            ``False`` once the time has passed.
+        """
+        return self._event.wait(max(0.0, seconds))
+
+    async def wait_async(self, seconds: float) -> bool:
+        """Like :meth:`wait`, for an async job.
+
+        An async round is also cancelled as an asyncio task: a cancellation that arrives
+        while the job awaits raises :class:`asyncio.CancelledError` there, which counts as
+        the round cut short.
+        """
+        return await self._event.wait_async(max(0.0, seconds))
+
+    def check(self) -> None:
+        """Raise the round's cancellation if it has been cancelled; return otherwise.
+
+        Raises:
+            Shutdown: the scheduler is draining.
+            LeaseLost: the round's lease was taken or could not be renewed.
+        """
+        cause = self._cause
+        if cause is not None:
+            raise type(cause)(*cause.args)
+
+    def transaction(self) -> contextlib.AbstractContextManager[Connection]:
+        """Open a transaction on the scheduler's database, fenced by the round's lease.
+
+        For a leased job the transaction checks, inside itself, that this round still
+        holds its lease (its fencing token changes on every claim) when it opens and again
+        just before it commits; if the lease is gone it rolls back and raises
+        :class:`LeaseLost`. A per-instance round gets a plain transaction.
+
+        Returns:
+            A context manager yielding a SQLAlchemy :class:`~sqlalchemy.Connection`;
+            leaving the block commits, an exception rolls back.
+        """
+        return self._transaction(self)
+
+    # -- used by the scheduler ----------------------------------------------------------
+
+    def _cancel(self, cause: Cancelled) -> bool:
+        """Cancel the round with ``cause``; the first cause wins. Returns True if it did."""
+        with self._lock:
+            if self._cause is not None:
+                return False
+            self._cause = cause
+        self._event.set()
+        return True
+
+
+def classify(error: BaseException | None, ctx: Round) -> Outcome:
+    """Tell a round cut short from one that ran to its end, from what the job raised.
+
+    Cut short: the job raised a :class:`Cancelled` (what ``ctx.check()`` raises), an
+    exception group containing one (the job's own failures beside it are logged), or,
+    for an async job, :class:`asyncio.CancelledError`. Anything else ran to its end:
+    a return is a success; any other exception — a failure of the job's own, including
+    one that merely chains a cancellation as its cause — is a failure.
+    """
+    if error is None:
+        return Outcome.SUCCEEDED
+    if isinstance(error, Cancelled | asyncio.CancelledError):
+        return Outcome.CUT_SHORT
+    if isinstance(error, BaseExceptionGroup):
+        match, _rest = error.split((Cancelled, asyncio.CancelledError))
+        if match is not None:
+            return Outcome.CUT_SHORT
+    return Outcome.FAILED
+
+
+def iter_own_errors(error: BaseException) -> Iterator[BaseException]:
+    """Yield the job's own failures inside an exception group beside its cancellation."""
+    if isinstance(error, BaseExceptionGroup):
+        _match, rest = error.split((Cancelled, asyncio.CancelledError))
+        if rest is not None:
+            yield rest
+
+
+def lease_lost(name: str, reason: str) -> LeaseLost:
+    """Build the cancellation cause of a round whose lease is gone."""
+    return LeaseLost(f"job {name!r}: lease lost: {reason}")
