@@ -1,0 +1,41 @@
+"""The identity of the unit of work in progress, for spans, log records and SQL statements.
+
+It knows nothing about cron or leases: whoever runs a piece of work wraps it in
+:func:`work`, and everything the work does while it runs can say which unit it belongs to.
+
+Layout, one private module per concern:
+
+- ``_context``: :class:`WorkUnit` (the identity, a value) and :func:`current`.
+- ``_tracing``: :func:`work` (enter a unit under its root span) and :class:`Work`.
+- ``_logging``: :class:`LogFilter`, :func:`install_log_filter`, :func:`add_context`.
+- ``_sql``: :func:`instrument` / :func:`uninstrument` (sqlcommenter comments).
+"""
+
+from __future__ import annotations
+
+from ._context import WorkUnit as WorkUnit
+from ._context import current as current
+from ._logging import LogFilter as LogFilter
+from ._logging import add_context as add_context
+from ._logging import install_log_filter as install_log_filter
+from ._sql import instrument as instrument
+from ._sql import uninstrument as uninstrument
+from ._tracing import Work as Work
+from ._tracing import work as work
+
+__all__ = [
+    "LogFilter",
+    "Work",
+    "WorkUnit",
+    "add_context",
+    "current",
+    "install_log_filter",
+    "instrument",
+    "uninstrument",
+    "work",
+]
+
+# Public objects name the public module, so reprs, docs and pickles never show `_x`.
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

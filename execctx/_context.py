@@ -1,0 +1,102 @@
+"""The unit of work in progress: its identity as a value, and the variable that holds it."""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+__all__ = ["WorkUnit", "current"]
+
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
+
+#: The unit of work the running code belongs to; ``None`` outside any unit. Set and reset
+#: only by :func:`execctx.work`, so each thread and each asyncio task sees its own.
+_current_unit: ContextVar[WorkUnit | None] = ContextVar("execctx_current_unit", default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkUnit:
+    """The identity of one unit of work (e.g. one round of a cron job).
+
+    Attributes:
+        kind: What sort of work this is, e.g. ``"round"``; never empty.
+        name: Which piece of work, e.g. ``"refresh-report"``; never empty. May hold any
+            character: whoever writes it somewhere (a SQL comment) encodes it.
+        trace_id: The W3C trace id: 32 lowercase hex digits, not all zero.
+        span_id: The root span's id (16 lowercase hex digits), or ``None`` when no
+            OpenTelemetry SDK records spans.
+        attributes: Extra read-only facts about the unit, also set on its root span.
+
+    Raises:
+        ValueError: when ``kind`` or ``name`` is empty or an id is not in W3C form.
+        TypeError: when an attribute key is not a string or a value not str, int or bool.
+    """
+
+    kind: str
+    name: str
+    trace_id: str
+    span_id: str | None = None
+    attributes: Mapping[str, str | int | bool] = field(
+        default_factory=lambda: types.MappingProxyType({}), hash=False
+    )
+
+    def __post_init__(self) -> None:
+        for label, text in (("kind", self.kind), ("name", self.name)):
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"{label} must be a non-empty string, got {text!r}")
+        if not _TRACE_ID.fullmatch(self.trace_id) or not self.trace_id.strip("0"):
+            raise ValueError(
+                f"trace_id must be 32 lowercase hex digits, not all zero: {self.trace_id!r}"
+            )
+        if self.span_id is not None and (
+            not _SPAN_ID.fullmatch(self.span_id) or not self.span_id.strip("0")
+        ):
+            raise ValueError(
+                f"span_id must be 16 lowercase hex digits, not all zero: {self.span_id!r}"
+            )
+        for key, value in self.attributes.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"attribute keys must be non-empty strings, got {key!r}")
+            if not isinstance(value, str | int | bool):
+                raise TypeError(f"attribute {key!r} must be str, int or bool, got {value!r}")
+        # A private copy behind a read-only view: the caller's dict may change later.
+        object.__setattr__(self, "attributes", types.MappingProxyType(dict(self.attributes)))
+
+
+def current() -> WorkUnit | None:
+    """Return the unit of work the calling code runs in, or ``None`` outside any unit.
+
+    Each thread and each asyncio task has its own answer: a task sees the unit that was
+    current where it was created; a new thread starts outside any unit unless it runs in a
+    copied context (``asyncio.to_thread`` and ``loop.run_in_executor`` via
+    ``contextvars.copy_context().run`` do; a bare ``ThreadPoolExecutor.submit`` does not).
+    """
+    return _current_unit.get()
+
+
+def _set_current(unit: WorkUnit) -> Token[WorkUnit | None]:
+    """Make ``unit`` current; the caller resets the returned token in ``finally``."""
+    return _current_unit.set(unit)
+
+
+def _reset_current(token: Token[WorkUnit | None]) -> None:
+    _current_unit.reset(token)
+
+
+def _active_span_context(unit: WorkUnit) -> trace.SpanContext | None:
+    """Return the innermost current span context that belongs to ``unit``'s trace.
+
+    That is the span the code is in right now (the root span, or a child the job opened),
+    which is what a log line or a SQL statement should point at. ``None`` when no valid
+    span of the unit's trace is current (no SDK, or code that switched to another trace).
+    """
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid and trace.format_trace_id(span_context.trace_id) == unit.trace_id:
+        return span_context
+    return None

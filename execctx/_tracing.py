@@ -1,0 +1,160 @@
+"""Enter a unit of work: its root span, its trace id, and the current-unit variable."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import Iterator, Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+
+from ._context import WorkUnit, _reset_current, _set_current
+
+__all__ = ["Work", "work"]
+
+#: Instrumentation scope of every span this package starts.
+TRACER_NAME = "execctx"
+#: Root-span attribute keys this package sets (a caller's attributes never replace them).
+KIND_ATTRIBUTE = "work.kind"
+NAME_ATTRIBUTE = "work.name"
+OUTCOME_ATTRIBUTE = "work.outcome"
+
+
+class Work:
+    """A unit of work in progress, as yielded by :func:`work`.
+
+    Attributes:
+        unit: The unit's identity, the value :func:`execctx.current` returns inside it.
+        span: The unit's root span (a non-recording span when no SDK is configured).
+    """
+
+    __slots__ = ("_ended", "_error", "_outcome", "span", "unit")
+
+    def __init__(self, unit: WorkUnit, span: Span) -> None:
+        self.unit = unit
+        self.span = span
+        self._outcome: str | None = None
+        self._error: BaseException | None = None
+        self._ended = False
+
+    def set_outcome(self, outcome: str, *, error: BaseException | None = None) -> None:
+        """Record how the unit ended; applied to the root span when the block exits.
+
+        The span gets the attribute ``work.outcome = outcome``; with ``error`` it also
+        gets the exception as an event and status ERROR, without it status OK. A later
+        call replaces an earlier one. An exception escaping the ``with`` block is recorded
+        as well and always makes the status ERROR.
+
+        Raises:
+            ValueError: when ``outcome`` is empty.
+            RuntimeError: when the unit has already ended.
+        """
+        if not outcome:
+            raise ValueError("outcome must not be empty")
+        if self._ended:
+            raise RuntimeError(f"the unit of work {self.unit.name!r} has already ended")
+        self._outcome = outcome
+        self._error = error
+
+    def _finish(self, escaped: BaseException | None) -> None:
+        self._ended = True
+        if self._outcome is not None:
+            self.span.set_attribute(OUTCOME_ATTRIBUTE, self._outcome)
+        if self._error is not None:
+            self.span.record_exception(self._error, escaped=self._error is escaped)
+        if escaped is not None and escaped is not self._error:
+            self.span.record_exception(escaped, escaped=True)
+        failure = escaped if escaped is not None else self._error
+        if failure is not None:
+            self.span.set_status(Status(StatusCode.ERROR, f"{type(failure).__name__}: {failure}"))
+        elif self._outcome is not None:
+            self.span.set_status(Status(StatusCode.OK))
+
+
+@contextlib.contextmanager
+def work(
+    kind: str,
+    name: str,
+    *,
+    attributes: Mapping[str, str | int | bool] | None = None,
+    span_name: str | None = None,
+    parent: otel_context.Context | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> Iterator[Work]:
+    """Run the ``with`` block as one unit of work, under one root span.
+
+    Usage::
+
+        with execctx.work("round", "refresh-report", attributes={"attempt": 1}) as w:
+            run_the_job()
+            w.set_outcome("ran to its end")
+
+    On entry: starts the root span ``span_name`` (default ``f"{kind} {name}"``) in a new
+    trace (or as a child of ``parent`` when given), with ``attributes`` plus
+    ``work.kind`` and ``work.name``; makes it the current span, so spans the block opens
+    are its children; and makes the unit current (:func:`execctx.current`). The trace id
+    is the span's when an OpenTelemetry SDK records it, else a fresh random W3C trace id,
+    so logs and SQL comments are correlated even without tracing.
+
+    On exit, whatever happened: applies :meth:`Work.set_outcome`, records an escaping
+    exception (status ERROR) and re-raises it, ends the span, and restores the previous
+    current unit and span. Units nest; the inner one starts its own trace.
+
+    A unit is bound to the thread or asyncio task that entered it (context variables):
+    enter it where the job runs, or run the job in a copy of the context
+    (``asyncio.to_thread``, ``contextvars.copy_context().run``).
+
+    Args:
+        kind: What sort of work, e.g. ``"round"``.
+        name: Which piece of work, e.g. the job's name. Any text.
+        attributes: Extra facts for the unit and its root span.
+        span_name: The root span's name, default ``f"{kind} {name}"``.
+        parent: OpenTelemetry context whose span becomes the root's parent; default a
+            new trace (the caller's current span is deliberately not used).
+        tracer_provider: Where spans go; default the global provider.
+
+    Raises:
+        ValueError, TypeError: on entry, as :class:`WorkUnit` does for bad values.
+    """
+    # Built (and so validated) before the span starts, so bad values leave no open span.
+    unit = WorkUnit(kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {})
+    tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
+    span = tracer.start_span(
+        span_name or f"{kind} {name}",
+        context=parent if parent is not None else otel_context.Context(),
+        attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+    span_context = span.get_span_context()
+    if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
+        unit = dataclasses.replace(
+            unit,
+            trace_id=trace.format_trace_id(span_context.trace_id),
+            span_id=trace.format_span_id(span_context.span_id),
+        )
+    handle = Work(unit, span)
+    escaped: BaseException | None = None
+    token = _set_current(handle.unit)
+    try:
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            yield handle
+    except BaseException as exc:  # recorded, never swallowed
+        escaped = exc
+        raise
+    finally:
+        try:
+            handle._finish(escaped)
+        finally:
+            span.end()
+            _reset_current(token)
+
+
+def _random_trace_id() -> str:
+    """Return a random W3C trace id (32 lowercase hex digits, never all zero)."""
+    while not (value := secrets.randbits(128)):
+        pass
+    return trace.format_trace_id(value)
