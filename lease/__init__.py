@@ -1,0 +1,81 @@
+"""Leases in the application's own SQL database, on the database's clock.
+
+A lease is a named row that one holder at a time claims for an *instant*, renews while it
+works, and gives back or finishes; a fencing token, new on every claim, makes a former
+holder's late writes do nothing. The package knows names, instants, holders, tokens and
+outcomes — nothing about what the holder runs.
+
+::
+
+    engine = lease.create_engine("postgresql+psycopg://app@db/app")
+    lease.migrate(engine)
+    store = lease.LeaseStore(engine)
+    store.ensure(["nightly-report"])
+    for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
+        ...
+        store.finish(claim.name, claim.token, ended=end)
+"""
+
+# The layout: one private module per concern, re-exported here.
+#   _exceptions  the LeaseError tree and the one place SQLAlchemy errors are translated
+#   _schema      the MetaData and the cronjob_lease table
+#   _store       LeaseStore: every statement on the table, on the lease clock
+#   _engine      engines suited to leases (SQLite's single connection), URL redaction
+#   _migrate     alembic migrations to head, under a lock
+# The migrations themselves live in the repository's top-level alembic/ directory and
+# ship in the wheel as lease/_migrations.
+
+from __future__ import annotations
+
+from ._engine import create_engine as create_engine
+from ._engine import redact as redact
+from ._exceptions import DatabaseError as DatabaseError
+from ._exceptions import DatabaseUnavailable as DatabaseUnavailable
+from ._exceptions import LeaseError as LeaseError
+from ._exceptions import MigrationFailed as MigrationFailed
+from ._exceptions import MigrationRequired as MigrationRequired
+from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
+from ._migrate import current_revision as current_revision
+from ._migrate import head_revision as head_revision
+from ._migrate import migrate as migrate
+from ._schema import TABLE_NAME as TABLE_NAME
+from ._schema import VERSION_TABLE as VERSION_TABLE
+from ._schema import metadata as metadata
+from ._store import DEFAULT_TTL as DEFAULT_TTL
+from ._store import Claim as Claim
+from ._store import CutShort as CutShort
+from ._store import LeaseRow as LeaseRow
+from ._store import LeaseState as LeaseState
+from ._store import LeaseStore as LeaseStore
+from ._store import check_dialect as check_dialect
+
+__all__ = [
+    "Claim",
+    "CutShort",
+    "DEFAULT_TTL",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "LeaseError",
+    "LeaseRow",
+    "LeaseState",
+    "LeaseStore",
+    "MigrationFailed",
+    "MigrationRequired",
+    "TABLE_NAME",
+    "UnsupportedDatabase",
+    "VERSION_TABLE",
+    "check_dialect",
+    "create_engine",
+    "current_revision",
+    "head_revision",
+    "metadata",
+    "migrate",
+    "redact",
+]
+
+# Public objects say where to find them: lease.LeaseStore, not lease._store.LeaseStore.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("lease._"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,138 @@
+"""Engines configured for leases, and URLs made safe to print."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.pool import StaticPool
+
+from ._exceptions import translate_errors
+
+__all__ = ["SQLITE_BUSY_TIMEOUT", "create_engine", "is_sqlite_memory", "redact"]
+
+#: How long, in seconds, a SQLite writer waits for another process's write lock
+#: before the statement fails with "database is locked".
+SQLITE_BUSY_TIMEOUT = 30.0
+
+#: Execution option naming how a SQLite transaction of an engine made here begins:
+#: "IMMEDIATE" (the default: takes the write lock at BEGIN) or "DEFERRED" (for reads).
+SQLITE_BEGIN_OPTION = "lease_sqlite_begin"
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """Create an engine suited to the lease statements, for the database at ``url``.
+
+    - SQLite file: exactly one connection per process (``pool_size=1``,
+      ``max_overflow=0``, usable from any thread), WAL journal, a busy timeout of
+      :data:`SQLITE_BUSY_TIMEOUT` seconds, and every transaction opened with
+      ``BEGIN IMMEDIATE`` (the pysqlite recipe in SQLAlchemy's documentation), so writers
+      in several processes queue on the file lock instead of failing on a read lock
+      they cannot upgrade.
+    - SQLite in memory (``sqlite://``, ``:memory:``, ``mode=memory``): one connection
+      shared by every thread (:class:`~sqlalchemy.pool.StaticPool`); a second
+      connection would see another, empty database.
+    - Any other database: ``pool_pre_ping=True`` (a connection the server closed is
+      replaced, not handed out) and ``READ COMMITTED`` isolation, which the lease
+      statements are written for.
+
+    Keyword arguments are passed to :func:`sqlalchemy.create_engine` and win.
+
+    Raises:
+        DatabaseError: the URL does not parse or names no installed dialect.
+    """
+    with translate_errors("create engine"):
+        parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        options: dict[str, Any] = {"pool_pre_ping": True}
+        if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+            options["isolation_level"] = "READ COMMITTED"
+        with translate_errors("create engine"):
+            return sa.create_engine(parsed, **(options | kwargs))
+    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
+    connect_args |= kwargs.pop("connect_args", {})
+    if is_sqlite_memory(parsed):
+        options = {"poolclass": StaticPool}
+    else:
+        options = {"pool_size": 1, "max_overflow": 0}
+    with translate_errors("create engine"):
+        engine = sa.create_engine(parsed, connect_args=connect_args, **(options | kwargs))
+    _install_sqlite_recipe(engine, wal=not is_sqlite_memory(parsed))
+    return engine
+
+
+def is_sqlite_memory(url: str | URL) -> bool:
+    """Tell whether ``url`` names an in-memory SQLite database (no file to lock)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    database = parsed.database or ""
+    return database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+
+
+def _install_sqlite_recipe(engine: Engine, *, wal: bool) -> None:
+    # pysqlite's own transaction handling issues a deferred BEGIN just before the first
+    # write, so two processes that both read first deadlock on the upgrade and one fails
+    # at once, busy timeout or not. Taking the driver's hands off (isolation_level=None)
+    # and beginning every transaction ourselves, IMMEDIATE, makes them queue instead.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if wal:
+                # Readers never block the writer, nor the writer the readers.
+                _enable_wal(cursor)
+                # Durable at each checkpoint; with WAL no longer at risk of corruption.
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT * 1000)}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: sa.Connection) -> None:
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        if mode not in ("IMMEDIATE", "DEFERRED", "EXCLUSIVE"):
+            raise ValueError(f"{SQLITE_BEGIN_OPTION} must be IMMEDIATE, DEFERRED or EXCLUSIVE")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _enable_wal(cursor: sqlite3.Cursor) -> None:
+    # Switching a database to WAL takes an exclusive lock, and SQLite answers "database is
+    # locked" at once, without the busy handler, when processes opening a new database
+    # together all try it. The mode is kept in the file: once switched, this is a read.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = (
+                getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_BUSY) & 0xFF == sqlite3.SQLITE_BUSY
+            )
+            if not busy or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+# user:password@ in a URL that make_url could not parse.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@]*):[^@/]*@")
+
+
+def redact(url: str | URL) -> str:
+    """Render ``url`` with its password hidden as ``***``, for logs and messages.
+
+    A URL that does not parse is still redacted: anything between ``user:`` and ``@``
+    after the scheme is replaced.
+    """
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # whatever make_url disliked, the pattern still redacts
+        return _USERINFO.sub(r"\g<scheme>\g<user>:***@", url)

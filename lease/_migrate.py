@@ -1,0 +1,226 @@
+"""Bring the lease tables to the head revision, under a lock.
+
+The migrations are alembic's, configured here in code (no ``alembic.ini``, and no
+``logging.config.fileConfig``: the application's logging is its own). Their version
+table is :data:`~lease._schema.VERSION_TABLE`, so an application's own alembic history
+is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.resources
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import alembic.command
+import alembic.util
+import sqlalchemy as sa
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+from ._engine import is_sqlite_memory
+from ._exceptions import MigrationFailed, MigrationRequired, translate_errors
+from ._schema import VERSION_TABLE
+from ._store import check_dialect
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["current_revision", "head_revision", "migrate", "migrations_location"]
+
+# pg_advisory_lock takes a bigint; derive one from a name no one else would pick.
+_PG_LOCK_KEY: Final = int.from_bytes(
+    hashlib.sha256(b"cronjob_lease migrate").digest()[:8], "big", signed=True
+)
+# GET_LOCK is server-wide on MySQL/MariaDB: name the database too (64 characters at most).
+_MYSQL_LOCK_NAME: Final = "LEFT(CONCAT('cronjob_lease migrate ', DATABASE()), 64)"
+# How long a replica waits for another one's migration on MySQL/MariaDB, in seconds.
+_MYSQL_LOCK_TIMEOUT: Final = 600
+
+
+def migrations_location() -> Path:
+    """Find the migrations: the package data of an installed wheel, else the checkout's.
+
+    An installed wheel carries them as ``lease/_migrations``; a checkout (an editable
+    install included) has them at the top of the repository, in ``alembic/``.
+
+    Raises:
+        MigrationFailed: neither place holds them.
+    """
+    packaged = importlib.resources.files("lease") / "_migrations"
+    # Alembic reads a directory of files; a zipped install has none to give it.
+    if isinstance(packaged, Path) and (packaged / "env.py").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "alembic"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise MigrationFailed(f"the lease migrations are missing: looked in {packaged} and {checkout}")
+
+
+def head_revision() -> str:
+    """The head revision of the migrations this package ships."""
+    head = _script().get_current_head()
+    if head is None:  # pragma: no cover - the package ships at least one revision
+        raise MigrationFailed("the lease migrations have no head revision")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the lease tables are at; ``None`` on a database never migrated."""
+    with translate_errors("read the lease tables' revision"), engine.connect() as conn:
+        return _current(conn)
+
+
+def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
+    """Bring the lease tables to the head revision.
+
+    Replicas that start together do not race: the upgrade runs under a lock —
+    ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL/MariaDB, an exclusive
+    ``fcntl`` lock on a file beside the database on SQLite (none for an in-memory
+    database, which no other process can open). A replica that waited finds the tables
+    at head and does nothing. A database already at head is not locked at all.
+
+    Args:
+        engine: the database; not disposed.
+        auto_migrate: ``False`` makes a database that is not at head an error instead
+            of something to fix.
+
+    Raises:
+        UnsupportedDatabase: the dialect cannot carry leases.
+        MigrationRequired: ``auto_migrate`` is ``False`` and the tables are not at head.
+        MigrationFailed: the migrations cannot be found, the lock cannot be had, the
+            database is at a revision these migrations do not know (a newer release
+            migrated it), or alembic fails.
+        DatabaseUnavailable, DatabaseError: the database failed a statement.
+    """
+    check_dialect(engine)
+    script = _script()
+    head = head_revision()
+    with translate_errors("migrate the lease tables"), engine.connect() as conn:
+        current = _current(conn)
+        conn.rollback()
+        if current == head:
+            return
+        _check_known(script, current, head)
+        if not auto_migrate:
+            raise MigrationRequired(
+                f"the lease tables are at revision {current or 'none (never migrated)'}"
+                f" but the head is {head}; run lease.migrate() or allow auto_migrate"
+            )
+        with _migration_lock(engine, conn):
+            current = _current(conn)
+            # End the transaction that read the revision: alembic then begins and
+            # commits its own, instead of leaving the upgrade to an outer one.
+            conn.commit()
+            if current == head:
+                return
+            _check_known(script, current, head)
+            config = _config()
+            config.attributes["connection"] = conn
+            try:
+                alembic.command.upgrade(config, "head")
+            except alembic.util.CommandError as exc:
+                raise MigrationFailed(f"migrating the lease tables failed: {exc}") from exc
+            conn.commit()
+
+
+def _config() -> Config:
+    config = Config()
+    # ConfigParser interpolates '%': a path holding one must escape it.
+    config.set_main_option("script_location", str(migrations_location()).replace("%", "%%"))
+    config.set_main_option("version_table", VERSION_TABLE)
+    return config
+
+
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
+
+
+def _current(conn: Connection) -> str | None:
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def _check_known(script: ScriptDirectory, current: str | None, head: str) -> None:
+    if current is None:
+        return
+    try:
+        script.get_revision(current)
+    except alembic.util.CommandError as exc:
+        raise MigrationFailed(
+            f"the lease tables are at revision {current!r}, which these migrations "
+            f"(head {head}) do not know: was the database migrated by a newer release?"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
+    dialect = engine.dialect.name
+    if dialect == "postgresql":
+        # Session-level: outlives the transactions the upgrade commits, and dies with
+        # the session if this process does.
+        conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            _unlock(conn, sa.text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
+    elif dialect in ("mysql", "mariadb"):
+        got = conn.execute(
+            sa.text(f"SELECT GET_LOCK({_MYSQL_LOCK_NAME}, :timeout)"),
+            {"timeout": _MYSQL_LOCK_TIMEOUT},
+        ).scalar()
+        conn.commit()
+        if got != 1:
+            raise MigrationFailed(
+                f"could not lock the lease migrations within {_MYSQL_LOCK_TIMEOUT} s"
+                " (another replica is migrating)"
+            )
+        try:
+            yield
+        finally:
+            _unlock(conn, sa.text(f"SELECT RELEASE_LOCK({_MYSQL_LOCK_NAME})"), {})
+    else:
+        with _sqlite_file_lock(engine):
+            yield
+
+
+def _unlock(conn: Connection, statement: sa.TextClause, params: dict[str, int]) -> None:
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.execute(statement, params)
+        conn.commit()
+    except sa.exc.SQLAlchemyError:
+        # The lock belongs to the session: closing the connection for good frees it.
+        conn.invalidate()
+
+
+@contextlib.contextmanager
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
+    database = engine.url.database or ""
+    if is_sqlite_memory(engine.url) or fcntl is None:
+        yield
+        return
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+    # Beside the database, named like SQLite's own -wal and -shm files. Never deleted:
+    # removing a lock file another process has open would let a third lock a new one.
+    path = f"{database}-migrate-lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,727 @@
+"""Every statement that reads or writes the lease table.
+
+A lease is named by a string and claimed for an *instant* (an aware UTC datetime with
+whole seconds). The table keeps one row per name: the latest instant claimed, which run
+of it that is (attempt 1, or 2 for a second run), how it stands (:class:`LeaseState`),
+the fencing token of the latest claim, who holds the lease and until when.
+
+The lease clock
+    Lease times are epoch milliseconds. Without a ``clock``, "now" is read in SQL from
+    the database's own clock, once per statement, so replicas whose clocks disagree
+    still agree on who holds a lease. With a ``clock`` (a test's fake clock), "now" is
+    that clock's reading, bound into the statement.
+
+The rules, with their boundaries
+    - A lease is *free* when ``expires_ms IS NULL`` or ``expires_ms <= now``: at
+      ``now == expires_ms`` it is free. It is *held* while ``expires_ms > now``.
+    - A claim of instant ``t`` succeeds for a name when its lease is free and the row's
+      recorded instant is strictly older than ``t`` (an instant is claimed at most once
+      as a first run). It sets ``expires_ms = now + ttl``.
+    - A renewal, a give-back and a finish need the current token: once another claim
+      replaced it, the old holder's writes do nothing (fencing). A renewal also needs
+      the lease still held (``expires_ms > now``); a lease that expired is lost even if
+      nobody has claimed it yet.
+    - A round is *cut short* when its row has ``attempt == 1``, state ``running`` or
+      ``cut``, and a free lease: given back, or running with an expired lease (its
+      process died, or its end could not be recorded).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import secrets
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection, Dialect, Engine, RowMapping
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from ._engine import SQLITE_BEGIN_OPTION
+from ._exceptions import UnsupportedDatabase, translate_errors
+from ._schema import NAME_LENGTH, NEVER, lease_table
+
+__all__ = [
+    "DEFAULT_TTL",
+    "SUPPORTED_DIALECTS",
+    "Claim",
+    "CutShort",
+    "LeaseRow",
+    "LeaseState",
+    "LeaseStore",
+    "check_dialect",
+]
+
+logger = logging.getLogger("lease")
+
+#: A lease's time-to-live, in seconds, unless the store is given another.
+DEFAULT_TTL: Final = 15.0
+
+#: Dialect names (``engine.dialect.name``) that can carry leases.
+SUPPORTED_DIALECTS: Final = ("postgresql", "mysql", "mariadb", "sqlite")
+
+# Past this many names, read() and find_cut_short() read the whole table and keep the
+# wanted names client side, instead of sending an IN list of that many parameters
+# (the table holds one small row per job; a deployment has hundreds, not millions).
+_IN_LIST_LIMIT: Final = 500
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+_HOLDER_LENGTH: Final = 255
+_TOKEN_LIMIT: Final = 2**63
+
+_t = lease_table
+
+
+class LeaseState(enum.StrEnum):
+    """How the latest claimed round of a lease stands."""
+
+    #: Never claimed.
+    NEW = "new"
+    #: Claimed; running while its lease is held, cut short once the lease expired.
+    RUNNING = "running"
+    #: Ran to its end, and the end is on record.
+    DONE = "done"
+    #: Cut short: its holder gave the lease back before the end.
+    CUT = "cut"
+
+
+_UNFINISHED: Final = (LeaseState.RUNNING.value, LeaseState.CUT.value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRow:
+    """One row of the lease table, as read."""
+
+    name: str
+    #: The latest claimed instant; ``None`` if never claimed.
+    instant: datetime | None
+    attempt: int
+    state: LeaseState
+    token: int
+    holder: str | None
+    #: Lease expiry in epoch milliseconds on the lease clock; ``None`` when not held.
+    expires_ms: int | None
+    #: The end of the latest round that ran to its end: instants up to it stay skipped.
+    skipped_through: datetime | None
+    prev_instant: datetime | None
+    prev_state: LeaseState | None
+    prev_attempt: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """A lease claimed for one instant: the caller now runs that round."""
+
+    name: str
+    instant: datetime
+    #: 1 for a first run, 2 for a second run (:meth:`LeaseStore.claim_rerun`).
+    attempt: int
+    #: The fencing token: pass it to renew/give_back/finish/holds.
+    token: int
+    #: The round this claim gave up, as ``(instant, attempt)``, when the row's previous
+    #: round was unfinished (``running`` or ``cut``); ``None`` otherwise.
+    superseded: tuple[datetime, int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CutShort:
+    """A round cut short, which may run a second time (see :meth:`LeaseStore.claim_rerun`)."""
+
+    name: str
+    instant: datetime
+
+
+def check_dialect(bind: Engine | Connection | Dialect) -> None:
+    """Refuse a database that cannot carry leases.
+
+    Raises:
+        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`.
+    """
+    dialect = bind if isinstance(bind, Dialect) else bind.dialect
+    if dialect.name not in SUPPORTED_DIALECTS:
+        raise UnsupportedDatabase(
+            f"the {dialect.name!r} database cannot carry leases; "
+            "supported are PostgreSQL, MySQL/MariaDB and SQLite"
+        )
+
+
+class _db_now_ms(FunctionElement[int]):  # lower case, like the SQL functions it renders
+    """The database clock's "now" in epoch milliseconds, once per statement."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+    name = "lease_now_ms"
+
+
+# statement_timestamp(), not clock_timestamp(): one value for the whole statement, so the
+# "is it free" test and the new expiry in one UPDATE read the same now (clock_timestamp()
+# would be read again for each row).
+@compiles(_db_now_ms, "postgresql")
+def _now_ms_postgresql(element: _db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT)"
+
+
+# UTC_TIMESTAMP is fixed for the statement and needs no time zone conversion, unlike
+# UNIX_TIMESTAMP(NOW(3)), which reads NOW in the session's zone and is ambiguous in the
+# hour a daylight-saving change repeats.
+@compiles(_db_now_ms, "mysql")
+@compiles(_db_now_ms, "mariadb")
+def _now_ms_mysql(element: _db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+
+
+# 'now' is fixed for the statement (one sqlite3_step) and kept in whole milliseconds;
+# ROUND undoes the floating point error of the Julian day arithmetic.
+@compiles(_db_now_ms, "sqlite")
+def _now_ms_sqlite(element: _db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+
+
+class _MalformedRow(ValueError):
+    pass
+
+
+class LeaseStore:
+    """The lease table of one database, read and written on the lease clock.
+
+    Every operation is one statement, or — where the dialect cannot return rows from an
+    UPDATE (MySQL, MariaDB; told by ``dialect.update_returning``) — the UPDATE and a
+    SELECT of what it wrote in one short transaction. See the module documentation for
+    the rules and their exact boundaries.
+
+    Args:
+        engine: the database. Not disposed by the store: the caller owns it.
+        clock: returns "now" as an aware datetime; ``None`` reads the database's clock.
+        ttl: a claimed or renewed lease's time-to-live, in seconds (> 0).
+
+    Raises:
+        UnsupportedDatabase: the engine's dialect cannot carry leases.
+        ValueError: ``ttl`` is not a positive number of seconds.
+
+    Every method raises :class:`DatabaseUnavailable` when the database cannot be
+    reached and :class:`DatabaseError` when it refuses a statement; no SQLAlchemy
+    exception escapes.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        ttl: float = DEFAULT_TTL,
+    ) -> None:
+        check_dialect(engine)
+        if not ttl > 0 or ttl == float("inf"):
+            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        self._engine = engine
+        self._clock = clock
+        self._ttl_ms = max(1, round(ttl * 1000))
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the store was given."""
+        return self._engine
+
+    @property
+    def ttl(self) -> float:
+        """A claimed or renewed lease's time-to-live, in seconds."""
+        return self._ttl_ms / 1000
+
+    def check_dialect(self) -> None:
+        """Refuse a database that cannot carry leases (see :func:`check_dialect`)."""
+        check_dialect(self._engine)
+
+    def now_ms(self) -> int:
+        """Read the lease clock: epoch milliseconds (a query unless a clock was given)."""
+        if self._clock is not None:
+            return _to_ms(self._clock())
+        with translate_errors("read the lease clock"), self._read_connection() as conn:
+            value = conn.execute(sa.select(_db_now_ms())).scalar_one()
+        return int(value)
+
+    def ensure(self, names: Iterable[str]) -> None:
+        """Insert a row for each name that has none: never claimed, state ``new``.
+
+        Existing rows are left as they are. One statement (run once per batch of
+        parameters), whatever the number of names.
+
+        Raises:
+            ValueError: a name is empty, longer than 200 characters, or starts or ends
+                with whitespace (MySQL would match "job " to "job").
+            TypeError: ``names`` is a single string.
+        """
+        wanted = _names(names)
+        if not wanted:
+            return
+        defaults = {"instant": NEVER, "attempt": 1, "state": LeaseState.NEW.value, "token": 0}
+        dialect = self._engine.dialect.name
+        stmt: sa.Executable
+        if dialect == "postgresql":
+            stmt = postgresql.insert(_t).values(defaults).on_conflict_do_nothing()
+        elif dialect == "sqlite":
+            stmt = sqlite.insert(_t).values(defaults).on_conflict_do_nothing()
+        else:
+            # Not INSERT IGNORE: IGNORE also turns data errors into warnings, so a value
+            # the column cannot hold would be truncated and stored instead of refused.
+            my = mysql.insert(_t).values(defaults)
+            stmt = my.on_duplicate_key_update(name=my.inserted.name)
+        with translate_errors("ensure leases"), self._engine.begin() as conn:
+            conn.execute(stmt, [{"name": name} for name in wanted])
+
+    def read(self, names: Iterable[str]) -> dict[str, LeaseRow]:
+        """Read the rows of ``names``, by name; names without a row are left out.
+
+        A malformed row (a state or attempt this package never writes, a value of the
+        wrong type, a name differing from the one asked for) is logged as a warning
+        naming it and left out; it never raises.
+        """
+        wanted = _names(names)
+        if not wanted:
+            return {}
+        stmt = sa.select(_t)
+        filtered = len(wanted) <= _IN_LIST_LIMIT
+        if filtered:
+            stmt = stmt.where(_t.c.name.in_(wanted))
+        with translate_errors("read leases"), self._read_connection() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        found: dict[str, LeaseRow] = {}
+        wanted_set = set(wanted)
+        for row in rows:
+            if row["name"] not in wanted_set:
+                if filtered:
+                    # Matched by the database's collation (e.g. trailing spaces on
+                    # MySQL) but not the name asked for: edited by hand.
+                    logger.warning(
+                        "lease row %r does not match the names asked for; skipped", row["name"]
+                    )
+                continue
+            try:
+                found[row["name"]] = _parse_row(row)
+            except _MalformedRow as exc:
+                logger.warning("lease row %r is malformed (%s); skipped", row["name"], exc)
+        return found
+
+    def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
+        """Claim ``instant`` as a first run, for every name whose lease allows it.
+
+        A name is claimed when its lease is free (``expires_ms`` NULL or ``<= now``) and
+        its recorded instant is strictly older than ``instant``. Each claimed row gets
+        ``attempt = 1``, state ``running``, a new random token (one for this call),
+        ``holder`` and ``expires_ms = now + ttl``, and keeps what it held before in
+        ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
+
+        Returns:
+            One :class:`Claim` per name claimed, in the order of ``names``; with
+            ``superseded`` set when the row's previous round was unfinished.
+
+        Raises:
+            ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
+                ``holder`` is empty or too long.
+        """
+        wanted = _names(names)
+        epoch = _instant_seconds(instant)
+        _check_holder(holder)
+        if not wanted:
+            return []
+        token = _new_token()
+        now = self._now()
+        stmt = (
+            _t.update()
+            .where(_t.c.name.in_(wanted), _t.c.instant < epoch, _is_free(now))
+            .ordered_values(
+                # MySQL assigns left to right, each assignment seeing the previous ones:
+                # copy the old values before overwriting them.
+                (_t.c.prev_instant, _t.c.instant),
+                (_t.c.prev_state, _t.c.state),
+                (_t.c.prev_attempt, _t.c.attempt),
+                (_t.c.instant, epoch),
+                (_t.c.attempt, 1),
+                (_t.c.state, LeaseState.RUNNING.value),
+                (_t.c.token, token),
+                (_t.c.holder, holder),
+                (_t.c.expires_ms, now + self._ttl_ms),
+            )
+        )
+        with translate_errors("claim leases"), self._engine.begin() as conn:
+            rows = self._update_returning(
+                conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name.in_(wanted)
+            )
+        order = {name: i for i, name in enumerate(wanted)}
+        claims = [_claim_from(row, superseding=True) for row in rows]
+        return sorted(claims, key=lambda claim: order.get(claim.name, len(order)))
+
+    def claim_rerun(self, name: str, instant: datetime, holder: str) -> Claim | None:
+        """Claim the second run (attempt 2) of ``instant``, a round cut short.
+
+        Succeeds only when the row's instant is ``instant``, its attempt is 1, its state
+        is ``running`` or ``cut`` (not ``done``), and its lease is free. A new token is
+        drawn; ``superseded`` is ``None`` (the round is the same one).
+
+        Returns:
+            The claim, or ``None`` when the rule refuses it (another replica re-ran it
+            first, it finished, a later instant was claimed, or its lease is held).
+        """
+        (wanted,) = _names([name])
+        epoch = _instant_seconds(instant)
+        _check_holder(holder)
+        token = _new_token()
+        now = self._now()
+        stmt = (
+            _t.update()
+            .where(
+                _t.c.name == wanted,
+                _t.c.instant == epoch,
+                _t.c.attempt == 1,
+                _t.c.state.in_(_UNFINISHED),
+                _is_free(now),
+            )
+            .ordered_values(
+                (_t.c.prev_instant, _t.c.instant),
+                (_t.c.prev_state, _t.c.state),
+                (_t.c.prev_attempt, _t.c.attempt),
+                (_t.c.attempt, 2),
+                (_t.c.state, LeaseState.RUNNING.value),
+                (_t.c.token, token),
+                (_t.c.holder, holder),
+                (_t.c.expires_ms, now + self._ttl_ms),
+            )
+        )
+        with translate_errors("claim a second run"), self._engine.begin() as conn:
+            rows = self._update_returning(
+                conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name == wanted
+            )
+        return _claim_from(rows[0], superseding=False) if rows else None
+
+    def renew(self, held: Collection[tuple[str, int]], holder: str) -> set[str]:
+        """Extend every lease in ``held`` (``(name, token)`` pairs) to ``now + ttl``.
+
+        A lease is renewed only while it is still this holder's, with this token, and
+        not expired (``expires_ms > now``; at ``now == expires_ms`` it is lost). One
+        statement for all of them; none for an empty ``held``.
+
+        Returns:
+            The names renewed; every other name in ``held`` has lost its lease.
+        """
+        _check_holder(holder)
+        pairs = [(name, _check_token(token)) for name, token in held]
+        _names([name for name, _ in pairs])
+        if not pairs:
+            return set()
+        now = self._now()
+        held_here = sa.and_(
+            sa.tuple_(_t.c.name, _t.c.token).in_(pairs),
+            _t.c.holder == holder,
+            _t.c.expires_ms > now,
+        )
+        stmt = _t.update().where(held_here).values(expires_ms=now + self._ttl_ms)
+        # Without RETURNING the SELECT after the UPDATE reuses its condition: a renewed
+        # row now expires later, so it still holds; a row that was not renewed had
+        # expired or changed hands, and still has, or has another token.
+        with translate_errors("renew leases"), self._engine.begin() as conn:
+            rows = self._update_returning(conn, stmt, (_t.c.name,), held_here)
+        return {row["name"] for row in rows}
+
+    def give_back(self, name: str, token: int) -> bool:
+        """Give back the lease of a round cut short: state ``cut``, lease free at once.
+
+        Returns:
+            ``True`` when the row still had ``token`` and was ``running``; ``False``
+            when another claim replaced it (or the round already ended).
+        """
+        (wanted,) = _names([name])
+        stmt = (
+            _t.update()
+            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
+            .values(state=LeaseState.CUT.value, expires_ms=None)
+        )
+        with translate_errors("give back a lease"), self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def finish(self, name: str, token: int, *, ended: datetime) -> bool:
+        """Record that the round ran to its end at ``ended``; the lease is free at once.
+
+        Sets state ``done`` and ``skipped_through`` to ``ended`` in whole seconds
+        (rounded down): every instant up to it that the round overran stays skipped.
+        The end is recorded even if the lease expired meanwhile, as long as no other
+        claim replaced the token.
+
+        Returns:
+            ``True`` when the row still had ``token`` and was ``running``; ``False``
+            when another claim replaced it (or the round already ended).
+
+        Raises:
+            ValueError: ``ended`` is not an aware datetime.
+        """
+        (wanted,) = _names([name])
+        ended_s = _seconds_floor(ended, "ended")
+        stmt = (
+            _t.update()
+            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
+            .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+        )
+        with translate_errors("finish a lease"), self._engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:
+        """Find the rounds of ``names`` that were cut short and may run a second time.
+
+        The rule: ``attempt == 1``, state ``running`` or ``cut``, and a free lease
+        (``expires_ms`` NULL or ``<= now``). A second run is never returned, nor a round
+        that finished, nor one whose lease is still held; and since a later claim
+        replaces the row's instant, a superseded round is never returned either.
+        One query, whatever the number of names.
+
+        Returns:
+            The rounds, sorted by name.
+        """
+        wanted = _names(names)
+        if not wanted:
+            return []
+        stmt = sa.select(_t.c.name, _t.c.instant).where(
+            _t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _is_free(self._now())
+        )
+        if len(wanted) <= _IN_LIST_LIMIT:
+            stmt = stmt.where(_t.c.name.in_(wanted))
+        with translate_errors("find rounds cut short"), self._read_connection() as conn:
+            rows = conn.execute(stmt).all()
+        wanted_set = set(wanted)
+        found: list[CutShort] = []
+        for name, epoch in rows:
+            if name not in wanted_set:
+                continue
+            if not _is_int(epoch) or epoch < 0:
+                logger.warning("lease row %r is malformed (instant %r); skipped", name, epoch)
+                continue
+            found.append(CutShort(name=name, instant=_from_seconds(epoch)))
+        return sorted(found, key=lambda cut: cut.name)
+
+    def holds(self, connection: Connection, name: str, token: int) -> bool:
+        """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
+
+        True when the row still has ``token`` and ``expires_ms > now``. The row is read
+        without a lock, on purpose: a share lock would hold back the renewal statement,
+        which renews every lease of a replica at once, for as long as the caller's
+        transaction lasts, so one long job transaction could make every round of its
+        replica lose its lease. Callers check when their transaction opens and again just
+        before it commits (``Round.transaction`` does), which narrows the window in which
+        a claim can take the lease to the commit itself.
+        """
+        (wanted,) = _names([name])
+        stmt = (
+            sa.select(sa.literal(1))
+            .select_from(_t)
+            .where(
+                _t.c.name == wanted,
+                _t.c.token == _check_token(token),
+                _t.c.expires_ms > self._now(),
+            )
+        )
+        with translate_errors("check a lease"):
+            return connection.execute(stmt).first() is not None
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _now(self) -> sa.ColumnElement[int]:
+        if self._clock is None:
+            return _db_now_ms()
+        return sa.literal(_to_ms(self._clock()), sa.BigInteger())
+
+    def _read_connection(self) -> Connection:
+        # A read needs no write lock: on an engine from lease.create_engine, its SQLite
+        # transaction begins DEFERRED, so it never waits for another process's writer.
+        return self._engine.connect().execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+
+    def _update_returning(
+        self,
+        conn: Connection,
+        stmt: sa.Update,
+        columns: Sequence[sa.ColumnElement[Any]],
+        *written: sa.ColumnElement[bool],
+    ) -> list[RowMapping]:
+        """Run ``stmt`` and return ``columns`` of the rows it updated.
+
+        ``written`` must select exactly those rows once the UPDATE has run, within the
+        same transaction; it is used only where the dialect lacks UPDATE ... RETURNING.
+        """
+        if conn.dialect.update_returning:
+            return list(conn.execute(stmt.returning(*columns)).mappings())
+        if conn.execute(stmt).rowcount == 0:
+            return []
+        return list(conn.execute(sa.select(*columns).where(*written)).mappings())
+
+
+_CLAIM_COLUMNS: Final = (
+    _t.c.name,
+    _t.c.instant,
+    _t.c.attempt,
+    _t.c.token,
+    _t.c.prev_instant,
+    _t.c.prev_state,
+    _t.c.prev_attempt,
+)
+
+
+def _is_free(now: sa.ColumnElement[int]) -> sa.ColumnElement[bool]:
+    return sa.or_(_t.c.expires_ms.is_(None), _t.c.expires_ms <= now)
+
+
+def _is_running() -> sa.ColumnElement[bool]:
+    return _t.c.state == LeaseState.RUNNING.value
+
+
+def _claim_from(row: RowMapping, *, superseding: bool) -> Claim:
+    superseded = None
+    if superseding and row["prev_state"] in _UNFINISHED:
+        prev_instant, prev_attempt = row["prev_instant"], row["prev_attempt"]
+        if _is_int(prev_instant) and prev_instant >= 0 and prev_attempt in (1, 2):
+            superseded = (_from_seconds(prev_instant), int(prev_attempt))
+        else:
+            logger.warning(
+                "lease row %r held a malformed previous round (%r, %r); not reported",
+                row["name"],
+                prev_instant,
+                prev_attempt,
+            )
+    return Claim(
+        name=row["name"],
+        instant=_from_seconds(row["instant"]),
+        attempt=row["attempt"],
+        token=row["token"],
+        superseded=superseded,
+    )
+
+
+def _parse_row(row: RowMapping) -> LeaseRow:
+    """Validate a row as this package writes it; raise _MalformedRow saying what is off."""
+
+    def integer(column: str, *, nullable: bool = False, low: int | None = None) -> int | None:
+        value = row[column]
+        if value is None and nullable:
+            return None
+        if not _is_int(value) or (low is not None and value < low):
+            raise _MalformedRow(f"{column} {value!r}")
+        return int(value)
+
+    def state(column: str, *, nullable: bool = False) -> LeaseState | None:
+        value = row[column]
+        if value is None and nullable:
+            return None
+        try:
+            return LeaseState(value)
+        except ValueError:
+            raise _MalformedRow(f"{column} {value!r}") from None
+
+    instant = integer("instant", low=NEVER)
+    current = state("state")
+    attempt = integer("attempt")
+    if attempt not in (1, 2):
+        raise _MalformedRow(f"attempt {attempt!r}")
+    if (instant == NEVER) != (current is LeaseState.NEW):
+        raise _MalformedRow(f"state {row['state']!r} with instant {instant!r}")
+    token = integer("token", low=0)
+    holder = row["holder"]
+    if holder is not None and not isinstance(holder, str):
+        raise _MalformedRow(f"holder {holder!r}")
+    expires_ms = integer("expires_ms", nullable=True)
+    skipped_through = integer("skipped_through", nullable=True, low=0)
+    prev_instant = integer("prev_instant", nullable=True, low=NEVER)
+    prev_attempt = integer("prev_attempt", nullable=True)
+    if prev_attempt not in (None, 1, 2):
+        raise _MalformedRow(f"prev_attempt {prev_attempt!r}")
+    previous_state = state("prev_state", nullable=True)
+    assert instant is not None and current is not None and token is not None
+    try:
+        return LeaseRow(
+            name=row["name"],
+            instant=None if instant == NEVER else _from_seconds(instant),
+            attempt=attempt,
+            state=current,
+            token=token,
+            holder=holder,
+            expires_ms=expires_ms,
+            skipped_through=None if skipped_through is None else _from_seconds(skipped_through),
+            prev_instant=(
+                None
+                if prev_instant is None or prev_instant == NEVER
+                else _from_seconds(prev_instant)
+            ),
+            prev_state=previous_state,
+            prev_attempt=prev_attempt,
+        )
+    except OverflowError as exc:  # an epoch past datetime's range
+        raise _MalformedRow(str(exc)) from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _names(names: Iterable[str]) -> list[str]:
+    """Validate names; return them once each, in their first order."""
+    if isinstance(names, str):
+        raise TypeError("names must be a collection of names, not a single string")
+    unique: dict[str, None] = {}
+    for name in names:
+        if not isinstance(name, str) or not 0 < len(name) <= NAME_LENGTH:
+            raise ValueError(
+                f"a lease name must be a string of 1 to {NAME_LENGTH} characters, not {name!r}"
+            )
+        if name != name.strip():
+            # MySQL and MariaDB ignore trailing spaces when comparing strings, so
+            # "job " would share the lease of "job".
+            raise ValueError(f"a lease name must not start or end with whitespace: {name!r}")
+        unique[name] = None
+    return list(unique)
+
+
+def _check_holder(holder: str) -> None:
+    if not isinstance(holder, str) or not 0 < len(holder) <= _HOLDER_LENGTH:
+        raise ValueError(
+            f"a holder must be a string of 1 to {_HOLDER_LENGTH} characters, not {holder!r}"
+        )
+
+
+def _check_token(token: int) -> int:
+    if not _is_int(token) or not 0 <= token < _TOKEN_LIMIT:
+        raise ValueError(f"a token must be an integer in [0, 2**63), not {token!r}")
+    return token
+
+
+def _new_token() -> int:
+    # Never 0, the token of a row no one has claimed yet.
+    return secrets.randbelow(_TOKEN_LIMIT - 1) + 1
+
+
+def _require_aware(when: datetime, what: str) -> None:
+    if not isinstance(when, datetime):
+        raise TypeError(f"{what} must be a datetime, not {type(when).__name__}")
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"{what} must be an aware datetime (UTC), not naive {when!r}")
+
+
+def _instant_seconds(instant: datetime) -> int:
+    _require_aware(instant, "instant")
+    if instant.microsecond:
+        raise ValueError(f"an instant has whole seconds, not {instant.isoformat()}")
+    return (instant - _EPOCH) // timedelta(seconds=1)
+
+
+def _seconds_floor(when: datetime, what: str) -> int:
+    _require_aware(when, what)
+    return (when - _EPOCH) // timedelta(seconds=1)
+
+
+def _to_ms(now: datetime) -> int:
+    _require_aware(now, "the clock's now")
+    return (now - _EPOCH) // _MS
+
+
+def _from_seconds(epoch: int) -> datetime:
+    return _EPOCH + timedelta(seconds=epoch)

@@ -1,0 +1,174 @@
+"""Shared fixtures: the three databases, engines on them, a manual clock.
+
+Database fixtures give a URL to an empty database of the test's own: SQLite gets a new
+file in ``tmp_path``; on the PostgreSQL and MariaDB servers (see SPEC.md, "Databases")
+the test gets a new schema (PostgreSQL, as the connection's ``search_path``) or database
+(MariaDB), dropped after it. So a test never sees another test's tables, even when two
+developers run the suite at once against the same servers.
+
+A server that cannot be reached skips the test, except under CI (``CI=true``), where
+it fails it: CI must never pass by skipping the servers.
+
+Tests that should run on every database take ``db_url`` (parametrised: ids ``sqlite``,
+``postgres``, ``mysql``; the server ones carry the ``postgres`` / ``mysql`` marks, so
+``-m "not postgres and not mysql"`` runs SQLite alone).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+import lease
+
+#: The PostgreSQL server of the development and CI machines.
+POSTGRES_URL = os.environ.get(
+    "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+#: The MariaDB/MySQL server of the development and CI machines.
+MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+#: The tables the lease package owns.
+LEASE_TABLES = ("cronjob_lease", "cronjob_alembic_version")
+#: A fixed start for manual clocks: Sunday 2026-03-08 06:00 UTC.
+START = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)
+
+# Server URL -> why it cannot be reached (None: reachable), checked once per session.
+_unreachable: dict[str, str | None] = {}
+
+
+def drop_lease_tables(url: str) -> None:
+    """Drop the lease package's tables at ``url``, if they exist."""
+    for table in LEASE_TABLES:
+        _execute(url, f"DROP TABLE IF EXISTS {table}")
+
+
+def _reachable(url: str, what: str) -> None:
+    if url not in _unreachable:
+        engine = sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            _unreachable[url] = None
+        except sa.exc.SQLAlchemyError as exc:
+            cause = getattr(exc, "orig", None) or exc
+            _unreachable[url] = f"{type(cause).__name__}: {cause}"
+        finally:
+            engine.dispose()
+    reason = _unreachable[url]
+    if reason is not None:
+        message = f"the {what} server at {lease.redact(url)} is unreachable ({reason})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; under CI the servers must run (.ci/run starts them)")
+        pytest.skip(message)
+
+
+def _execute(url: str, statement: str) -> None:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
+def _scratch_name() -> str:
+    return f"lease_test_{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A SQLite database in a new file."""
+    return f"sqlite:///{tmp_path / 'lease.sqlite'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A new, empty schema of the PostgreSQL test database (the connection's search_path)."""
+    _reachable(POSTGRES_URL, "PostgreSQL")
+    schema = _scratch_name()
+    _execute(POSTGRES_URL, f"CREATE SCHEMA {schema}")
+    url = sa.make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        _execute(POSTGRES_URL, f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """A new, empty database on the MariaDB/MySQL server."""
+    _reachable(MYSQL_URL, "MariaDB/MySQL")
+    database = _scratch_name()
+    _execute(MYSQL_URL, f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
+    try:
+        yield sa.make_url(MYSQL_URL).set(database=database).render_as_string(hide_password=False)
+    finally:
+        _execute(MYSQL_URL, f"DROP DATABASE {database}")
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+    ]
+)
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each supported database in turn, without the lease tables."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+@pytest.fixture
+def db_engine(db_url: str) -> Iterator[sa.Engine]:
+    """An engine from :func:`lease.create_engine` on each database; disposed after."""
+    engine = lease.create_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def migrated_engine(db_engine: sa.Engine) -> sa.Engine:
+    """:func:`db_engine` with the lease tables at head."""
+    lease.migrate(db_engine)
+    return db_engine
+
+
+@dataclass
+class ManualClock:
+    """A clock that moves only when told: ``now()``, ``advance(seconds)``, ``set(when)``.
+
+    Pass ``clock.now`` wherever a ``Callable[[], datetime]`` clock is wanted. Picklable,
+    so a process started with it gets a copy frozen at the time it was sent.
+    """
+
+    current: datetime = field(default=START)
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> datetime:
+        if seconds < 0:
+            raise ValueError("time can't go backwards")
+        self.current += timedelta(seconds=seconds)
+        return self.current
+
+    def set(self, when: datetime) -> datetime:
+        if when < self.current:
+            raise ValueError("time can't go backwards")
+        self.current = when
+        return self.current
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    """A :class:`ManualClock` at :data:`START`."""
+    return ManualClock()

@@ -1,0 +1,626 @@
+"""The lease rules, with their boundaries, on every database (see lease/_store.py)."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+import sqlalchemy as sa
+from conftest import START, ManualClock
+from sqlalchemy import event
+
+import lease
+
+T0 = START
+T1 = START + timedelta(minutes=1)
+T2 = START + timedelta(minutes=2)
+TTL_MS = 15_000
+
+
+def ms(when: datetime) -> int:
+    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+@pytest.fixture
+def store(migrated_engine: sa.Engine, manual_clock: ManualClock) -> lease.LeaseStore:
+    return lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+
+
+@contextmanager
+def lease_statements(engine: sa.Engine) -> Iterator[list[str]]:
+    """Collect the statements sent to the database that touch the lease table."""
+    statements: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "cronjob_lease" in statement:
+            statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def insert_row(engine: sa.Engine, **values: Any) -> None:
+    row = {
+        "instant": -1,
+        "attempt": 1,
+        "state": "new",
+        "token": 0,
+        "holder": None,
+        "expires_ms": None,
+        "skipped_through": None,
+        "prev_instant": None,
+        "prev_state": None,
+        "prev_attempt": None,
+    } | values
+    with engine.begin() as conn:
+        conn.execute(sa.insert(lease.metadata.tables["cronjob_lease"]), row)
+
+
+class TestEnsure:
+    def test_it_inserts_a_never_claimed_row_per_missing_name(self, store):
+        store.ensure(["a", "b"])
+        rows = store.read(["a", "b", "c"])
+        assert set(rows) == {"a", "b"}
+        assert rows["a"] == lease.LeaseRow(
+            name="a",
+            instant=None,
+            attempt=1,
+            state=lease.LeaseState.NEW,
+            token=0,
+            holder=None,
+            expires_ms=None,
+            skipped_through=None,
+            prev_instant=None,
+            prev_state=None,
+            prev_attempt=None,
+        )
+
+    def test_it_leaves_existing_rows_as_they_are(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        store.ensure(["a", "b"])
+        assert store.read(["a"])["a"].token == claim.token
+        assert store.read(["a"])["a"].state is lease.LeaseState.RUNNING
+
+    def test_it_inserts_many_names_with_one_statement(self, store):
+        names = [f"job-{i}" for i in range(2_000)]
+        with lease_statements(store.engine) as statements:
+            store.ensure(names)
+        assert len(statements) == 1, statements
+        assert len(store.read(names)) == 2_000
+
+    def test_it_refuses_a_name_that_cannot_be_a_lease(self, store):
+        with pytest.raises(ValueError, match=r"^a lease name must be a string of 1 to 200"):
+            store.ensure(["x" * 201])
+        with pytest.raises(ValueError, match=r"^a lease name must not start or end with"):
+            store.ensure(["job "])
+        with pytest.raises(TypeError, match=r"^names must be a collection of names"):
+            store.ensure("job")
+
+
+class TestClaim:
+    def test_it_claims_a_free_lease_for_the_holder(self, store, manual_clock):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        assert (claim.name, claim.instant, claim.attempt, claim.superseded) == ("a", T0, 1, None)
+        assert 0 < claim.token < 2**63
+        row = store.read(["a"])["a"]
+        assert row.state is lease.LeaseState.RUNNING
+        assert (row.instant, row.attempt, row.token, row.holder) == (T0, 1, claim.token, "r1")
+        assert row.expires_ms == ms(manual_clock.now()) + TTL_MS
+        assert (row.prev_instant, row.prev_state, row.prev_attempt) == (
+            None,
+            lease.LeaseState.NEW,
+            1,
+        )
+
+    def test_it_claims_only_names_that_have_a_row(self, store):
+        store.ensure(["a"])
+        assert [c.name for c in store.claim(["a", "b"], T0, "r1")] == ["a"]
+
+    def test_it_returns_claims_in_the_order_of_names(self, store):
+        store.ensure(["a", "b", "c"])
+        claims = store.claim(["c", "a", "b"], T0, "r1")
+        assert [c.name for c in claims] == ["c", "a", "b"]
+
+    def test_it_refuses_while_the_lease_is_held(self, store, manual_clock):
+        store.ensure(["a"])
+        store.claim(["a"], T0, "r1")
+        manual_clock.advance(14.999)
+        assert store.claim(["a"], T1, "r2") == []
+
+    def test_it_refuses_an_instant_not_newer_than_the_recorded_one(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T1, "r1")
+        assert store.finish("a", claim.token, ended=T1)
+        assert store.claim(["a"], T1, "r2") == []
+        assert store.claim(["a"], T0, "r2") == []
+        assert [c.instant for c in store.claim(["a"], T2, "r2")] == [T2]
+
+    def test_it_draws_a_new_token_on_every_claim(self, store):
+        store.ensure(["a"])
+        tokens = set()
+        for minute in range(5):
+            (claim,) = store.claim(["a"], T0 + timedelta(minutes=minute), "r1")
+            tokens.add(claim.token)
+            assert store.finish("a", claim.token, ended=claim.instant)
+        assert len(tokens) == 5
+
+    def test_it_is_free_exactly_when_now_reaches_the_expiry(self, store, manual_clock):
+        """At now == expires_ms the lease is free; one millisecond earlier it is held."""
+        store.ensure(["a"])
+        store.claim(["a"], T0, "r1")
+        manual_clock.advance(15 - 0.001)
+        assert store.claim(["a"], T1, "r2") == []
+        manual_clock.advance(0.001)
+        assert store.read(["a"])["a"].holder == "r1"
+        assert [c.name for c in store.claim(["a"], T1, "r2")] == ["a"]
+
+    def test_a_claim_after_expiry_fences_the_old_holder(self, store, manual_clock):
+        store.ensure(["a"])
+        (old,) = store.claim(["a"], T0, "r1")
+        manual_clock.advance(15)
+        (new,) = store.claim(["a"], T1, "r2")
+        assert new.token != old.token
+        assert store.renew([("a", old.token)], "r1") == set()
+        assert store.finish("a", old.token, ended=T1) is False
+        assert store.give_back("a", old.token) is False
+        with store.engine.begin() as conn:
+            assert store.holds(conn, "a", old.token) is False
+            assert store.holds(conn, "a", new.token) is True
+        row = store.read(["a"])["a"]
+        assert (row.holder, row.token, row.state) == ("r2", new.token, lease.LeaseState.RUNNING)
+
+    def test_it_reports_the_unfinished_round_it_supersedes(self, store, manual_clock):
+        store.ensure(["given-back", "crashed", "done"])
+        claims = {c.name: c for c in store.claim(["given-back", "crashed", "done"], T0, "r1")}
+        store.give_back("given-back", claims["given-back"].token)
+        store.finish("done", claims["done"].token, ended=T0 + timedelta(seconds=3))
+        manual_clock.advance(15)
+        superseded = {c.name: c.superseded for c in store.claim(list(claims), T1, "r2")}
+        assert superseded == {"given-back": (T0, 1), "crashed": (T0, 1), "done": None}
+
+    def test_it_reports_a_superseded_second_run_with_its_attempt(self, store, manual_clock):
+        store.ensure(["a"])
+        (first,) = store.claim(["a"], T0, "r1")
+        store.give_back("a", first.token)
+        rerun = store.claim_rerun("a", T0, "r2")
+        assert rerun is not None
+        manual_clock.advance(15)
+        (claim,) = store.claim(["a"], T1, "r3")
+        assert claim.superseded == (T0, 2)
+
+    def test_it_refuses_instants_that_are_not_aware_whole_seconds(self, store):
+        store.ensure(["a"])
+        with pytest.raises(ValueError, match=r"^instant must be an aware datetime"):
+            store.claim(["a"], datetime(2026, 1, 1), "r1")
+        with pytest.raises(ValueError, match=r"^an instant has whole seconds"):
+            store.claim(["a"], T0 + timedelta(milliseconds=5), "r1")
+        with pytest.raises(ValueError, match=r"^a holder must be a string of 1 to 255"):
+            store.claim(["a"], T0, "")
+
+
+class TestRenew:
+    def test_it_extends_every_held_lease_in_one_statement(self, store, manual_clock):
+        names = [f"job-{i}" for i in range(50)]
+        store.ensure(names)
+        claims = store.claim(names, T0, "r1")
+        manual_clock.advance(5)
+        with lease_statements(store.engine) as statements:
+            renewed = store.renew([(c.name, c.token) for c in claims], "r1")
+        assert renewed == set(names)
+        # Without UPDATE ... RETURNING (MySQL, MariaDB): the UPDATE, then one SELECT.
+        assert len(statements) == (1 if store.engine.dialect.update_returning else 2)
+        assert {row.expires_ms for row in store.read(names).values()} == {
+            ms(manual_clock.now()) + TTL_MS
+        }
+
+    def test_it_renews_a_lease_even_when_the_expiry_does_not_move(self, store):
+        """A renewal at the instant of the claim writes the same expiry: still renewed."""
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        assert store.renew([("a", claim.token)], "r1") == {"a"}
+
+    def test_it_keeps_only_the_leases_still_held(self, store, manual_clock):
+        store.ensure(["kept", "taken", "stale", "other-holder"])
+        claims = {c.name: c for c in store.claim(["kept", "taken", "stale"], T0, "r1")}
+        (other,) = store.claim(["other-holder"], T0, "r9")
+        store.give_back("taken", claims["taken"].token)
+        store.claim(["taken"], T1, "r2")
+        held = [(name, claim.token) for name, claim in claims.items()]
+        held += [("stale", claims["stale"].token + 1), ("other-holder", other.token)]
+        assert store.renew(held, "r1") == {"kept", "stale"}
+
+    def test_it_loses_a_lease_exactly_when_now_reaches_the_expiry(self, store, manual_clock):
+        store.ensure(["a", "b"])
+        (a,) = store.claim(["a"], T0, "r1")
+        manual_clock.advance(1)
+        (b,) = store.claim(["b"], T0, "r1")
+        manual_clock.advance(14)  # a expires now; b one second later
+        assert store.renew([("a", a.token), ("b", b.token)], "r1") == {"b"}
+
+    def test_it_does_not_renew_a_lease_given_back(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        store.give_back("a", claim.token)
+        assert store.renew([("a", claim.token)], "r1") == set()
+
+    def test_it_sends_no_statement_for_nothing(self, store):
+        with lease_statements(store.engine) as statements:
+            assert store.renew([], "r1") == set()
+        assert statements == []
+
+
+class TestGiveBackAndFinish:
+    def test_give_back_frees_the_lease_and_marks_the_round_cut(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        assert store.give_back("a", claim.token) is True
+        row = store.read(["a"])["a"]
+        assert (row.state, row.expires_ms, row.instant) == (lease.LeaseState.CUT, None, T0)
+        assert store.give_back("a", claim.token) is False
+
+    def test_finish_records_the_end_and_frees_the_lease(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        ended = T0 + timedelta(minutes=2, seconds=5, microseconds=999_999)
+        assert store.finish("a", claim.token, ended=ended) is True
+        row = store.read(["a"])["a"]
+        assert (row.state, row.expires_ms) == (lease.LeaseState.DONE, None)
+        assert row.skipped_through == T0 + timedelta(minutes=2, seconds=5)
+        assert [c.instant for c in store.claim(["a"], T1, "r2")] == [T1]
+
+    def test_finish_records_the_end_after_expiry_while_no_one_claimed(self, store, manual_clock):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        manual_clock.advance(60)
+        assert store.finish("a", claim.token, ended=manual_clock.now()) is True
+
+    def test_a_stale_token_can_neither_finish_nor_give_back(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        assert store.finish("a", claim.token - 1, ended=T1) is False
+        assert store.give_back("a", claim.token + 1) is False
+        assert store.read(["a"])["a"].state is lease.LeaseState.RUNNING
+
+    def test_a_round_cut_short_cannot_then_finish(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        store.give_back("a", claim.token)
+        assert store.finish("a", claim.token, ended=T1) is False
+        assert store.read(["a"])["a"].state is lease.LeaseState.CUT
+
+    def test_finish_refuses_a_naive_end(self, store):
+        with pytest.raises(ValueError, match=r"^ended must be an aware datetime"):
+            store.finish("a", 1, ended=datetime(2026, 1, 1))
+
+
+class TestFindCutShort:
+    def test_it_returns_exactly_the_rounds_the_rule_names(self, store, manual_clock):
+        names = ["given-back", "crashed", "done", "rerun", "superseded", "never", "live"]
+        store.ensure(names)
+        claims = {c.name: c for c in store.claim(names[:5], T0, "r1")}
+        store.give_back("given-back", claims["given-back"].token)
+        store.finish("done", claims["done"].token, ended=T0)
+        # A round that already ran a second time, itself cut short.
+        store.give_back("rerun", claims["rerun"].token)
+        rerun = store.claim_rerun("rerun", T0, "r2")
+        assert rerun is not None
+        store.give_back("rerun", rerun.token)
+        # A round given up when the next instant was claimed, that one then finished.
+        store.give_back("superseded", claims["superseded"].token)
+        (later,) = store.claim(["superseded"], T1, "r2")
+        store.finish("superseded", later.token, ended=T1)
+        manual_clock.advance(15)  # "crashed" expires, running
+        (live,) = store.claim(["live"], T1, "r3")
+        store.give_back("live", live.token)
+        store.claim_rerun("live", T1, "r3")  # held: a second run, still live
+        with lease_statements(store.engine) as statements:
+            found = store.find_cut_short(names)
+        assert found == [
+            lease.CutShort(name="crashed", instant=T0),
+            lease.CutShort(name="given-back", instant=T0),
+        ]
+        assert len(statements) == 1
+
+    def test_it_ignores_a_running_round_until_its_lease_expires(self, store, manual_clock):
+        """A running round is cut short at now == expires_ms, not a millisecond earlier."""
+        store.ensure(["a"])
+        store.claim(["a"], T0, "r1")
+        manual_clock.advance(15 - 0.001)
+        assert store.find_cut_short(["a"]) == []
+        manual_clock.advance(0.001)
+        assert store.find_cut_short(["a"]) == [lease.CutShort(name="a", instant=T0)]
+
+    def test_it_ignores_a_round_given_back_then_claimed_again(self, store):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        store.give_back("a", claim.token)
+        store.claim(["a"], T1, "r2")
+        assert store.find_cut_short(["a"]) == []
+
+    def test_it_reads_10000_names_with_one_small_query(self, store):
+        names = [f"job-{i}" for i in range(10_000)]
+        store.ensure([*names[:3], "not-mine"])
+        claims = store.claim([*names[:3], "not-mine"], T0, "r1")
+        for claim in claims:
+            store.give_back(claim.name, claim.token)
+        params: list[int] = []
+
+        def before(conn, cursor, statement, parameters, context, executemany):
+            params.append(len(parameters or ()))
+
+        event.listen(store.engine, "before_cursor_execute", before)
+        try:
+            found = store.find_cut_short(names)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", before)
+        assert [cut.name for cut in found] == ["job-0", "job-1", "job-2"]
+        assert max(params) < 100
+
+
+class TestClaimRerun:
+    def test_it_claims_the_second_run_of_a_round_given_back(self, store):
+        store.ensure(["a"])
+        (first,) = store.claim(["a"], T0, "r1")
+        store.give_back("a", first.token)
+        rerun = store.claim_rerun("a", T0, "r2")
+        assert rerun == lease.Claim(name="a", instant=T0, attempt=2, token=rerun.token)
+        assert rerun.token != first.token
+        row = store.read(["a"])["a"]
+        assert (row.attempt, row.state, row.holder) == (2, lease.LeaseState.RUNNING, "r2")
+        assert store.finish("a", first.token, ended=T1) is False
+
+    def test_it_claims_the_second_run_of_a_round_whose_lease_expired(self, store, manual_clock):
+        store.ensure(["a"])
+        (first,) = store.claim(["a"], T0, "r1")
+        assert store.claim_rerun("a", T0, "r2") is None  # still held
+        manual_clock.advance(15)
+        rerun = store.claim_rerun("a", T0, "r2")
+        assert rerun is not None
+        assert store.renew([("a", first.token)], "r1") == set()
+
+    def test_it_refuses_what_the_rule_refuses(self, store):
+        store.ensure(["done", "twice", "superseded", "never"])
+        claims = {c.name: c for c in store.claim(["done", "twice", "superseded"], T0, "r1")}
+        store.finish("done", claims["done"].token, ended=T0)
+        store.give_back("twice", claims["twice"].token)
+        second = store.claim_rerun("twice", T0, "r2")
+        assert second is not None
+        store.give_back("twice", second.token)
+        store.give_back("superseded", claims["superseded"].token)
+        store.claim(["superseded"], T1, "r2")
+        assert store.claim_rerun("done", T0, "r3") is None
+        assert store.claim_rerun("twice", T0, "r3") is None
+        assert store.claim_rerun("superseded", T0, "r3") is None
+        assert store.claim_rerun("never", T0, "r3") is None
+
+
+class TestHolds:
+    def test_it_tells_whether_the_token_still_holds_the_lease(self, store, manual_clock):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        with store.engine.begin() as conn:
+            assert store.holds(conn, "a", claim.token) is True
+            assert store.holds(conn, "a", claim.token + 1) is False
+        manual_clock.advance(15)  # now == expires_ms: no longer held
+        with store.engine.begin() as conn:
+            assert store.holds(conn, "a", claim.token) is False
+
+
+class TestRead:
+    def test_it_logs_and_skips_malformed_rows(self, store, caplog):
+        engine = store.engine
+        insert_row(engine, name="bad-state", instant=60, state="garbage")
+        insert_row(engine, name="bad-attempt", instant=60, state="running", attempt=7)
+        insert_row(engine, name="bad-instant", instant=-5, state="running")
+        insert_row(engine, name="never-but-running", state="running")
+        insert_row(engine, name="bad-prev", instant=60, state="done", prev_state="garbage")
+        insert_row(engine, name="bad-token", instant=60, state="done", token=-3)
+        insert_row(engine, name="edited ", instant=60, state="done")
+        store.ensure(["fine"])
+        names = [
+            "bad-state",
+            "bad-attempt",
+            "bad-instant",
+            "never-but-running",
+            "bad-prev",
+            "bad-token",
+            "edited",
+            "fine",
+        ]
+        with caplog.at_level(logging.WARNING, logger="lease"):
+            rows = store.read(names)
+        assert list(rows) == ["fine"]
+        logged = caplog.text
+        for name in names[:6]:
+            assert f"lease row {name!r} is malformed" in logged
+        # The other operations carry on around them.
+        assert [c.name for c in store.claim(["fine"], T0, "r1")] == ["fine"]
+        assert store.find_cut_short(names) == []
+
+    def test_it_skips_a_value_of_the_wrong_type(self, sqlite_url, manual_clock, caplog):
+        """SQLite stores what it is given: text in an integer column must not crash."""
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        store = lease.LeaseStore(engine, clock=manual_clock.now)
+        insert_row(engine, name="text-token", instant=60, state="done", token="abc")
+        with caplog.at_level(logging.WARNING, logger="lease"):
+            assert store.read(["text-token"]) == {}
+        assert "lease row 'text-token' is malformed (token 'abc')" in caplog.text
+        engine.dispose()
+
+
+class TestDatabaseClock:
+    def test_the_database_clock_agrees_with_the_wall_clock(self, migrated_engine):
+        store = lease.LeaseStore(migrated_engine)
+        before = ms(datetime.now(UTC))
+        now = store.now_ms()
+        after = ms(datetime.now(UTC))
+        # The servers run on this machine: same clock, within the round trip.
+        assert before - 1_000 <= now <= after + 1_000
+
+    def test_leases_follow_the_database_clock(self, migrated_engine):
+        store = lease.LeaseStore(migrated_engine, ttl=30)
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        expires = store.read(["a"])["a"].expires_ms
+        assert expires is not None
+        assert 0 < expires - store.now_ms() <= 30_000
+        assert store.claim(["a"], T1, "r2") == []
+        assert store.renew([("a", claim.token)], "r1") == {"a"}
+        assert store.find_cut_short(["a"]) == []
+        assert store.give_back("a", claim.token)
+        assert store.find_cut_short(["a"]) == [lease.CutShort(name="a", instant=T0)]
+
+    def test_a_store_refuses_a_ttl_that_is_not_positive(self, migrated_engine):
+        with pytest.raises(ValueError, match=r"^ttl must be a positive number of seconds"):
+            lease.LeaseStore(migrated_engine, ttl=0)
+
+
+# -- races -------------------------------------------------------------------------
+
+ROUNDS = 10
+
+
+def _race(store: lease.LeaseStore, holder: str, wait: Any) -> list[tuple[int, int]]:
+    """Claim ROUNDS instants of one name; return (round, token) for each one won."""
+    won = []
+    for i in range(ROUNDS):
+        wait()
+        for claim in store.claim(["raced"], T0 + timedelta(minutes=i), holder):
+            won.append((i, claim.token))
+            assert store.finish("raced", claim.token, ended=claim.instant)
+    return won
+
+
+def _race_in_process(url: str, now: datetime, holder: str, barrier: Any, results: Any) -> None:
+    engine = lease.create_engine(url)
+    try:
+        store = lease.LeaseStore(engine, clock=lambda: now)
+        results.put((holder, _race(store, holder, barrier.wait)))
+    except BaseException as exc:
+        results.put((holder, repr(exc)))
+        raise
+    finally:
+        engine.dispose()
+
+
+def _assert_one_winner_per_round(won: list[tuple[int, int]]) -> None:
+    assert sorted(i for i, _ in won) == list(range(ROUNDS))
+    assert len({token for _, token in won}) == ROUNDS
+
+
+class TestRaces:
+    def test_threads_racing_one_claim_have_exactly_one_winner(self, store):
+        store.ensure(["raced"])
+        threads = 8
+        barrier = threading.Barrier(threads)
+        won: list[tuple[int, int]] = []
+        errors: list[BaseException] = []
+
+        def run(k: int) -> None:
+            try:
+                won.extend(_race(store, f"thread-{k}", barrier.wait))
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+                barrier.abort()
+
+        workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert errors == []
+        _assert_one_winner_per_round(won)
+
+    def test_processes_racing_one_claim_have_exactly_one_winner(self, store, db_url):
+        store.ensure(["raced"])
+        processes = 4
+        spawn = multiprocessing.get_context("spawn")
+        barrier = spawn.Barrier(processes)
+        results = spawn.Queue()
+        workers = [
+            spawn.Process(
+                target=_race_in_process,
+                args=(db_url, START, f"process-{k}", barrier, results),
+            )
+            for k in range(processes)
+        ]
+        for worker in workers:
+            worker.start()
+        outcomes = dict(results.get(timeout=120) for _ in workers)
+        for worker in workers:
+            worker.join(timeout=60)
+        assert all(isinstance(won, list) for won in outcomes.values()), outcomes
+        _assert_one_winner_per_round([w for won in outcomes.values() for w in won])
+
+
+class TestErrors:
+    TABLE_OPERATIONS: ClassVar[dict[str, Callable[[lease.LeaseStore], object]]] = {
+        "ensure": lambda s: s.ensure(["a"]),
+        "read": lambda s: s.read(["a"]),
+        "claim": lambda s: s.claim(["a"], T0, "r1"),
+        "claim_rerun": lambda s: s.claim_rerun("a", T0, "r1"),
+        "renew": lambda s: s.renew([("a", 1)], "r1"),
+        "give_back": lambda s: s.give_back("a", 1),
+        "finish": lambda s: s.finish("a", 1, ended=T0),
+        "find_cut_short": lambda s: s.find_cut_short(["a"]),
+    }
+    OPERATIONS: ClassVar[dict[str, Callable[[lease.LeaseStore], object]]] = TABLE_OPERATIONS | {
+        "now_ms": lambda s: s.now_ms()
+    }
+
+    @pytest.mark.parametrize("operation", sorted(TABLE_OPERATIONS))
+    def test_no_sqlalchemy_error_escapes_a_missing_table(self, db_engine, operation):
+        store = lease.LeaseStore(db_engine)
+        with pytest.raises(lease.LeaseError) as caught:
+            self.TABLE_OPERATIONS[operation](store)
+        assert isinstance(caught.value.__cause__, sa.exc.SQLAlchemyError)
+
+    @pytest.mark.parametrize("operation", sorted(OPERATIONS))
+    def test_an_unreachable_database_raises_database_unavailable(self, operation):
+        # Nothing listens on port 1 of the loopback: the connection is refused at once.
+        engine = lease.create_engine("postgresql+psycopg://postgres:secret@127.0.0.1:1/test")
+        store = lease.LeaseStore(engine)
+        with pytest.raises(lease.DatabaseUnavailable) as caught:
+            self.OPERATIONS[operation](store)
+        assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+        assert isinstance(caught.value, ConnectionError)
+        assert "secret" not in str(caught.value)
+        engine.dispose()
+
+    def test_holds_translates_errors_too(self, db_engine):
+        store = lease.LeaseStore(db_engine)
+        with pytest.raises(lease.LeaseError), db_engine.connect() as conn:
+            store.holds(conn, "a", 1)
+
+    def test_an_unsupported_dialect_is_refused(self):
+        from sqlalchemy.dialects.mssql.base import MSDialect
+
+        message = (
+            r"^the 'mssql' database cannot carry leases; "
+            r"supported are PostgreSQL, MySQL/MariaDB and SQLite$"
+        )
+        with pytest.raises(lease.UnsupportedDatabase, match=message):
+            lease.check_dialect(MSDialect())
+        engine = sa.create_mock_engine("oracle://", executor=lambda *a, **k: None)
+        with pytest.raises(lease.UnsupportedDatabase, match=r"^the 'oracle' database"):
+            lease.LeaseStore(engine)  # type: ignore[arg-type]
+        with pytest.raises(lease.UnsupportedDatabase):
+            lease.migrate(engine)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        "url", ["sqlite://", "postgresql+psycopg://x@h/d", "mysql+pymysql://x@h/d"]
+    )
+    def test_supported_dialects_pass(self, url):
+        lease.check_dialect(sa.create_engine(url))

@@ -1,0 +1,168 @@
+"""Engines made for leases, URL redaction, the exception tree and the public surface."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.pool import StaticPool
+
+import lease
+
+
+class TestRedact:
+    def test_it_hides_the_password(self):
+        url = "postgresql+psycopg://app:s3cr%40t@db.internal:5432/app"
+        assert lease.redact(url) == "postgresql+psycopg://app:***@db.internal:5432/app"
+
+    def test_it_hides_the_password_of_a_url_object(self):
+        url = sa.make_url("mysql+pymysql://root:hunter2@127.0.0.1/test")
+        assert lease.redact(url) == "mysql+pymysql://root:***@127.0.0.1/test"
+
+    def test_it_leaves_a_url_without_password_alone(self):
+        assert lease.redact("sqlite:///var/lib/app.sqlite") == "sqlite:///var/lib/app.sqlite"
+        assert lease.redact("postgresql://postgres@h/db") == "postgresql://postgres@h/db"
+
+    def test_it_hides_the_password_of_a_url_that_does_not_parse(self):
+        assert lease.redact("not a url://me:hunter2@host/db") == "not a url://me:***@host/db"
+        assert "hunter2" not in lease.redact("::bad::pg://me:hunter2@host")
+
+
+class TestSqliteEngine:
+    def test_a_file_gets_one_connection_wal_and_a_busy_timeout(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        try:
+            assert engine.pool.size() == 1  # type: ignore[attr-defined]
+            assert engine.pool._max_overflow == 0  # type: ignore[attr-defined]
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+                assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+        finally:
+            engine.dispose()
+
+    def test_transactions_begin_immediate_and_reads_deferred(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        store = lease.LeaseStore(engine)
+        seen: list[str] = []
+
+        def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.startswith("BEGIN"):
+                seen.append(statement)
+
+        event.listen(engine, "before_cursor_execute", before)
+        try:
+            store.ensure(["a"])
+            store.read(["a"])
+        finally:
+            event.remove(engine, "before_cursor_execute", before)
+            engine.dispose()
+        assert seen == ["BEGIN IMMEDIATE", "BEGIN DEFERRED"]
+
+    def test_the_connection_can_be_used_from_any_thread(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        store = lease.LeaseStore(engine)
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                store.ensure(["a"])
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        engine.dispose()
+        assert errors == []
+
+    def test_memory_shares_one_connection(self):
+        engine = lease.create_engine("sqlite://")
+        assert isinstance(engine.pool, StaticPool)
+        lease.migrate(engine)  # no file to lock
+        store = lease.LeaseStore(engine)
+        store.ensure(["a"])
+        done: list[set[str]] = []
+        thread = threading.Thread(target=lambda: done.append(set(store.read(["a"]))))
+        thread.start()
+        thread.join()
+        assert done == [{"a"}]
+        engine.dispose()
+
+
+class TestServerEngine:
+    @pytest.mark.postgres
+    def test_postgres_pings_and_reads_committed(self, postgres_url):
+        engine = lease.create_engine(postgres_url)
+        try:
+            assert engine.pool._pre_ping  # type: ignore[attr-defined]
+            with engine.connect() as conn:
+                assert conn.get_isolation_level() == "READ COMMITTED"
+        finally:
+            engine.dispose()
+
+    @pytest.mark.mysql
+    def test_mysql_pings_and_reads_committed(self, mysql_url):
+        engine = lease.create_engine(mysql_url)
+        try:
+            assert engine.pool._pre_ping  # type: ignore[attr-defined]
+            with engine.connect() as conn:
+                assert conn.get_isolation_level() == "READ COMMITTED"
+        finally:
+            engine.dispose()
+
+    def test_a_url_for_no_installed_dialect_is_a_lease_error(self):
+        with pytest.raises(lease.DatabaseError, match=r"^create engine: "):
+            lease.create_engine("nosuchdb://x@y/z")
+
+
+class TestExceptions:
+    def test_the_tree_has_one_root_and_the_fitting_builtins(self):
+        assert issubclass(lease.DatabaseUnavailable, lease.LeaseError)
+        assert issubclass(lease.DatabaseUnavailable, ConnectionError)
+        for leaf in (
+            lease.DatabaseError,
+            lease.UnsupportedDatabase,
+            lease.MigrationRequired,
+            lease.MigrationFailed,
+        ):
+            assert issubclass(leaf, lease.LeaseError)
+            assert issubclass(leaf, RuntimeError)
+
+
+class TestSurface:
+    def test_the_public_names_are_pinned(self):
+        assert lease.__all__ == sorted(lease.__all__)
+        assert lease.__all__ == [
+            "Claim",
+            "CutShort",
+            "DEFAULT_TTL",
+            "DatabaseError",
+            "DatabaseUnavailable",
+            "LeaseError",
+            "LeaseRow",
+            "LeaseState",
+            "LeaseStore",
+            "MigrationFailed",
+            "MigrationRequired",
+            "TABLE_NAME",
+            "UnsupportedDatabase",
+            "VERSION_TABLE",
+            "check_dialect",
+            "create_engine",
+            "current_revision",
+            "head_revision",
+            "metadata",
+            "migrate",
+            "redact",
+        ]
+
+    def test_public_objects_carry_the_public_module(self):
+        for name in lease.__all__:
+            module = getattr(getattr(lease, name), "__module__", "lease")
+            if module.startswith("lease"):
+                assert module == "lease", name

@@ -1,0 +1,244 @@
+"""The alembic migrations of the lease table: to head, locked, from a checkout and a wheel."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import queue
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import alembic
+import alembic.command
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+import lease
+from lease import _migrate
+
+REPO = Path(__file__).resolve().parent.parent
+HEAD = "0001"
+
+
+def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
+    return type_ != "table" or name in lease.metadata.tables
+
+
+def versions(engine: sa.Engine, table: str = "cronjob_alembic_version") -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT version_num FROM {table}")).scalars())
+
+
+class TestUpgrade:
+    def test_a_blank_database_upgrades_to_exactly_the_metadata(self, db_engine):
+        lease.migrate(db_engine)
+        with db_engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn, opts={"include_name": lease_tables_only, "compare_type": True}
+            )
+            assert compare_metadata(context, lease.metadata) == []
+        assert versions(db_engine) == [HEAD]
+        assert lease.current_revision(db_engine) == lease.head_revision() == HEAD
+
+    def test_migrating_a_database_at_head_changes_nothing(self, db_engine):
+        lease.migrate(db_engine)
+        lease.migrate(db_engine)
+        lease.migrate(db_engine, auto_migrate=False)
+        assert versions(db_engine) == [HEAD]
+
+    def test_the_applications_own_alembic_history_is_untouched(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32))")
+            conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('app1234')")
+        lease.migrate(engine)
+        assert versions(engine, "alembic_version") == ["app1234"]
+        assert versions(engine) == [HEAD]
+        engine.dispose()
+
+    def test_a_blank_database_without_auto_migrate_requires_a_migration(self, db_engine):
+        message = (
+            r"^the lease tables are at revision none \(never migrated\) but the head is 0001; "
+            r"run lease.migrate\(\) or allow auto_migrate$"
+        )
+        with pytest.raises(lease.MigrationRequired, match=message):
+            lease.migrate(db_engine, auto_migrate=False)
+        assert lease.current_revision(db_engine) is None
+
+    def test_a_revision_from_a_newer_release_is_refused(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE cronjob_alembic_version SET version_num = '9999'")
+        with pytest.raises(
+            lease.MigrationFailed, match=r"^the lease tables are at revision '9999'"
+        ):
+            lease.migrate(engine)
+        engine.dispose()
+
+    def test_an_unreachable_database_raises_database_unavailable(self):
+        engine = lease.create_engine("mysql+pymysql://root:secret@127.0.0.1:1/test")
+        with pytest.raises(lease.DatabaseUnavailable) as caught:
+            lease.migrate(engine)
+        assert "secret" not in str(caught.value)
+        engine.dispose()
+
+    def test_the_sql_can_be_rendered_offline_for_a_dba(self):
+        config = _migrate._config()
+        config.output_buffer = io.StringIO()
+        config.set_main_option("sqlalchemy.url", "postgresql://")
+        alembic.command.upgrade(config, "head", sql=True)
+        sql = config.output_buffer.getvalue()
+        assert "CREATE TABLE cronjob_lease" in sql
+        assert "CREATE TABLE cronjob_alembic_version" in sql
+        assert "INSERT INTO cronjob_alembic_version (version_num) VALUES ('0001')" in sql
+
+
+def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
+    engine = lease.create_engine(url)
+    try:
+        barrier.wait()
+        results.put("started")
+        lease.migrate(engine)
+        results.put("ok")
+    except BaseException as exc:
+        results.put(repr(exc))
+        raise
+    finally:
+        engine.dispose()
+
+
+class TestMigrationLock:
+    def test_processes_migrating_one_blank_database_together_all_succeed(self, db_url):
+        processes = 4
+        spawn = multiprocessing.get_context("spawn")
+        barrier = spawn.Barrier(processes)
+        results = spawn.Queue()
+        workers = [
+            spawn.Process(target=_migrate_in_process, args=(db_url, barrier, results))
+            for _ in range(processes)
+        ]
+        for worker in workers:
+            worker.start()
+        outcomes = [results.get(timeout=120) for _ in range(2 * processes)]
+        for worker in workers:
+            worker.join(timeout=60)
+        assert sorted(outcomes) == ["ok"] * processes + ["started"] * processes
+        engine = lease.create_engine(db_url)
+        assert versions(engine) == [HEAD]
+        engine.dispose()
+
+    def test_a_migration_waits_for_the_lock(self, db_url):
+        """While this process holds the lock, another one's migration does not proceed."""
+        engine = lease.create_engine(db_url)
+        spawn = multiprocessing.get_context("spawn")
+        barrier = spawn.Barrier(1)
+        results = spawn.Queue()
+        worker = spawn.Process(target=_migrate_in_process, args=(db_url, barrier, results))
+        with engine.connect() as conn, _migrate._migration_lock(engine, conn):
+            worker.start()
+            assert results.get(timeout=60) == "started"
+            with pytest.raises(queue.Empty):
+                results.get(timeout=0.5)
+            # Another engine: on SQLite, `engine`'s one connection holds the lock.
+            observer = lease.create_engine(db_url)
+            assert lease.current_revision(observer) is None
+            observer.dispose()
+        assert results.get(timeout=60) == "ok"
+        worker.join(timeout=60)
+        assert lease.current_revision(engine) == HEAD
+        engine.dispose()
+
+
+class TestLocation:
+    def test_a_checkout_finds_the_migrations_at_the_top_of_the_repository(self):
+        assert _migrate.migrations_location() == REPO / "alembic"
+
+    def test_the_migrations_never_shadow_the_alembic_library(self):
+        assert not (REPO / "alembic" / "__init__.py").exists()
+        # Even with the repository first on sys.path, `import alembic` is the library.
+        out = subprocess.run(
+            [sys.executable, "-c", "import alembic, alembic.command; print(alembic.__file__)"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert Path(out) == Path(alembic.__file__)
+        assert not Path(out).is_relative_to(REPO / "alembic")
+
+
+def _build_wheel(out: Path) -> Path:
+    """Build the project's wheel into ``out``: offline when hatchling is installed here."""
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        isolation: list[str] = []  # build fetches hatchling into its own environment
+    else:
+        isolation = ["--no-isolation"]
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", *isolation, "--outdir", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("cronjob-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_migrates_with_its_packaged_migrations(tmp_path):
+    wheel = _build_wheel(tmp_path / "dist")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "lease/_migrations/env.py" in names
+    assert any(n.startswith("lease/_migrations/versions/0001_") for n in names)
+    assert not any(n.startswith("alembic/") for n in names), "alembic/ would shadow the library"
+
+    # A fresh environment holding only the wheel; its dependencies (SQLAlchemy, alembic...)
+    # are borrowed from this one through a .pth line, appended after its own packages.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python)]
+    subprocess.run(
+        [*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(purelib, "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    database = tmp_path / "wheel.sqlite"
+    script = f"""
+import pathlib, alembic, alembic.command, lease
+from lease import _migrate
+site = pathlib.Path({purelib!r})
+assert pathlib.Path(lease.__file__).is_relative_to(site), lease.__file__
+assert not pathlib.Path(alembic.__file__).is_relative_to(site), alembic.__file__
+assert hasattr(alembic.command, "upgrade"), "alembic is not the library"
+assert _migrate.migrations_location() == site / "lease" / "_migrations"
+engine = lease.create_engine("sqlite:///{database}")
+lease.migrate(engine)
+print(lease.current_revision(engine))
+"""
+    # -I: no PYTHONPATH, no current directory on sys.path; the checkout stays out of it.
+    result = subprocess.run(
+        [python, "-I", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == HEAD
