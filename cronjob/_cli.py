@@ -1,0 +1,176 @@
+"""The ``cronjob`` command line.
+
+``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
+modules that register jobs and runs the scheduler (see :mod:`cronjob._run`).
+
+Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
+traceback. This is the one place in the package that reads the wall clock: the default
+``--after`` of ``cronjob next`` is now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import NoReturn, TextIO
+
+from ._exceptions import ScheduleError
+from ._schedule import DstMark, Schedule, parse
+
+__all__ = ["main"]
+
+#: How many instants ``cronjob next`` shows unless told otherwise.
+DEFAULT_COUNT = 5
+
+_DST_NOTES = {
+    DstMark.SKIPPED: "[DST: local time skipped -> first instant after the gap]",
+    DstMark.FIRST_PASS: "[DST: repeated local time, first pass]",
+    DstMark.SECOND_PASS: "[DST: repeated local time, second pass]",
+}
+
+
+class _UsageError(Exception):
+    """Raised when the command line cannot be honoured; its message is shown as is."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage and exits on its own; we want one line and a return
+    # value from main(), so raise instead (subparsers inherit this class).
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _instant(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time, e.g. 2026-03-08T06:00:00Z"
+        ) from None
+    # A naive value is read as UTC, never as the local zone: the output is about
+    # instants, and the machine's zone is no part of any schedule.
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(
+        prog="cronjob",
+        description="Run import-time registered jobs on cron schedules.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    show = commands.add_parser(
+        "next",
+        help="show the next instants of a schedule",
+        description=(
+            "Show the next instants of a schedule spec, in UTC and in the spec's zone, "
+            "marking those a daylight-saving transition touches."
+        ),
+    )
+    show.add_argument(
+        "spec", metavar="SPEC", help="e.g. '0 */5 * * * *', '@every 1h30m' or a CRON_TZ= spec"
+    )
+    show.add_argument(
+        "-n",
+        dest="count",
+        type=_count,
+        default=DEFAULT_COUNT,
+        metavar="N",
+        help=f"how many instants to show (default {DEFAULT_COUNT})",
+    )
+    show.add_argument(
+        "--after",
+        type=_instant,
+        default=None,
+        metavar="TIME",
+        help="start strictly after this ISO 8601 time; a time without an offset is UTC "
+        "(default: now)",
+    )
+
+    run = commands.add_parser(
+        "run",
+        help="import modules that register jobs and run them until SIGTERM or SIGINT",
+        description=(
+            "Import the modules, which register their jobs, and run the scheduler until "
+            "SIGTERM or SIGINT, then drain."
+        ),
+    )
+    run.add_argument(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        help="the primary database (default: $CRONJOB_DATABASE_URL, else an embedded "
+        "SQLite file in the working directory)",
+    )
+    run.add_argument("modules", metavar="MODULE", nargs="+", help="a module to import")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``cronjob`` command line.
+
+    Args:
+        argv: The arguments after the program name; ``None`` reads ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 on success, 2 for bad input (after one line on stderr).
+    """
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "run":
+            from ._run import run_command  # deferred: the scheduler is not needed for `next`
+
+            return run_command(args)
+        return _show_next(args.spec, args.count, args.after, sys.stdout)
+    except (_UsageError, ScheduleError) as exc:
+        print(f"cronjob: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help: argparse has printed it and asks to exit
+        return exc.code if isinstance(exc.code, int) else 0
+
+
+def _show_next(spec: str, count: int, after: datetime | None, out: TextIO) -> int:
+    schedule = parse(spec)
+    start = after if after is not None else datetime.now(UTC)
+    zone = schedule.zone
+    if schedule.period is not None:
+        where = f"every {schedule.period}s from the Unix epoch, UTC"
+    elif zone is None:
+        where = "UTC"
+    else:
+        rule = "fixed-time" if schedule.fixed_time else "wildcard"
+        where = f"zone {zone.key}, {rule} DST rule"
+    noun = "instant" if count == 1 else "instants"
+    print(f"next {count} {noun} of {spec!r} ({where}) after {start.isoformat()}:", file=out)
+    moment = start
+    for _ in range(count):
+        found = schedule.next(moment)
+        if found is None:
+            print("  (no further instant up to the end of year 9999)", file=out)
+            break
+        print(_format_line(schedule, found), file=out)
+        moment = found
+    return 0
+
+
+def _format_line(schedule: Schedule, instant: datetime) -> str:
+    parts = [instant.isoformat()]
+    if schedule.zone is not None:
+        parts.append(instant.astimezone(schedule.zone).isoformat())
+        mark = schedule._dst_mark(instant)
+        if mark is not None:
+            parts.append(_DST_NOTES[mark])
+    return "  " + "  ".join(parts)
