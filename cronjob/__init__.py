@@ -1,0 +1,66 @@
+"""Run the jobs an application registers at import time on cron schedules, once per
+scheduled instant across every replica, coordinated through a lease table in the
+application's own SQL database.
+
+Layout, one private module per concern:
+
+- ``_schedule``: :func:`parse` and :class:`Schedule` (cron grammar, ``@every``, DST rule).
+- ``_registry``: :func:`register`, :func:`register_per_instance`, :class:`Registry`.
+- ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
+- ``_scheduler``: :class:`Scheduler`, the lifecycle and the loops.
+- ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
+- ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
+  command.
+
+Importing this package does no I/O and starts nothing.
+"""
+
+from __future__ import annotations
+
+from ._clock import Clock as Clock
+from ._clock import SystemClock as SystemClock
+from ._exceptions import Cancelled as Cancelled
+from ._exceptions import CronjobError as CronjobError
+from ._exceptions import LeaseLost as LeaseLost
+from ._exceptions import RegistrationError as RegistrationError
+from ._exceptions import ScheduleError as ScheduleError
+from ._exceptions import Shutdown as Shutdown
+from ._lifespan import lifespan as lifespan
+from ._registry import Job as Job
+from ._registry import Registry as Registry
+from ._registry import register as register
+from ._registry import register_per_instance as register_per_instance
+from ._round import Outcome as Outcome
+from ._round import Round as Round
+from ._schedule import Schedule as Schedule
+from ._schedule import parse as parse
+from ._scheduler import Scheduler as Scheduler
+
+__all__ = [
+    "Cancelled",
+    "Clock",
+    "CronjobError",
+    "Job",
+    "LeaseLost",
+    "Outcome",
+    "RegistrationError",
+    "Round",
+    "Schedule",
+    "ScheduleError",
+    "Scheduler",
+    "Shutdown",
+    "SystemClock",
+    "lifespan",
+    "parse",
+    "register",
+    "register_per_instance",
+]
+
+__version__ = "0.1.0"
+
+# Public objects name the public module, so reprs and docs never show `_x`.
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("cronjob._"):
+        _obj.__module__ = __name__
+del _name, _obj

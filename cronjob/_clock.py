@@ -90,10 +90,10 @@ class Clock(ABC):
 
     # -- work accounting, used by the scheduler; no-ops unless a clock needs it --------
 
-    def _work_started(self) -> None:
+    def _work_started(self) -> None:  # noqa: B027 - a no-op unless a clock counts work
         """Count one more unit of work as running (called before handing it off)."""
 
-    def _work_finished(self) -> None:
+    def _work_finished(self) -> None:  # noqa: B027 - a no-op unless a clock counts work
         """Count one unit of work as finished (called by the unit itself, last)."""
 
     @contextlib.contextmanager

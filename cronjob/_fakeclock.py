@@ -51,9 +51,7 @@ class FakeClock(Clock):
         ValueError: ``start`` is naive.
     """
 
-    def __init__(
-        self, start: datetime, *, settle_timeout: float = DEFAULT_SETTLE_TIMEOUT
-    ) -> None:
+    def __init__(self, start: datetime, *, settle_timeout: float = DEFAULT_SETTLE_TIMEOUT) -> None:
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError(f"FakeClock needs an aware start time, got naive {start!r}")
         self._cond = threading.Condition()

@@ -144,14 +144,22 @@ class Round:
 
     # -- used by the scheduler ----------------------------------------------------------
 
-    def _cancel(self, cause: Cancelled) -> bool:
-        """Cancel the round with ``cause``; the first cause wins. Returns True if it did."""
+    def _cancel(self, cause: Cancelled, *, wake: bool = True) -> bool:
+        """Cancel the round with ``cause``; the first cause wins. Returns True if it did.
+
+        With ``wake=False`` only the cause is recorded; the caller wakes waiters later
+        with :meth:`_wake` (after delivering an async task's cancellation).
+        """
         with self._lock:
             if self._cause is not None:
                 return False
             self._cause = cause
-        self._event.set()
+        if wake:
+            self._wake()
         return True
+
+    def _wake(self) -> None:
+        self._event.set()
 
 
 def classify(error: BaseException | None, ctx: Round) -> Outcome:

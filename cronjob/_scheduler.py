@@ -38,7 +38,7 @@ from ._clock import Clock, SystemClock
 from ._exceptions import LeaseLost, Shutdown
 from ._registry import Job, Registry, default_registry
 from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
-from ._tracing import round_scope
+from ._tracing import RoundScope, round_scope
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -65,6 +65,8 @@ DEFAULT_DRAIN_TIMEOUT = 5.0
 DEFAULT_MAX_WORKERS = 64
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+#: Real seconds a stopping scheduler gives its async rounds to finish their bookkeeping.
+TASK_SETTLE_SECONDS = 2.0
 #: The exit status of a process a lost lease brings down.
 EXIT_LEASE_LOST = 70
 #: The embedded SQLite file used when no database is named.
@@ -96,7 +98,7 @@ class _Run:
     renewed_at: datetime  # clock time of the claim or of the last successful renewal
     lost_at: datetime | None = None
     ended: bool = False  # set by the worker before it records the end
-    future: concurrent.futures.Future[Any] | None = None
+    task: asyncio.Task[None] | None = None  # an async round's task, once it runs
 
 
 @dataclass(eq=False)
@@ -334,7 +336,13 @@ class Scheduler:
             # A round that ignored its cancellation keeps its thread; nothing waits for it.
             self._workers.shutdown(wait=False, cancel_futures=True)
         if self._loop_thread is not None and self._loop is not None:
+            # Let rounds that already ended finish their bookkeeping, then stop the loop.
+            # A round that ignored its cancellation is not waited for.
+            finishing = asyncio.run_coroutine_threadsafe(_settle_tasks(), self._loop)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                finishing.result(timeout=TASK_SETTLE_SECONDS)
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=TASK_SETTLE_SECONDS)
         if self._engine is not None and self._owns_engine and not self._crashed:
             self._engine.dispose()
         log.info("scheduler %s stopped", self.replica_id)
@@ -447,7 +455,9 @@ class Scheduler:
         state.generation += 1
         when = state.job.schedule.next(after)
         if when is None:
-            log.warning("job %r has no instant after %s: it will not run again", state.job.name, after)
+            log.warning(
+                "job %r has no instant after %s: it will not run again", state.job.name, after
+            )
             return
         heapq.heappush(self._heap, _Due(when, next(self._seq), state, state.generation))
 
@@ -482,16 +492,16 @@ class Scheduler:
         def done(result: list[lease.Claim] | BaseException) -> None:
             won: dict[str, lease.Claim] = {}
             if isinstance(result, BaseException):
-                log.error("claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result)
+                log.error(
+                    "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
+                )
             else:
                 won = {claim.name: claim for claim in result}
             for state in states:
                 claim = won.get(state.job.name)
                 if claim is None or self._draining or self._stopped:
                     if claim is not None:  # drain began meanwhile: hand the instant on
-                        self._control_task(
-                            lambda c=claim: self._store_.give_back(c.name, c.token), lambda _r: None
-                        )
+                        self._hand_back(claim)
                     self._schedule_after(state, max(instant, issued) if catch_up else instant)
                     continue
                 if claim.superseded is not None:
@@ -508,13 +518,15 @@ class Scheduler:
                     log.info("job %r: catching up instant %s", state.job.name, instant.isoformat())
                 self._start_round(state, instant, attempt=1, token=claim.token, now=issued)
 
+        self._control_task(lambda: self._store_.claim(names, instant, self.replica_id), done)
+
+    def _hand_back(self, claim: lease.Claim) -> None:
+        """Give back a lease won just as the scheduler began to drain."""
         self._control_task(
-            lambda: self._store_.claim(names, instant, self.replica_id), done
+            lambda: self._store_.give_back(claim.name, claim.token), lambda _result: None
         )
 
-    def _control_task(
-        self, work: Callable[[], Any], done: Callable[[Any], None]
-    ) -> None:
+    def _control_task(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """Run ``work`` on the control thread; post ``done(result or exception)`` back."""
         assert self._control is not None
 
@@ -557,50 +569,58 @@ class Scheduler:
         try:
             if job.is_async:
                 assert self._loop is not None
-                run.future = asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
+                asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
             else:
                 assert self._workers is not None
-                run.future = self._workers.submit(self._round_sync, run)
+                self._workers.submit(self._round_sync, run)
         except RuntimeError:  # executor or loop shut down meanwhile
             self._clock._work_finished()
             self._runs.discard(run)
 
     def _round_sync(self, run: _Run) -> None:
-        with self._clock._tracked():
+        with self._clock._tracked(), round_scope(run.ctx, self.replica_id) as scope:
+            self._log_start(run)
             error: BaseException | None = None
             try:
-                with round_scope(run.ctx, self.replica_id) as scope:
-                    try:
-                        run.state.job.fn(run.ctx)
-                    except BaseException as exc:
-                        scope.outcome(classify(exc, run.ctx), exc)
-                        raise
-                    scope.outcome(Outcome.SUCCEEDED, None)
-            except BaseException as exc:
+                run.ctx.check()  # cancelled before it could start: cut short
+                run.state.job.fn(run.ctx)
+            except BaseException as exc:  # the worker's top: every outcome is recorded
                 error = exc
-            self._end_round(run, error)
+            self._end_round(run, error, scope)
 
     async def _round_async(self, run: _Run) -> None:
-        with self._clock._tracked():
+        run.task = asyncio.current_task()
+        with self._clock._tracked(), round_scope(run.ctx, self.replica_id) as scope:
+            self._log_start(run)
             error: BaseException | None = None
             try:
-                with round_scope(run.ctx, self.replica_id) as scope:
-                    try:
-                        await run.state.job.fn(run.ctx)
-                    except BaseException as exc:
-                        scope.outcome(classify(exc, run.ctx), exc)
-                        raise
-                    scope.outcome(Outcome.SUCCEEDED, None)
-            except BaseException as exc:
+                run.ctx.check()  # cancelled before it could start: cut short
+                await run.state.job.fn(run.ctx)
+            except BaseException as exc:  # includes the task's own cancellation
                 error = exc
-            await asyncio.to_thread(self._end_round, run, error)
+            await asyncio.to_thread(self._end_round, run, error, scope)
 
-    def _end_round(self, run: _Run, error: BaseException | None) -> None:
-        """Record how the round ended (in the worker) and hand the job back to the loop."""
+    def _log_start(self, run: _Run) -> None:
+        ctx = run.ctx
+        log.info(
+            "round of job %r instant %s attempt %d started on %s",
+            ctx.name,
+            ctx.instant.isoformat(),
+            ctx.attempt,
+            ctx.replica,
+        )
+
+    def _end_round(self, run: _Run, error: BaseException | None, scope: RoundScope) -> None:
+        """Record how the round ended, log it, and hand the job back to the dispatcher.
+
+        Runs in the round's own context, so the log lines and the finish statement carry
+        the round's trace id.
+        """
         ended = self._clock.now()
         run.ended = True
         ctx = run.ctx
         outcome = classify(error, ctx)
+        scope.outcome(outcome, error)
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
         recorded = self._record_end(run, outcome, ended)
         if outcome is Outcome.SUCCEEDED:
@@ -610,9 +630,17 @@ class Scheduler:
         else:
             cause = ctx.cause or error
             for own in iter_own_errors(error) if error else ():
-                log.error("round of %s: the job's own failure beside its cancellation", where, exc_info=own)
+                log.error(
+                    "round of %s: the job's own failure beside its cancellation",
+                    where,
+                    exc_info=own,
+                )
             if ctx.attempt >= 2 and run.token is not None:
-                log.warning("round of %s cut short a second time (%s): the instant is given up", where, cause)
+                log.warning(
+                    "round of %s cut short a second time (%s): the instant is given up",
+                    where,
+                    cause,
+                )
             else:
                 log.info("round of %s cut short (%s)", where, cause)
         if not recorded and run.token is not None and not self._crashed:
@@ -726,8 +754,19 @@ class Scheduler:
         on_fatal(message)
 
     def _cancel(self, run: _Run, cause: LeaseLost | Shutdown) -> None:
-        if run.ctx._cancel(cause) and run.state.job.is_async and run.future is not None:
-            run.future.cancel()
+        """Cancel ``run``'s round; an async round's task is cancelled too.
+
+        The cause is recorded first, then an async task's cancellation is queued on its
+        loop, then waiters are woken (queued after it, from this same thread): a job
+        waiting in ``ctx.wait_async`` always sees :class:`asyncio.CancelledError` there,
+        and the fake clock counts it as running again before this returns.
+        """
+        if not run.ctx._cancel(cause, wake=False):
+            return
+        if run.task is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed
+                self._loop.call_soon_threadsafe(run.task.cancel)
+        run.ctx._wake()
 
     def _maybe_sweep(self, now: datetime) -> None:
         if not self._db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
@@ -754,14 +793,12 @@ class Scheduler:
         state.generation += 1
         issued = self._clock.now()
 
-        def done(result: lease.Claim | None | BaseException) -> None:
+        def done(result: lease.Claim | BaseException | None) -> None:
             if isinstance(result, BaseException) or result is None or self._draining:
                 if isinstance(result, BaseException):
                     log.error("job %r: claiming the second run failed: %s", state.job.name, result)
                 elif result is not None:
-                    self._control_task(
-                        lambda: self._store_.give_back(result.name, result.token), lambda _r: None
-                    )
+                    self._hand_back(result)
                 self._schedule_after(state, issued)
                 return
             log.info(
@@ -780,7 +817,7 @@ class Scheduler:
             return
         self._db_retry_at = None
 
-        def done(result: None | BaseException) -> None:
+        def done(result: BaseException | None) -> None:
             if isinstance(result, BaseException):
                 pause = self._db_retry_pause
                 self._db_retry_pause = min(pause * 2, RETRY_LONGEST)
@@ -861,6 +898,14 @@ class Scheduler:
         self._loop_thread.start()
         started.wait()
         return loop
+
+
+async def _settle_tasks() -> None:
+    """Wait (a little, in real time) for the loop's other tasks to finish."""
+    current = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not current]
+    if others:
+        await asyncio.wait(others, timeout=TASK_SETTLE_SECONDS)
 
 
 def _default_replica_id() -> str:

@@ -1,0 +1,101 @@
+"""``cronjob run``: import the job modules, run the scheduler until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from types import FrameType
+
+import execctx
+import lease
+
+from ._exceptions import CronjobError
+from ._scheduler import Scheduler, resolve_database
+
+__all__ = ["run_command"]
+
+log = logging.getLogger("cronjob")
+
+#: Exit statuses: bad input (a module, a URL, a database that cannot carry leases).
+EXIT_USAGE = 2
+
+
+class _RoundFormatter(logging.Formatter):
+    """Plain log lines, with ``[job=… trace=…]`` on the ones made inside a round."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        name = getattr(record, "work_name", "")
+        if name:
+            line += f"  [job={name} trace={getattr(record, 'trace_id', '')}]"
+        return line
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    execctx.install_log_filter(handler)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
+
+
+def _fail(message: str) -> int:
+    print(f"cronjob: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``cronjob run [--database-url URL] MODULE...``; return the exit status."""
+    _configure_logging()
+    sys.path.insert(0, os.getcwd())
+    for module in args.modules:
+        try:
+            importlib.import_module(module)
+        except CronjobError as exc:  # a job refused at registration: our message says it all
+            return _fail(f"module {module!r}: {exc}")
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (module == exc.name or module.startswith(f"{exc.name}.")):
+                return _fail(f"no module named {module!r} (searched the working directory first)")
+            traceback.print_exc()  # the module exists but imports something missing
+            return _fail(f"cannot import job module {module!r}: {exc}")
+        except Exception as exc:
+            traceback.print_exc()
+            return _fail(f"cannot import job module {module!r}: {type(exc).__name__}: {exc}")
+
+    database = resolve_database(args.database_url)
+    try:
+        scheduler = Scheduler(database)
+        stop = threading.Event()
+        signals_seen = 0
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen > 1:  # a second signal: stop waiting for the drain
+                log.warning("second %s: exiting without waiting", signal.Signals(signum).name)
+                os._exit(128 + signum)
+            log.info("%s received: draining", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        scheduler.start()
+    except (lease.UnsupportedDatabase, lease.MigrationRequired, lease.MigrationFailed) as exc:
+        return _fail(str(exc))
+    except lease.LeaseError as exc:
+        return _fail(f"database {lease.redact(str(database))}: {exc}")
+    except Exception as exc:
+        url = lease.redact(str(database)) if isinstance(database, str) else "engine"
+        return _fail(f"cannot start on database {url}: {type(exc).__name__}: {exc}")
+    try:
+        stop.wait()
+    finally:
+        scheduler.stop()
+    return 0

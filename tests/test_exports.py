@@ -1,0 +1,66 @@
+"""The public surface: what each package exports, under its public module name."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+SURFACE = {
+    "cronjob": [
+        "Cancelled",
+        "Clock",
+        "CronjobError",
+        "Job",
+        "LeaseLost",
+        "Outcome",
+        "RegistrationError",
+        "Round",
+        "Schedule",
+        "ScheduleError",
+        "Scheduler",
+        "Shutdown",
+        "SystemClock",
+        "lifespan",
+        "parse",
+        "register",
+        "register_per_instance",
+    ],
+    "cronjob.testing": ["FakeClock", "crash"],
+    "execctx": [
+        "LogFilter",
+        "Work",
+        "WorkUnit",
+        "add_context",
+        "current",
+        "install_log_filter",
+        "instrument",
+        "uninstrument",
+        "work",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(SURFACE))
+def test_the_package_exports_exactly_its_surface(package):
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(SURFACE[package])
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+@pytest.mark.parametrize("name", SURFACE["cronjob"])
+def test_public_objects_name_the_public_module(name):
+    import cronjob
+
+    obj = getattr(cronjob, name)
+    assert obj.__module__ == "cronjob"
+
+
+def test_importing_cronjob_starts_no_thread():
+    import subprocess
+    import sys
+
+    code = "import threading, cronjob, cronjob.testing;print(len(threading.enumerate()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"

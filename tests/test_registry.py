@@ -1,0 +1,106 @@
+"""Registration refuses every job it cannot honour, at import time, naming the job."""
+
+from __future__ import annotations
+
+import pytest
+
+import cronjob
+from cronjob import RegistrationError, Registry, ScheduleError
+
+
+def job(ctx: cronjob.Round) -> None:
+    pass
+
+
+async def async_job(ctx: cronjob.Round) -> None:
+    pass
+
+
+class TestRegister:
+    def test_it_returns_the_function_unchanged(self):
+        registry = Registry()
+        assert registry.register(job, "0 * * * * *", "tick") is job
+        assert registry.register_per_instance(async_job, "@hourly", "tock") is async_job
+
+    def test_it_keeps_jobs_in_registration_order_with_their_kind(self):
+        registry = Registry()
+        registry.register(job, "0 * * * * *", "tick")
+        registry.register_per_instance(async_job, "@hourly", "tock")
+        assert [(j.name, j.leased, j.is_async) for j in registry.jobs] == [
+            ("tick", True, False),
+            ("tock", False, True),
+        ]
+        assert registry.jobs[0].schedule == cronjob.parse("0 * * * * *")
+
+    def test_the_module_level_functions_use_the_default_registry(self):
+        from cronjob._registry import default_registry
+
+        before = len(default_registry)
+        name = "test-registry-default"
+        cronjob.register(job, "@daily", name)
+        assert len(default_registry) == before + 1
+        assert default_registry.jobs[-1].name == name
+        default_registry._jobs.pop(name)
+
+
+class TestRefusals:
+    @pytest.mark.parametrize("name", ["", "   "])
+    def test_it_refuses_a_job_without_a_name(self, name):
+        with pytest.raises(RegistrationError, match=r"^a job needs a name: got an empty one$"):
+            Registry().register(job, "@hourly", name)
+
+    def test_it_refuses_a_name_that_is_not_a_string(self):
+        with pytest.raises(RegistrationError, match=r"^a job name must be a string, got 42$"):
+            Registry().register(job, "@hourly", 42)  # type: ignore[arg-type]
+
+    def test_it_refuses_a_name_too_long_for_the_lease_table(self):
+        with pytest.raises(RegistrationError, match=r"is 201 characters long; the limit is 200$"):
+            Registry().register(job, "@hourly", "x" * 201)
+
+    def test_it_refuses_a_name_already_taken(self):
+        registry = Registry()
+        registry.register(job, "@hourly", "report")
+        with pytest.raises(RegistrationError, match=r"^job 'report' is already registered$"):
+            registry.register_per_instance(job, "@daily", "report")
+        assert len(registry) == 1
+
+    def test_it_refuses_something_not_callable(self):
+        with pytest.raises(RegistrationError, match=r"^job 'x': 'nope' is not callable$"):
+            Registry().register("nope", "@hourly", "x")  # type: ignore[arg-type]
+
+    def test_it_refuses_a_function_that_cannot_take_the_round(self):
+        def no_args() -> None:
+            pass
+
+        with pytest.raises(
+            RegistrationError, match=r"^job 'x': .*no_args' must accept the round as its one"
+        ):
+            Registry().register(no_args, "@hourly", "x")
+
+    def test_a_bad_spec_names_the_job(self):
+        with pytest.raises(ScheduleError, match=r"^job 'report': "):
+            Registry().register(job, "0 * * * *", "report")
+
+    def test_a_spec_that_never_fires_is_refused(self):
+        with pytest.raises(ScheduleError, match=r"^job 'feb30': "):
+            Registry().register(job, "0 0 0 30 2 *", "feb30")
+
+    def test_a_local_zone_is_refused(self):
+        with pytest.raises(ScheduleError, match=r"^job 'x': "):
+            Registry().register(job, "CRON_TZ=Local 0 0 9 * * *", "x")
+
+    def test_a_spec_that_is_not_a_string_is_a_schedule_error(self):
+        with pytest.raises(ScheduleError, match=r"^job 'x': "):
+            Registry().register(job, None, "x")  # type: ignore[arg-type]
+
+    def test_errors_are_value_errors(self):
+        assert issubclass(RegistrationError, ValueError)
+        assert issubclass(ScheduleError, ValueError)
+
+    def test_registering_after_the_scheduler_started_raises(self):
+        registry = Registry()
+        registry.register(job, "@hourly", "a")
+        registry._freeze(by="'replica-1'")
+        with pytest.raises(RuntimeError, match=r"^cannot register job 'b': the scheduler "):
+            registry.register(job, "@hourly", "b")
+        assert [j.name for j in registry.jobs] == ["a"]

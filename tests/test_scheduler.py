@@ -1,0 +1,604 @@
+"""Every rule of the scheduler, on a fake clock, with replicas sharing one database.
+
+Each test builds two or three schedulers (replicas) on one fake clock and one database
+(an SQLite file, and PostgreSQL), advances the clock, and checks the rounds the jobs
+recorded. Nothing sleeps in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+import cronjob
+import lease
+from cronjob import Registry, Scheduler
+from cronjob.testing import FakeClock, crash
+
+#: A Monday, on the hour.
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def at(hours: int = 0, minutes: int = 0, seconds: int = 0) -> datetime:
+    return START + timedelta(hours=hours, minutes=minutes, seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Ran:
+    name: str
+    instant: datetime
+    attempt: int
+    replica: str
+    started: datetime
+
+
+class Recorder:
+    """Job bodies that record each round they run (thread-safe)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.rounds: list[Ran] = []
+        self.contexts: list[cronjob.Round] = []
+        self._lock = threading.Lock()
+
+    def _record(self, ctx: cronjob.Round) -> None:
+        with self._lock:
+            self.rounds.append(
+                Ran(ctx.name, ctx.instant, ctx.attempt, ctx.replica, self.clock.now())
+            )
+            self.contexts.append(ctx)
+
+    def quick(self, ctx: cronjob.Round) -> None:
+        self._record(ctx)
+
+    def lasting(self, seconds: float) -> Callable[[cronjob.Round], None]:
+        """A job that works ``seconds`` and stops early, cut short, when cancelled."""
+
+        def job(ctx: cronjob.Round) -> None:
+            self._record(ctx)
+            if ctx.wait(seconds):
+                ctx.check()
+
+        return job
+
+    def stubborn(self, seconds: float) -> Callable[[cronjob.Round], None]:
+        """A job that ignores its cancellation for ``seconds``."""
+
+        def job(ctx: cronjob.Round) -> None:
+            self._record(ctx)
+            self.clock.sleep(seconds)
+
+        return job
+
+    def instants(self, name: str | None = None) -> list[datetime]:
+        return sorted(r.instant for r in self.rounds if name in (None, r.name))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def recorder(clock: FakeClock) -> Recorder:
+    return Recorder(clock)
+
+
+@pytest.fixture
+def replicas(url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
+    """Start replicas on the shared clock and database; stop whatever is left at the end."""
+    started: list[Scheduler] = []
+
+    def start(registry: Registry, replica_id: str, **options) -> Scheduler:
+        scheduler = Scheduler(url, registry=registry, clock=clock, replica_id=replica_id, **options)
+        scheduler.start()
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        with contextlib.suppress(Exception):
+            scheduler.stop()
+
+
+def lease_row(url: str, name: str) -> lease.LeaseRow:
+    engine = lease.create_engine(url)
+    try:
+        return lease.LeaseStore(engine).read([name])[name]
+    finally:
+        engine.dispose()
+
+
+def execute(url: str, statement: str, **params) -> None:
+    engine = lease.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(statement), params)
+    finally:
+        engine.dispose()
+
+
+class TestOncePerInstant:
+    def test_each_instant_runs_once_across_three_replicas(self, replicas, clock, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "0 * * * * *", "tick")
+        for replica in "abc":
+            replicas(registry, replica)
+        clock.advance(3600)
+        assert recorder.instants() == [at(minutes=m) for m in range(1, 61)]
+        assert all(r.attempt == 1 for r in recorder.rounds)
+
+    def test_a_round_gets_its_instant_trace_id_and_replica(self, replicas, clock, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "0 */5 * * * *", "five")
+        replicas(registry, "solo")
+        clock.advance(600)
+        first, second = recorder.contexts
+        assert (first.name, first.instant, first.attempt, first.replica) == (
+            "five",
+            at(minutes=5),
+            1,
+            "solo",
+        )
+        assert first.instant.tzinfo is UTC
+        assert len(first.trace_id) == 32 and int(first.trace_id, 16)
+        assert first.trace_id != second.trace_id
+
+    def test_a_held_lease_keeps_the_next_instants_from_every_replica(
+        self, url, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.lasting(90), "0 * * * * *", "slow")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(6 * 60)
+        # 09:01 runs until 09:02:30: nobody runs 09:02; 09:03 until 09:04:30; and so on.
+        assert recorder.instants() == [at(minutes=1), at(minutes=3), at(minutes=5)]
+        assert all(r.attempt == 1 for r in recorder.rounds)
+
+    def test_an_overrun_instant_is_put_on_record(self, url, replicas, clock, recorder):
+        registry = Registry()
+        registry.register(recorder.lasting(90), "0 * * * * *", "slow")
+        replicas(registry, "a")
+        clock.advance(3 * 60)  # the 09:01 round ends at 09:02:30
+        row = lease_row(url, "slow")
+        assert row.skipped_through == at(minutes=2, seconds=30)
+
+
+class TestPerInstance:
+    def test_every_replica_runs_each_instant(self, replicas, clock, recorder):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "*/20 * * * * *", "local")
+        for replica in "abc":
+            replicas(registry, replica)
+        clock.advance(60)
+        assert sorted((r.instant, r.replica) for r in recorder.rounds) == [
+            (at(seconds=s), replica) for s in (20, 40, 60) for replica in "abc"
+        ]
+
+    def test_it_never_takes_a_lease(self, url, replicas, clock, recorder):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "*/20 * * * * *", "local")
+        replicas(registry, "a")
+        clock.advance(60)
+        engine = lease.create_engine(url)
+        try:
+            assert lease.LeaseStore(engine).read(["local"]) == {}
+        finally:
+            engine.dispose()
+
+    def test_a_round_cut_short_is_not_run_again(self, replicas, clock, recorder):
+        registry = Registry()
+        registry.register_per_instance(recorder.lasting(30), "0 0 * * * *", "local")
+        a = replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(3600)
+        a.stop()
+        clock.advance(60)
+        assert sorted((r.replica, r.attempt) for r in recorder.rounds) == [("a", 1), ("b", 1)]
+
+
+class TestOutcomes:
+    def test_a_job_that_raises_ran_to_its_end_and_is_not_run_again(
+        self, url, replicas, clock, recorder, caplog
+    ):
+        def failing(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            raise ValueError("boom")
+
+        registry = Registry()
+        registry.register(failing, "0 0 * * * *", "failing")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        with caplog.at_level(logging.ERROR, logger="cronjob"):
+            clock.advance(3600 + 60)
+        assert [(r.instant, r.attempt) for r in recorder.rounds] == [(at(hours=1), 1)]
+        assert lease_row(url, "failing").state is lease.LeaseState.DONE
+        assert any("failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+    def test_a_group_holding_the_cancellation_is_cut_short(self, url, replicas, clock, recorder):
+        def grouped(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            ctx.wait(60)
+            try:
+                ctx.check()
+            except cronjob.Cancelled as cancelled:
+                raise ExceptionGroup("both", [cancelled, KeyError("own")]) from None
+
+        registry = Registry()
+        registry.register(grouped, "0 0 * * * *", "grouped")
+        a = replicas(registry, "a")
+        clock.advance(3600)
+        a.stop()
+        assert lease_row(url, "grouped").state is lease.LeaseState.CUT
+
+    def test_a_cancellation_merely_chained_reads_as_ran_to_its_end(
+        self, url, replicas, clock, recorder
+    ):
+        def chained(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            ctx.wait(60)
+            try:
+                ctx.check()
+            except cronjob.Cancelled as cancelled:
+                raise RuntimeError("own failure") from cancelled
+
+        registry = Registry()
+        registry.register(chained, "0 0 * * * *", "chained")
+        a = replicas(registry, "a")
+        clock.advance(3600)
+        a.stop()
+        assert lease_row(url, "chained").state is lease.LeaseState.DONE
+
+
+class TestSecondRun:
+    def test_drain_gives_the_lease_back_and_another_replica_runs_attempt_2(
+        self, url, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.lasting(30), "0 0 * * * *", "hourly")
+        a = replicas(registry, "a")
+        b = replicas(registry, "b")
+        clock.advance(3600)
+        [first] = recorder.rounds
+        runner, other = (a, b) if first.replica == "a" else (b, a)
+        drained_at = clock.now()
+        assert runner.drain() is True
+        runner.stop()
+        assert lease_row(url, "hourly").state is lease.LeaseState.CUT
+        clock.advance(15)
+        second = recorder.rounds[1]
+        assert (second.instant, second.attempt, second.replica) == (
+            at(hours=1),
+            2,
+            other.replica_id,
+        )
+        assert second.started - drained_at <= timedelta(seconds=15)
+        clock.advance(30)
+        assert lease_row(url, "hourly").state is lease.LeaseState.DONE
+        assert len(recorder.rounds) == 2
+
+    def test_a_crashed_replicas_round_runs_again_once_its_lease_expired(
+        self, url, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.lasting(100), "0 0 * * * *", "hourly")
+        a = replicas(registry, "a")
+        clock.advance(3600 + 5)  # a runs 10:00 and renews at 10:00:05
+        replicas(registry, "b")
+        crash(a)
+        crashed_at = clock.now()
+        clock.advance(14)  # the lease (renewed at 10:00:05) lives until 10:00:20
+        assert [r.attempt for r in recorder.rounds] == [1]
+        clock.advance(30)
+        second = recorder.rounds[1]
+        assert (second.instant, second.attempt, second.replica) == (at(hours=1), 2, "b")
+        assert second.started - crashed_at <= timedelta(seconds=30)
+
+    def test_a_round_cut_short_twice_is_given_up(self, url, replicas, clock, recorder, caplog):
+        registry = Registry()
+        registry.register(recorder.lasting(100), "0 0 * * * *", "hourly")
+        a = replicas(registry, "a")
+        clock.advance(3600)
+        b = replicas(registry, "b")
+        a.stop()  # cut short: b runs it a second time
+        clock.advance(15)
+        assert [(r.attempt, r.replica) for r in recorder.rounds] == [(1, "a"), (2, "b")]
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            b.stop()  # cut short again: given up
+        assert any("cut short a second time" in r.getMessage() for r in caplog.records)
+        replicas(registry, "c")
+        clock.advance(60)
+        assert len(recorder.rounds) == 2
+
+    def test_a_later_instant_supersedes_an_unfinished_round(
+        self, url, replicas, clock, recorder, caplog
+    ):
+        registry = Registry()
+        registry.register(recorder.lasting(100), "*/20 * * * * *", "often")
+        a = replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(20)  # a or b claims 09:00:20
+        [first] = recorder.rounds
+        assert first.replica == "a"  # a started first, so its timer fires first
+        clock.advance(1)
+        crash(a)  # the lease (claimed 09:00:20, never renewed) lives until 09:00:35
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            clock.advance(40)  # b claims 09:00:40 before its sweep at 09:00:45 finds 09:00:20
+        assert [(r.instant, r.attempt, r.replica) for r in recorder.rounds] == [
+            (at(seconds=20), 1, "a"),
+            (at(seconds=40), 1, "b"),
+        ]
+        assert any(
+            "unfinished round of 2026-03-02T09:00:20+00:00" in r.getMessage()
+            for r in caplog.records
+        )
+
+
+class TestCatchUp:
+    @staticmethod
+    def run_then_stop(replicas, registry, seconds: float) -> None:
+        scheduler = replicas(registry, "first")
+        scheduler.clock.advance(seconds)
+        scheduler.stop()
+
+    def test_after_a_three_hour_outage_the_latest_instant_runs_once(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.quick, "0 0 * * * *", "hourly")
+        self.run_then_stop(replicas, registry, 3600)  # runs 10:00
+        clock.advance(3 * 3600 + 1800)  # down through 11:00, 12:00, 13:00; now 13:30
+        replicas(registry, "b")
+        replicas(registry, "c")
+        clock.advance(0)
+        assert recorder.instants() == [at(hours=1), at(hours=4)]
+        clock.advance(1800)
+        assert recorder.instants() == [at(hours=1), at(hours=4), at(hours=5)]
+
+    def test_an_hourly_job_down_for_two_days_catches_up_its_latest_hour(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.quick, "0 0 * * * *", "hourly")
+        self.run_then_stop(replicas, registry, 3600)
+        clock.advance(48 * 3600 + 600)
+        replicas(registry, "b")
+        clock.advance(0)
+        assert recorder.instants() == [at(hours=1), at(hours=49)]
+
+    def test_a_weekly_job_whose_instant_passed_47_hours_ago_is_not_caught_up(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.quick, "@weekly", "weekly")  # Sundays 00:00 UTC
+        clock.advance_to(datetime(2026, 3, 7, 23, 0, tzinfo=UTC))  # Saturday night
+        self.run_then_stop(replicas, registry, 3600 + 60)
+        assert recorder.instants() == [datetime(2026, 3, 8, tzinfo=UTC)]
+        clock.advance_to(datetime(2026, 3, 16, 23, 0, tzinfo=UTC))  # 47 h after 03-15
+        replicas(registry, "b")
+        clock.advance(0)
+        assert recorder.instants() == [datetime(2026, 3, 8, tzinfo=UTC)]
+
+    def test_a_job_that_never_ran_starts_with_its_next_instant(self, replicas, clock, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "0 0 * * * *", "hourly")
+        clock.advance(1800)
+        replicas(registry, "a")
+        clock.advance(0)
+        assert recorder.rounds == []
+        clock.advance(1800)
+        assert recorder.instants() == [at(hours=1)]
+
+    def test_an_instant_overrun_by_a_round_that_ran_to_its_end_is_not_caught_up(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register(recorder.lasting(90), "0 * * * * *", "slow")
+        self.run_then_stop(replicas, registry, 60 + 95)  # 09:01 runs to 09:02:30
+        clock.advance(10)  # 09:02:45: the latest instant, 09:02, was overrun
+        replicas(registry, "b")
+        clock.advance(0)
+        assert recorder.instants() == [at(minutes=1)]
+
+
+class TestLeaseLoss:
+    def test_a_taken_lease_cancels_the_round_and_ends_the_process_5_s_later(
+        self, url, replicas, clock, recorder
+    ):
+        exits: list[str] = []
+        registry = Registry()
+        registry.register(recorder.stubborn(60), "0 0 * * * *", "hourly")
+        a = replicas(registry, "a", on_fatal=exits.append)
+        clock.advance(3600)
+        # Another claim takes the lease: the fencing token changes under the round.
+        execute(url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'hourly'")
+        clock.advance(5)  # the renewal finds it taken
+        [ctx] = recorder.contexts
+        assert isinstance(ctx.cause, cronjob.LeaseLost)
+        assert exits == []
+        clock.advance(4)
+        assert exits == []
+        clock.advance(1)  # 5 s after the loss, the round still runs
+        assert len(exits) == 1 and "still running 5 s after its lease was lost" in exits[0]
+        assert a._crashed
+
+    def test_no_renewal_for_10_s_counts_as_lost(self, url, replicas, clock, recorder):
+        exits: list[str] = []
+        registry = Registry()
+        registry.register(recorder.lasting(60), "0 0 * * * *", "hourly")
+        replicas(registry, "a", on_fatal=exits.append)
+        clock.advance(3600)
+        execute(url, "ALTER TABLE cronjob_lease RENAME TO cronjob_lease_away")
+        try:
+            clock.advance(9)
+            [ctx] = recorder.contexts
+            assert not ctx.cancelled
+            clock.advance(1)
+            assert isinstance(ctx.cause, cronjob.LeaseLost)
+        finally:
+            execute(url, "ALTER TABLE cronjob_lease_away RENAME TO cronjob_lease")
+        assert exits == []  # the round stopped when told
+
+    def test_a_fenced_transaction_refuses_once_the_lease_is_gone(
+        self, url, replicas, clock, recorder
+    ):
+        errors: list[BaseException] = []
+
+        def writer(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            ctx.wait(2)
+            try:
+                with ctx.transaction() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            except cronjob.LeaseLost as exc:
+                errors.append(exc)
+                raise
+
+        registry = Registry()
+        registry.register(writer, "0 0 * * * *", "writer")
+        replicas(registry, "a", on_fatal=lambda message: None)
+        clock.advance(3600)
+        execute(url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'writer'")
+        clock.advance(2)
+        assert len(errors) == 1
+
+    def test_a_fenced_transaction_commits_while_the_lease_holds(self, url, replicas, clock):
+        execute(url, "CREATE TABLE IF NOT EXISTS report_out (n INTEGER)")
+        execute(url, "DELETE FROM report_out")
+
+        def writer(ctx: cronjob.Round) -> None:
+            with ctx.transaction() as conn:
+                conn.execute(sa.text("INSERT INTO report_out (n) VALUES (7)"))
+
+        registry = Registry()
+        registry.register(writer, "0 0 * * * *", "writer")
+        replicas(registry, "a")
+        clock.advance(3600)
+        engine = lease.create_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT n FROM report_out")).scalars().all() == [7]
+                conn.execute(sa.text("DROP TABLE report_out"))
+                conn.commit()
+        finally:
+            engine.dispose()
+
+
+class TestAsyncJobs:
+    def test_an_async_job_runs_with_its_round(self, replicas, clock, recorder):
+        async def job(ctx: cronjob.Round) -> None:
+            await asyncio.sleep(0)
+            recorder.quick(ctx)
+
+        registry = Registry()
+        registry.register(job, "0 */30 * * * *", "async")
+        replicas(registry, "a")
+        clock.advance(3600)
+        assert recorder.instants() == [at(minutes=30), at(hours=1)]
+
+    def test_an_async_job_waits_on_the_clock_and_is_cut_short_by_drain(
+        self, url, replicas, clock, recorder
+    ):
+        woke: list[datetime] = []
+
+        async def job(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            await ctx.wait_async(10)
+            woke.append(clock.now())
+            await ctx.wait_async(100)
+
+        registry = Registry()
+        registry.register(job, "0 0 * * * *", "async")
+        a = replicas(registry, "a")
+        clock.advance(3600 + 10)
+        assert woke == [at(hours=1, seconds=10)]
+        a.stop()
+        assert lease_row(url, "async").state is lease.LeaseState.CUT
+
+
+class TestLifecycle:
+    def test_an_empty_registry_opens_no_connection(self, clock):
+        scheduler = Scheduler(
+            "postgresql+psycopg://nobody@127.0.0.1:1/none", registry=Registry(), clock=clock
+        )
+        with scheduler:
+            assert scheduler.engine is None
+
+    def test_registering_after_start_raises(self, replicas, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "@hourly", "a")
+        replicas(registry, "a")
+        with pytest.raises(RuntimeError, match=r"^cannot register job 'b'"):
+            registry.register(recorder.quick, "@hourly", "b")
+
+    def test_a_scheduler_starts_once(self, replicas, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "@hourly", "a")
+        scheduler = replicas(registry, "a")
+        with pytest.raises(RuntimeError, match=r"^scheduler 'a' was already started$"):
+            scheduler.start()
+
+    def test_auto_migrate_off_refuses_a_blank_database(self, tmp_path, clock, recorder):
+        registry = Registry()
+        registry.register(recorder.quick, "@hourly", "a")
+        scheduler = Scheduler(
+            f"sqlite:///{tmp_path / 'blank.sqlite'}",
+            registry=registry,
+            clock=clock,
+            auto_migrate=False,
+        )
+        with pytest.raises(lease.MigrationRequired):
+            scheduler.start()
+
+
+class TestDaylightSaving:
+    def test_a_fixed_time_job_runs_once_on_the_spring_forward_night(self, url, recorder):
+        # America/New_York, 2026-03-08: 02:00 EST jumps to 03:00 EDT (07:00Z); 02:30 does
+        # not exist that night and fires once, at 03:00 EDT = 07:00Z. The next night it
+        # is 02:30 EDT = 06:30Z.
+        clock = FakeClock(datetime(2026, 3, 8, 6, 0, tzinfo=UTC))
+        recorder.clock = clock
+        registry = Registry()
+        registry.register(recorder.quick, "CRON_TZ=America/New_York 0 30 2 * * *", "nightly")
+        for night in (8, 9):  # replicas down during the day: the test need not sweep it
+            clock.advance_to(datetime(2026, 3, night, 6, 0, tzinfo=UTC))
+            with (
+                Scheduler(url, registry=registry, clock=clock, replica_id="a"),
+                Scheduler(url, registry=registry, clock=clock, replica_id="b"),
+            ):
+                clock.advance(2 * 3600)
+        assert recorder.instants() == [
+            datetime(2026, 3, 8, 7, 0, tzinfo=UTC),
+            datetime(2026, 3, 9, 6, 30, tzinfo=UTC),
+        ]
+
+    def test_a_wildcard_job_runs_on_both_passes_of_the_repeated_hour(self, url, recorder):
+        # America/New_York, 2026-11-01: 02:00 EDT falls back to 01:00 EST (06:00Z); the
+        # hour 01:00-02:00 happens twice, and 01:30 is two real instants: 05:30Z, 06:30Z.
+        clock = FakeClock(datetime(2026, 11, 1, 4, 0, tzinfo=UTC))
+        recorder.clock = clock
+        registry = Registry()
+        registry.register(recorder.quick, "CRON_TZ=America/New_York 0 30 * * * *", "half")
+        with Scheduler(url, registry=registry, clock=clock, replica_id="a"):
+            clock.advance(3 * 3600)
+        assert recorder.instants() == [
+            datetime(2026, 11, 1, 4, 30, tzinfo=UTC),
+            datetime(2026, 11, 1, 5, 30, tzinfo=UTC),
+            datetime(2026, 11, 1, 6, 30, tzinfo=UTC),
+        ]
