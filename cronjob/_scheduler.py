@@ -39,6 +39,7 @@ from ._exceptions import LeaseLost, Shutdown
 from ._registry import Job, Registry, default_registry
 from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
 from ._tracing import RoundScope, round_scope
+from ._workers import Workers
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -65,6 +66,8 @@ DEFAULT_DRAIN_TIMEOUT = 5.0
 DEFAULT_MAX_WORKERS = 64
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+#: Real seconds a stopping scheduler gives its queued lease statements to finish.
+CONTROL_SETTLE_SECONDS = 10.0
 #: Real seconds a stopping scheduler gives its async rounds to finish their bookkeeping.
 TASK_SETTLE_SECONDS = 2.0
 #: The exit status of a process a lost lease brings down.
@@ -107,6 +110,23 @@ class _JobState:
     generation: int = 0  # bumped to invalidate heap entries
     busy: bool = False  # claiming or running a round
     run: _Run | None = None
+
+
+@dataclass(order=True)
+class _Deadline:
+    when: datetime
+    seq: int
+    run: _Run = field(compare=False)
+    renewed_at: datetime | None = field(compare=False)  # None: the exit deadline
+
+    def current(self) -> bool:
+        """Whether the run is still in the state this deadline was set for."""
+        run = self.run
+        if run.ended:
+            return False
+        if self.renewed_at is None:
+            return run.lost_at is not None
+        return run.lost_at is None and run.renewed_at == self.renewed_at
 
 
 @dataclass(order=True)
@@ -186,8 +206,8 @@ class Scheduler:
         self._drained = self._clock.event()
         self._ready = threading.Event()
         self._dispatcher: threading.Thread | None = None
-        self._control: concurrent.futures.ThreadPoolExecutor | None = None
-        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
+        self._control: Workers | None = None
+        self._workers: Workers | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._engine: Engine | None = None
@@ -199,6 +219,10 @@ class Scheduler:
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         self._runs: set[_Run] = set()
+        self._leased_runs = 0  # rounds in _runs that hold (or held) a lease
+        # Lease deadlines (loss at renewed_at + 10 s, exit at lost_at + 5 s), checked
+        # lazily: an entry whose run has moved on since it was pushed is dropped.
+        self._deadlines: list[_Deadline] = []
         self._db_ready = False
         self._db_retry_at: datetime | None = None
         self._db_retry_pause = RETRY_FIRST
@@ -258,8 +282,8 @@ class Scheduler:
         self._states = {job.name: _JobState(job) for job in jobs}
         self._connect()
         self._first_migration()
-        self._control = concurrent.futures.ThreadPoolExecutor(1, "cronjob-control")
-        self._workers = concurrent.futures.ThreadPoolExecutor(self._max_workers, "cronjob-round")
+        self._control = Workers(1, "cronjob-control")
+        self._workers = Workers(self._max_workers, "cronjob-round")
         if any(job.is_async for job in jobs):
             self._loop = self._given_loop or self._start_loop()
         now = self._clock.now()
@@ -331,10 +355,14 @@ class Scheduler:
             if threading.current_thread() is not self._dispatcher:
                 self._dispatcher.join()
         if self._control is not None:
-            self._control.shutdown(wait=threading.current_thread().name != "cronjob-control_0")
+            # Statements already queued finish (a drain's give-backs among them), unless
+            # the database hangs: then the process is not held hostage.
+            wait = None if self._crashed else CONTROL_SETTLE_SECONDS
+            if not self._control.shutdown(wait=wait) and wait is not None:
+                log.warning("lease statements still running after %gs at stop", wait)
         if self._workers is not None:
-            # A round that ignored its cancellation keeps its thread; nothing waits for it.
-            self._workers.shutdown(wait=False, cancel_futures=True)
+            # A round that ignored its cancellation keeps its (daemon) thread: not waited for.
+            self._workers.shutdown()
         if self._loop_thread is not None and self._loop is not None:
             # Let rounds that already ended finish their bookkeeping, then stop the loop.
             # A round that ignored its cancellation is not waited for.
@@ -440,13 +468,10 @@ class Scheduler:
             candidates.append(self._renew_at)
         if self._sweep_at is not None and not self._sweeping and not self._draining:
             candidates.append(self._sweep_at)
-        for run in self._runs:
-            if run.ended or run.token is None:
-                continue
-            if run.lost_at is None:
-                candidates.append(run.renewed_at + timedelta(seconds=LOST_AFTER))
-            else:
-                candidates.append(run.lost_at + timedelta(seconds=EXIT_AFTER_LOST))
+        while self._deadlines and not self._deadlines[0].current():
+            heapq.heappop(self._deadlines)
+        if self._deadlines:
+            candidates.append(self._deadlines[0].when)
         return min(candidates, default=None)
 
     def _schedule_after(self, state: _JobState, after: datetime) -> None:
@@ -563,8 +588,11 @@ class Scheduler:
         state.busy = True
         state.run = run
         self._runs.add(run)
-        if token is not None and self._renew_at is None:
-            self._renew_at = now + timedelta(seconds=RENEW_EVERY)
+        if token is not None:
+            self._leased_runs += 1
+            self._watch(run)
+            if self._renew_at is None:
+                self._renew_at = now + timedelta(seconds=RENEW_EVERY)
         self._clock._work_started()
         try:
             if job.is_async:
@@ -572,10 +600,10 @@ class Scheduler:
                 asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
             else:
                 assert self._workers is not None
-                self._workers.submit(self._round_sync, run)
+                self._workers.submit(lambda: self._round_sync(run))
         except RuntimeError:  # executor or loop shut down meanwhile
             self._clock._work_finished()
-            self._runs.discard(run)
+            self._forget(run)
 
     def _round_sync(self, run: _Run) -> None:
         with self._clock._tracked(), round_scope(run.ctx, self.replica_id) as scope:
@@ -659,14 +687,20 @@ class Scheduler:
             return False
 
     def _on_round_end(self, run: _Run, ended: datetime) -> None:
-        self._runs.discard(run)
+        self._forget(run)
         state = run.state
         if state.run is run:
             state.run = None
         if not self._stopped:
             self._schedule_after(state, ended)
-        if not any(r.token is not None for r in self._runs):
-            self._renew_at = None
+
+    def _forget(self, run: _Run) -> None:
+        if run in self._runs:
+            self._runs.remove(run)
+            if run.token is not None:
+                self._leased_runs -= 1
+                if not self._leased_runs:
+                    self._renew_at = None
 
     @contextlib.contextmanager
     def _transaction(self, ctx: Round) -> Iterator[Connection]:
@@ -713,25 +747,36 @@ class Scheduler:
                     continue
                 if run.ctx.name in result:
                     run.renewed_at = now
+                    self._watch(run)
                 else:
                     self._lose(run, self._clock.now(), "another claim took it")
             self._renew_at = now + timedelta(seconds=RENEW_EVERY)
 
         self._control_task(lambda: self._store_.renew(pairs, self.replica_id), done)
 
+    def _watch(self, run: _Run) -> None:
+        """Set the deadline that follows from ``run``'s lease as it stands now."""
+        if run.lost_at is None:
+            when, renewed_at = run.renewed_at + timedelta(seconds=LOST_AFTER), run.renewed_at
+        else:
+            when, renewed_at = run.lost_at + timedelta(seconds=EXIT_AFTER_LOST), None
+        heapq.heappush(self._deadlines, _Deadline(when, next(self._seq), run, renewed_at))
+
     def _watch_leases(self, now: datetime) -> None:
-        for run in list(self._runs):
-            if run.ended or run.token is None:
+        while self._deadlines and self._deadlines[0].when <= now:
+            deadline = heapq.heappop(self._deadlines)
+            if not deadline.current():
                 continue
+            run = deadline.run
             if run.lost_at is None:
-                if now - run.renewed_at >= timedelta(seconds=LOST_AFTER):
-                    self._lose(run, now, f"no successful renewal for {LOST_AFTER:g} s")
-            elif now - run.lost_at >= timedelta(seconds=EXIT_AFTER_LOST):
+                self._lose(run, now, f"no successful renewal for {LOST_AFTER:g} s")
+            else:
                 self._fatal(run)
                 return
 
     def _lose(self, run: _Run, now: datetime, reason: str) -> None:
         run.lost_at = now
+        self._watch(run)
         log.error(
             "job %r instant %s: lease lost (%s); cancelling the round",
             run.ctx.name,
