@@ -1,0 +1,41 @@
+"""Every Python example in README.md runs, and prints what the README says it prints."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCK = re.compile(r"```(python|text)\n(.*?)```", re.S)
+
+
+def examples() -> list[tuple[str, str | None]]:
+    """Each python block, with the text block right after it when there is one."""
+    blocks = BLOCK.findall(README.read_text())
+    found = []
+    for i, (kind, body) in enumerate(blocks):
+        sketch = any(line.strip() == "..." for line in body.splitlines())
+        if kind != "python" or sketch:  # a sketch, not a program
+            continue
+        following = blocks[i + 1] if i + 1 < len(blocks) else None
+        expected = following[1] if following and following[0] == "text" else None
+        found.append((body, expected))
+    return found
+
+
+@pytest.mark.parametrize(("code", "expected"), examples(), ids=lambda v: str(v)[:40])
+def test_the_readme_example_runs(code, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    if expected is not None and out.getvalue():
+        assert out.getvalue() == expected
+
+
+def test_the_readme_has_runnable_examples():
+    assert len(examples()) >= 6
