@@ -141,6 +141,10 @@ def _check_name(name: object) -> None:
         raise RegistrationError(f"a job name must be a string, got {name!r}")
     if not name.strip():
         raise RegistrationError("a job needs a name: got an empty one")
+    if name != name.strip():
+        # MariaDB/MySQL compare strings ignoring trailing spaces: "job " would share the
+        # lease of "job". Refused for every job, so a name means the same everywhere.
+        raise RegistrationError(f"job name {name!r} starts or ends with whitespace")
     if len(name) > MAX_NAME_LENGTH:
         raise RegistrationError(
             f"job name {name[:40]!r}... is {len(name)} characters long; "

@@ -49,6 +49,11 @@ class TestRefusals:
         with pytest.raises(RegistrationError, match=r"^a job needs a name: got an empty one$"):
             Registry().register(job, "@hourly", name)
 
+    @pytest.mark.parametrize("name", [" report", "report ", "report\n"])
+    def test_it_refuses_a_name_with_whitespace_at_either_end(self, name):
+        with pytest.raises(RegistrationError, match=r"starts or ends with whitespace$"):
+            Registry().register_per_instance(job, "@hourly", name)
+
     def test_it_refuses_a_name_that_is_not_a_string(self):
         with pytest.raises(RegistrationError, match=r"^a job name must be a string, got 42$"):
             Registry().register(job, "@hourly", 42)  # type: ignore[arg-type]
