@@ -36,12 +36,14 @@ from execctx import instrument
 
 from ._clock import Clock, SystemClock
 from ._exceptions import LeaseLost, Shutdown
+from ._finisher import Finisher
 from ._registry import Job, Registry, default_registry
 from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
 from ._tracing import RoundScope, round_scope
 from ._workers import Workers
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
     from sqlalchemy import Connection, Engine
 
 __all__ = ["Scheduler", "resolve_database"]
@@ -162,6 +164,8 @@ class Scheduler:
             the job name and trace id (see :mod:`execctx`).
         loop: An asyncio loop to run async jobs on (``cronjob.lifespan`` passes the app's);
             by default the scheduler runs its own in a thread when it has async jobs.
+        tracer_provider: Where the rounds' spans go; by default OpenTelemetry's global
+            provider (no spans are recorded unless an SDK is configured).
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
     stops it on exit.
@@ -180,6 +184,7 @@ class Scheduler:
         on_fatal: Callable[[str], None] | None = None,
         sql_comments: bool = True,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -195,6 +200,7 @@ class Scheduler:
         self._on_fatal = on_fatal or _exit_process
         self._sql_comments = sql_comments
         self._given_loop = loop
+        self._tracer_provider = tracer_provider
 
         self._lock = threading.Lock()
         self._started = False
@@ -213,6 +219,7 @@ class Scheduler:
         self._engine: Engine | None = None
         self._owns_engine = False
         self._store: lease.LeaseStore | None = None
+        self._finisher: Finisher | None = None
 
         # Dispatcher state: touched only by the dispatcher thread once started.
         self._states: dict[str, _JobState] = {}
@@ -386,6 +393,7 @@ class Scheduler:
         if self._sql_comments:
             instrument(self._engine)
         self._store = lease.LeaseStore(self._engine, clock=self._clock.lease_clock())
+        self._finisher = Finisher(self._store)  # ends of rounds that end together: batched
         if any(state.job.leased for state in self._states.values()):
             self._store.check_dialect()
 
@@ -606,7 +614,10 @@ class Scheduler:
             self._forget(run)
 
     def _round_sync(self, run: _Run) -> None:
-        with self._clock._tracked(), round_scope(run.ctx, self.replica_id) as scope:
+        with (
+            self._clock._tracked(),
+            round_scope(run.ctx, self.replica_id, self._tracer_provider) as scope,
+        ):
             self._log_start(run)
             error: BaseException | None = None
             try:
@@ -618,7 +629,10 @@ class Scheduler:
 
     async def _round_async(self, run: _Run) -> None:
         run.task = asyncio.current_task()
-        with self._clock._tracked(), round_scope(run.ctx, self.replica_id) as scope:
+        with (
+            self._clock._tracked(),
+            round_scope(run.ctx, self.replica_id, self._tracer_provider) as scope,
+        ):
             self._log_start(run)
             error: BaseException | None = None
             try:
@@ -681,7 +695,8 @@ class Scheduler:
         try:
             if outcome is Outcome.CUT_SHORT:
                 return self._store_.give_back(run.ctx.name, run.token)
-            return self._store_.finish(run.ctx.name, run.token, ended=ended)
+            assert self._finisher is not None
+            return self._finisher.finish(run.ctx.name, run.token, ended)
         except lease.LeaseError as exc:
             log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
             return False

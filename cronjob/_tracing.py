@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from opentelemetry.trace import TracerProvider
+
 import execctx
 
 from ._round import Outcome, Round
@@ -31,7 +33,9 @@ class RoundScope:
 
 
 @contextlib.contextmanager
-def round_scope(ctx: Round, replica: str) -> Iterator[RoundScope]:
+def round_scope(
+    ctx: Round, replica: str, tracer_provider: TracerProvider | None = None
+) -> Iterator[RoundScope]:
     """Run the block as the round's unit of work and give ``ctx`` its trace id.
 
     The root span is named ``cronjob <job>`` and carries the job, the instant, the
@@ -44,6 +48,12 @@ def round_scope(ctx: Round, replica: str) -> Iterator[RoundScope]:
         "cronjob.attempt": ctx.attempt,
         "cronjob.replica": replica,
     }
-    with execctx.work(KIND, ctx.name, attributes=attributes, span_name=f"cronjob {ctx.name}") as w:
+    with execctx.work(
+        KIND,
+        ctx.name,
+        attributes=attributes,
+        span_name=f"cronjob {ctx.name}",
+        tracer_provider=tracer_provider,
+    ) as w:
         ctx.trace_id = w.unit.trace_id
         yield RoundScope(w)
