@@ -1,7 +1,7 @@
 """Every rule of the scheduler, on a fake clock, with replicas sharing one database.
 
 Each test builds two or three schedulers (replicas) on one fake clock and one database
-(an SQLite file, and PostgreSQL), advances the clock, and checks the rounds the jobs
+(an SQLite file, PostgreSQL and MariaDB), advances the clock, and checks the rounds the jobs
 recorded. Nothing sleeps in real time.
 """
 
@@ -82,11 +82,17 @@ class Recorder:
         return sorted(r.instant for r in self.rounds if name in (None, r.name))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ]
+)
 def url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'jobs.sqlite'}"
-    return request.getfixturevalue("postgres_url")
+    return request.getfixturevalue(f"{request.param}_url")
 
 
 @pytest.fixture
