@@ -18,6 +18,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import heapq
 import itertools
 import logging
@@ -58,6 +59,10 @@ RENEW_RETRY = 1.0
 LOST_AFTER = 10.0
 #: A round still running this many seconds after its lease was lost ends the process.
 EXIT_AFTER_LOST = 5.0
+#: ... and never later than this many seconds before its lease can expire: 10 s + 5 s is
+#: exactly the lease's 15 s, and a replica claiming the job the moment the lease expires
+#: must find this process gone (the fault suite saw one claim by 4 ms).
+EXIT_MARGIN = 0.5
 #: Seconds between two sweeps for rounds cut short.
 SWEEP_EVERY = 15.0
 #: Catch-up only runs an instant this recent.
@@ -370,6 +375,8 @@ class Scheduler:
         if self._workers is not None:
             # A round that ignored its cancellation keeps its (daemon) thread: not waited for.
             self._workers.shutdown()
+        if self._finisher is not None:
+            self._finisher.close()
         if self._loop_thread is not None and self._loop is not None:
             # Let rounds that already ended finish their bookkeeping, then stop the loop.
             # A round that ignored its cancellation is not waited for.
@@ -664,7 +671,10 @@ class Scheduler:
         outcome = classify(error, ctx)
         scope.outcome(outcome, error)
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
-        recorded = self._record_end(run, outcome, ended)
+        # A round that ran to its end has its end written by the finisher, in a batch
+        # with the others ending now; the worker is free for the next round at once.
+        later = outcome is not Outcome.CUT_SHORT and self._records_end(run)
+        recorded = False if later else self._record_end(run, outcome, ended)
         if outcome is Outcome.SUCCEEDED:
             log.info("round of %s ran to its end", where)
         elif outcome is Outcome.FAILED:
@@ -685,9 +695,37 @@ class Scheduler:
                 )
             else:
                 log.info("round of %s cut short (%s)", where, cause)
+        if later:
+            self._finish_later(run, ended, where)
+            return
         if not recorded and run.token is not None and not self._crashed:
             log.warning("round of %s: its end is not on record (the lease is gone)", where)
         self._post(lambda: self._on_round_end(run, ended))
+
+    def _records_end(self, run: _Run) -> bool:
+        return run.token is not None and not self._crashed and run.lost_at is None
+
+    def _finish_later(self, run: _Run, ended: datetime, where: str) -> None:
+        """Hand the end to the finisher; log and tell the dispatcher once it is written."""
+        assert self._finisher is not None and run.token is not None
+        context = contextvars.copy_context()  # the round's: its log lines keep its trace id
+
+        def then(result: bool | BaseException) -> None:
+            with self._clock._tracked():
+                context.run(after, result)
+
+        def after(result: bool | BaseException) -> None:
+            if isinstance(result, BaseException):
+                log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
+            if result is not True and not self._crashed:
+                log.warning("round of %s: its end is not on record (the lease is gone)", where)
+            self._post(lambda: self._on_round_end(run, ended))
+
+        self._clock._work_started()
+        try:
+            self._finisher.finish_later(run.ctx.name, run.token, ended, then)
+        except RuntimeError:  # stopped meanwhile: the end is not recorded
+            then(False)
 
     def _record_end(self, run: _Run, outcome: Outcome, ended: datetime) -> bool:
         if run.token is None or self._crashed or run.lost_at is not None:
@@ -695,8 +733,7 @@ class Scheduler:
         try:
             if outcome is Outcome.CUT_SHORT:
                 return self._store_.give_back(run.ctx.name, run.token)
-            assert self._finisher is not None
-            return self._finisher.finish(run.ctx.name, run.token, ended)
+            return self._store_.finish(run.ctx.name, run.token, ended=ended)
         except lease.LeaseError as exc:
             log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
             return False
@@ -774,8 +811,16 @@ class Scheduler:
         if run.lost_at is None:
             when, renewed_at = run.renewed_at + timedelta(seconds=LOST_AFTER), run.renewed_at
         else:
-            when, renewed_at = run.lost_at + timedelta(seconds=EXIT_AFTER_LOST), None
+            when, renewed_at = self._exit_deadline(run), None
         heapq.heappush(self._deadlines, _Deadline(when, next(self._seq), run, renewed_at))
+
+    def _exit_deadline(self, run: _Run) -> datetime:
+        """When a round still running after its lease was lost ends the process: 5 s after
+        the loss, but before the lease can expire (counted from the last successful claim
+        or renewal, as issued, so the lease's own expiry is later still)."""
+        assert run.lost_at is not None
+        expires = run.renewed_at + timedelta(seconds=self._store_.ttl - EXIT_MARGIN)
+        return min(run.lost_at + timedelta(seconds=EXIT_AFTER_LOST), expires)
 
     def _watch_leases(self, now: datetime) -> None:
         while self._deadlines and self._deadlines[0].when <= now:
@@ -801,9 +846,11 @@ class Scheduler:
         self._cancel(run, lease_lost(run.ctx.name, reason))
 
     def _fatal(self, run: _Run) -> None:
+        assert run.lost_at is not None
+        after = (self._exit_deadline(run) - run.lost_at).total_seconds()
         message = (
             f"job {run.ctx.name!r} instant {run.ctx.instant.isoformat()}: the round is still "
-            f"running {EXIT_AFTER_LOST:g} s after its lease was lost; another replica may "
+            f"running {after:g} s after its lease was lost; another replica may "
             "run the job by now"
         )
         log.critical(message)

@@ -469,6 +469,43 @@ class LeaseStore:
         with translate_errors("finish a lease"), self._engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 
+    def finish_many(self, ends: Collection[tuple[str, int, datetime]]) -> set[tuple[str, int]]:
+        """:meth:`finish` for many rounds at once: ``(name, token, ended)`` triples.
+
+        One transaction; one UPDATE per distinct ``ended`` second (usually one), each
+        with the same conditions as :meth:`finish`. None for an empty ``ends``.
+
+        Returns:
+            The ``(name, token)`` pairs whose end was recorded; every other one had its
+            token replaced by another claim (or had already ended).
+        """
+        groups: dict[int, list[tuple[str, int]]] = {}
+        for name, token, ended in ends:
+            (wanted,) = _names([name])
+            pair = (wanted, _check_token(token))
+            groups.setdefault(_seconds_floor(ended, "ended"), []).append(pair)
+        if not groups:
+            return set()
+        recorded: set[tuple[str, int]] = set()
+        with translate_errors("finish leases"), self._engine.begin() as conn:
+            for ended_s, pairs in groups.items():
+                mine = sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+                stmt = (
+                    _t.update()
+                    .where(mine, _is_running())
+                    .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+                )
+                # Without RETURNING: a token is drawn per claim and ends once, so a row
+                # with one of these tokens that is now done was finished here.
+                done = sa.and_(
+                    mine,
+                    _t.c.state == LeaseState.DONE.value,
+                    _t.c.skipped_through == ended_s,
+                )
+                rows = self._update_returning(conn, stmt, (_t.c.name, _t.c.token), done)
+                recorded.update((row["name"], int(row["token"])) for row in rows)
+        return recorded
+
     def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:
         """Find the rounds of ``names`` that were cut short and may run a second time.
 
@@ -496,10 +533,15 @@ class LeaseStore:
         for name, epoch in rows:
             if name not in wanted_set:
                 continue
-            if not _is_int(epoch) or epoch < 0:
+            try:
+                if not _is_int(epoch) or epoch < 0:
+                    raise OverflowError
+                instant = _from_seconds(epoch)  # OverflowError past datetime's range
+            except OverflowError:
+                # One row edited to garbage must not fail the sweep of every other job.
                 logger.warning("lease row %r is malformed (instant %r); skipped", name, epoch)
                 continue
-            found.append(CutShort(name=name, instant=_from_seconds(epoch)))
+            found.append(CutShort(name=name, instant=instant))
         return sorted(found, key=lambda cut: cut.name)
 
     def holds(self, connection: Connection, name: str, token: int) -> bool:

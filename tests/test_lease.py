@@ -299,6 +299,34 @@ class TestGiveBackAndFinish:
         assert store.finish("a", claim.token, ended=T1) is False
         assert store.read(["a"])["a"].state is lease.LeaseState.CUT
 
+    def test_finish_many_records_the_current_tokens_only(self, store, migrated_engine):
+        store.ensure(["a", "b", "c"])
+        claims = {c.name: c for c in store.claim(["a", "b", "c"], T0, "r1")}
+        store.give_back("c", claims["c"].token)  # cut short: no longer finishable
+        ends = [
+            ("a", claims["a"].token, T0 + timedelta(seconds=3)),
+            ("b", claims["b"].token, T0 + timedelta(seconds=4, microseconds=500)),
+            ("c", claims["c"].token, T0 + timedelta(seconds=4)),
+        ]
+        with lease_statements(migrated_engine) as statements:
+            written = store.finish_many(ends)
+        assert written == {("a", claims["a"].token), ("b", claims["b"].token)}
+        rows = store.read(["a", "b", "c"])
+        assert rows["a"].skipped_through == T0 + timedelta(seconds=3)
+        assert rows["b"].skipped_through == T0 + timedelta(seconds=4)
+        assert [rows[n].state for n in "abc"] == [
+            lease.LeaseState.DONE,
+            lease.LeaseState.DONE,
+            lease.LeaseState.CUT,
+        ]
+        updates = [s for s in statements if s.lstrip().upper().startswith("UPDATE")]
+        assert len(updates) == 2  # one per distinct end second, not one per round
+
+    def test_finish_many_of_nothing_runs_no_statement(self, store, migrated_engine):
+        with lease_statements(migrated_engine) as statements:
+            assert store.finish_many([]) == set()
+        assert statements == []
+
     def test_finish_refuses_a_naive_end(self, store):
         with pytest.raises(ValueError, match=r"^ended must be an aware datetime"):
             store.finish("a", 1, ended=datetime(2026, 1, 1))
