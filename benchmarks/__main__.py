@@ -1,0 +1,43 @@
+"""Run every scenario and print its table: ``python -m benchmarks [--quick]``.
+
+In order: schedule math (``bench_schedule``), lateness and correctness with the peers
+interleaved (``bench_lateness``), scale (``bench_scale``), idle cost (``bench_idle``).
+Each also runs alone (``python -m benchmarks.bench_<name> --help``). Results go to
+``benchmarks/results/*.json``; the peers' virtualenvs to ``benchmarks/.venvs/`` (created
+on first use, from PyPI, pinned in ``benchmarks/peers/requirements.py``).
+
+Flags: ``--quick`` (short windows: 15 s lateness, 20 s scale, 30 s idle; for a smoke
+test, not for the numbers), ``--only NAME[,NAME]`` (schedule, lateness, scale, idle),
+``--impl`` (schedulers for lateness and idle; default all three).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks import bench_idle, bench_lateness, bench_scale, bench_schedule
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="schedule,lateness,scale,idle")
+    parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    if "schedule" in only:
+        print("== schedule math ==", flush=True)
+        bench_schedule.main()
+    if "lateness" in only:
+        print("\n== lateness and correctness ==", flush=True)
+        bench_lateness.main(["--impl", args.impl, *(["--seconds", "15"] if args.quick else [])])
+    if "scale" in only:
+        print("\n== scale ==", flush=True)
+        bench_scale.main(["--seconds", "20"] if args.quick else [])
+    if "idle" in only:
+        print("\n== idle cost ==", flush=True)
+        bench_idle.main(["--impl", args.impl, *(["--seconds", "30"] if args.quick else [])])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""Run replica processes of one scheduler on one piece of work and measure them.
+
+A *scenario* is: which scheduler (``cronjob``, ``apscheduler3``, ``apscheduler4``), how
+many replicas (OS processes), how many jobs on which schedule, and a measurement window.
+The harness
+
+1. recreates the benchmark database (``cronjob_bench`` by default, on the server of
+   ``$CRONJOB_BENCH_POSTGRES_URL``; never the tests' database);
+2. starts the replicas (the first one alone when the peer writes its schedules at start,
+   so they do not race to insert them), waits a warm-up, and opens the window at the
+   next whole second;
+3. samples each replica's CPU time (``/proc/PID/stat``) at the window's start and end and
+   its resident memory (``VmRSS``) every half second;
+4. stops them with SIGTERM a few seconds after the window (drain), collects what each
+   recorded (:mod:`benchmarks.workers._record`) and the database's own counters
+   (``pg_stat_database``: transactions and rows, whole lifetime of the replicas).
+
+Only rounds whose scheduled instant lies in the window count. *Expected* are all the
+instants of every job in the window; *missed* are expected (job, instant) pairs no
+replica started; *duplicates* are starts beyond the first of a pair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+SERVER_URL = os.environ.get(
+    "CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+DATABASE = os.environ.get("CRONJOB_BENCH_DATABASE", "cronjob_bench")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def bench_url(driver: str = "postgresql+psycopg") -> str:
+    url = sa.make_url(SERVER_URL).set(drivername=driver, database=DATABASE)
+    return url.render_as_string(hide_password=False)
+
+
+def _admin() -> sa.Engine:
+    return sa.create_engine(SERVER_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+
+def reset_database() -> None:
+    engine = _admin()
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+            conn.execute(sa.text(f'CREATE DATABASE "{DATABASE}"'))
+    finally:
+        engine.dispose()
+
+
+def db_counters() -> dict[str, int]:
+    """The benchmark database's counters in ``pg_stat_database`` (flushed by the server)."""
+    engine = _admin()
+    try:
+        with engine.connect() as conn:
+            row = (
+                conn.execute(
+                    sa.text(
+                        "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, "
+                        "tup_inserted, tup_updated, tup_deleted FROM pg_stat_database "
+                        "WHERE datname = :name"
+                    ),
+                    {"name": DATABASE},
+                )
+                .mappings()
+                .one()
+            )
+        return {key: int(value) for key, value in row.items()}
+    finally:
+        engine.dispose()
+
+
+def server_info() -> dict[str, str]:
+    engine = _admin()
+    try:
+        with engine.connect() as conn:
+            version = conn.execute(sa.text("SHOW server_version")).scalar_one()
+        return {"postgresql": str(version)}
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class Implementation:
+    """How to start one replica of a scheduler."""
+
+    name: str
+    command: list[str]
+    driver: str = "postgresql+psycopg"
+    ready_marker: bool = False  # the worker touches BENCH_OUT.ready once it has started
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def cronjob_impl(log_level: str = "WARNING") -> Implementation:
+    python = str(ROOT / ".venv" / "bin" / "python")
+    return Implementation(
+        name="cronjob",
+        command=[
+            python,
+            "-m",
+            "cronjob",
+            "run",
+            "--database-url",
+            "{url}",
+            "benchmarks.workers.cronjob_jobs",
+        ],
+        env={"CRONJOB_LOG_LEVEL": log_level},
+    )
+
+
+def apscheduler3_impl() -> Implementation:
+    from benchmarks.peers import ensure_venv
+    from benchmarks.peers.requirements import APSCHEDULER3
+
+    python = str(ensure_venv("apscheduler3", APSCHEDULER3))
+    return Implementation(
+        name="apscheduler3",
+        command=[python, str(ROOT / "benchmarks" / "workers" / "aps3_worker.py")],
+        ready_marker=True,
+    )
+
+
+def apscheduler4_impl() -> Implementation:
+    from benchmarks.peers import ensure_venv
+    from benchmarks.peers.requirements import APSCHEDULER4
+
+    python = str(ensure_venv("apscheduler4", APSCHEDULER4))
+    return Implementation(
+        name="apscheduler4",
+        command=[python, str(ROOT / "benchmarks" / "workers" / "aps4_worker.py")],
+        ready_marker=True,
+    )
+
+
+IMPLEMENTATIONS = {
+    "cronjob": cronjob_impl,
+    "apscheduler3": apscheduler3_impl,
+    "apscheduler4": apscheduler4_impl,
+}
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _expected_instants(start: int, end: int, period: int | None) -> list[int]:
+    if period is None:
+        return []
+    first = math.ceil(start / period) * period
+    return list(range(first, end, period))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[index]
+
+
+def run_scenario(
+    impl: Implementation,
+    *,
+    scenario: str,
+    replicas: int,
+    jobs: int,
+    spec: str,
+    period: int | None,
+    seconds: int,
+    warmup: float,
+    grace: float = 3.0,
+) -> dict[str, Any]:
+    """Run ``replicas`` processes of ``impl`` with ``jobs`` jobs on ``spec``; measure.
+
+    ``period`` is the spacing of the jobs' instants in seconds (``None``: none expected in
+    the window, as in the idle scenario).
+    """
+    reset_database()
+    url = bench_url(impl.driver)
+    before = db_counters()
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{impl.name}-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    outs: list[Path] = []
+    logs = []
+    launched = time.time()
+    try:
+        for index in range(replicas):
+            out = workdir / f"replica-{index}.json"
+            env = dict(os.environ)
+            env.update(impl.env)
+            env.update(
+                {
+                    "BENCH_JOBS": str(jobs),
+                    "BENCH_SPEC": spec,
+                    "BENCH_OUT": str(out),
+                    "BENCH_REPLICA": f"r{index}",
+                    "BENCH_DATABASE_URL": url,
+                    "PYTHONPATH": str(ROOT),
+                }
+            )
+            command = [part.replace("{url}", url) for part in impl.command]
+            log = open(workdir / f"replica-{index}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log))
+            outs.append(out)
+            if impl.ready_marker and index == 0:
+                _wait_ready(out, procs[0], timeout=max(60.0, jobs / 50))
+        for index, out in enumerate(outs):
+            if impl.ready_marker:
+                _wait_ready(out, procs[index], timeout=max(60.0, jobs / 50))
+        window_start = math.ceil(time.time() + warmup)
+        window_end = window_start + seconds
+        _sleep_until(window_start)
+        cpu_start = [_cpu_seconds(p.pid) for p in procs]
+        load_start = _loadavg()
+        rss_max = [0.0] * replicas
+        while time.time() < window_end:
+            for index, proc in enumerate(procs):
+                rss = _rss_mb(proc.pid)
+                if rss is not None:
+                    rss_max[index] = max(rss_max[index], rss)
+            time.sleep(min(0.5, max(0.0, window_end - time.time())))
+        cpu_end = [_cpu_seconds(p.pid) for p in procs]
+        load_end = _loadavg()
+        _sleep_until(window_end + grace)
+        alive = [proc.poll() is None for proc in procs]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        exit_codes = []
+        for proc in procs:
+            try:
+                exit_codes.append(proc.wait(timeout=60))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                exit_codes.append(proc.wait())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+    time.sleep(1.0)  # let the server flush the exited backends' counters
+    after = db_counters()
+    reports = []
+    for out in outs:
+        try:
+            reports.append(json.loads(out.read_text()))
+        except (OSError, ValueError):
+            reports.append({"rounds": [], "statements": [], "checkouts": [], "missing": True})
+    result = _analyse(
+        reports,
+        window_start=window_start,
+        window_end=window_end,
+        jobs=jobs,
+        period=period,
+    )
+    cpu = [
+        (b - a) if a is not None and b is not None else None
+        for a, b in zip(cpu_start, cpu_end, strict=True)
+    ]
+    result.update(
+        {
+            "scenario": scenario,
+            "implementation": impl.name,
+            "replicas": replicas,
+            "jobs": jobs,
+            "spec": spec,
+            "seconds": seconds,
+            "window": [window_start, window_end],
+            "startup_s": round(window_start - launched, 1),
+            "cpu_s": round(sum(c for c in cpu if c is not None), 2),
+            "cpu_s_per_replica": [None if c is None else round(c, 2) for c in cpu],
+            "rss_max_mb": [round(r, 1) for r in rss_max],
+            "alive_at_end": alive,
+            "exit_codes": exit_codes,
+            "db_counters_lifetime": {k: after[k] - before[k] for k in after},
+            "loadavg": {"start": load_start, "end": load_end},
+            "logs": str(workdir),
+        }
+    )
+    rounds = result["rounds_run"] or 1
+    result["db_xacts_per_round_lifetime"] = (
+        round(
+            (
+                result["db_counters_lifetime"]["xact_commit"]
+                + result["db_counters_lifetime"]["xact_rollback"]
+            )
+            / max(1, result["rounds_total"]),
+            2,
+        )
+        if result["rounds_total"]
+        else None
+    )
+    result["cpu_ms_per_round"] = round(result["cpu_s"] * 1000 / rounds, 3)
+    return result
+
+
+def _wait_ready(out: Path, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    marker = Path(str(out) + ".ready")
+    deadline = time.time() + timeout
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"replica exited with {proc.returncode} before it was ready")
+        if time.time() > deadline:
+            raise RuntimeError("replica not ready in time")
+        time.sleep(0.1)
+
+
+def _sleep_until(when: float) -> None:
+    while (left := when - time.time()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+def _analyse(
+    reports: list[dict[str, Any]],
+    *,
+    window_start: int,
+    window_end: int,
+    jobs: int,
+    period: int | None,
+) -> dict[str, Any]:
+    seen: dict[tuple[str, int], int] = {}
+    lateness_ms: list[float] = []
+    rounds_total = 0
+    for report in reports:
+        for name, instant, start in report["rounds"]:
+            rounds_total += 1
+            if instant != instant:  # NaN: no instant known
+                continue
+            whole = round(instant)
+            if not window_start <= whole < window_end:
+                continue
+            seen[(name, whole)] = seen.get((name, whole), 0) + 1
+            lateness_ms.append((start - instant) * 1000)
+    names = [f"job-{i:05d}" for i in range(jobs)]
+    instants = _expected_instants(window_start, window_end, period)
+    expected = len(names) * len(instants)
+    missed = sum(1 for i in instants for n in names if (n, i) not in seen)
+    duplicates = sum(count - 1 for count in seen.values())
+    run = sum(seen.values())
+    statements: dict[str, int] = {}
+    checkouts = 0
+    per_replica_statements = []
+    for report in reports:
+        own = 0
+        for second, kind, count in report["statements"]:
+            if window_start <= second < window_end:
+                statements[kind] = statements.get(kind, 0) + count
+                own += count
+        per_replica_statements.append(own)
+        checkouts += sum(
+            n for second, n in report["checkouts"] if window_start <= second < window_end
+        )
+    total_statements = sum(statements.values())
+    minutes = (window_end - window_start) / 60
+    return {
+        "expected": expected,
+        "rounds_run": run,
+        "rounds_total": rounds_total,
+        "duplicates": duplicates,
+        "missed": missed,
+        "lateness_ms": {
+            "p50": round(_percentile(lateness_ms, 0.50), 2),
+            "p95": round(_percentile(lateness_ms, 0.95), 2),
+            "p99": round(_percentile(lateness_ms, 0.99), 2),
+            "max": round(max(lateness_ms), 2) if lateness_ms else float("nan"),
+            "mean": round(statistics.fmean(lateness_ms), 2) if lateness_ms else float("nan"),
+        },
+        "statements": total_statements,
+        "statements_by_kind": dict(sorted(statements.items(), key=lambda kv: -kv[1])),
+        "statements_per_round": round(total_statements / run, 3) if run else None,
+        "statements_per_replica_per_minute": [
+            round(n / minutes, 1) for n in per_replica_statements
+        ],
+        "pool_checkouts": checkouts,
+        "pool_checkouts_per_round": round(checkouts / run, 3) if run else None,
+        "replica_reports_missing": sum(1 for r in reports if r.get("missing")),
+        "cpu_s_reported_lifetime": [r.get("cpu_s") for r in reports],
+        "maxrss_mb_lifetime": [round(r.get("maxrss_kb", 0) / 1024, 1) for r in reports],
+    }
+
+
+def save(name: str, document: dict[str, Any], *, merge: bool = False) -> Path:
+    """Write ``document`` to ``results/NAME.json``.
+
+    With ``merge``, rows of the file already there whose (implementation, replicas, jobs)
+    this run did not measure are kept (re-running one peer keeps the others' rows).
+    """
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    if merge and path.exists():
+        previous = json.loads(path.read_text()).get("results", [])
+
+        def key(row: dict[str, Any]) -> tuple[Any, ...]:
+            return (row.get("implementation"), row.get("replicas"), row.get("jobs"))
+
+        fresh = {key(row) for row in document["results"]}
+        kept = [row for row in previous if key(row) not in fresh]
+        document = {**document, "results": kept + document["results"]}
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+    info = {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gb": round(int(mem) / 1024 / 1024, 1),
+        "python": sys.version.split()[0],
+        "loadavg": _loadavg(),
+    }
+    try:
+        info.update(server_info())
+    except sa.exc.SQLAlchemyError as exc:
+        info["postgresql"] = f"unavailable: {exc}"
+    return info

@@ -1,0 +1,86 @@
+"""Lateness and correctness: R replicas x J jobs firing every second for T seconds.
+
+Run: ``python -m benchmarks.bench_lateness [--jobs 20,200] [--replicas 3] [--seconds 60]
+[--impl cronjob,apscheduler3,apscheduler4]``.
+
+For each J, every scheduler named runs the same work in turn (interleaved, so a change
+in the machine's load hits them alike): rounds expected / run / duplicated / missed,
+start lateness (start - scheduled instant) p50/p95/p99/max, CPU seconds of the replicas
+in the window, SQL statements per round (counted in each replica, see
+:mod:`benchmarks.workers._record`) and pool checkouts per round. Prints a table, writes
+``benchmarks/results/lateness.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import Any
+
+from benchmarks import _harness, _table
+
+
+def measure(
+    *, jobs: list[int], replicas: int, seconds: int, impls: list[str], warmup: float = 6.0
+) -> list[dict[str, Any]]:
+    rows = []
+    for count in jobs:
+        for name in impls:
+            try:
+                impl = _harness.IMPLEMENTATIONS[name]()
+                row = _harness.run_scenario(
+                    impl,
+                    scenario="lateness",
+                    replicas=replicas,
+                    jobs=count,
+                    spec="* * * * * *",
+                    period=1,
+                    seconds=seconds,
+                    warmup=warmup,
+                )
+            except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                row = {
+                    "implementation": name,
+                    "replicas": replicas,
+                    "jobs": count,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            rows.append(row)
+            print(_table.render([row], _table.LATENESS_COLUMNS), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--jobs", default="20,200")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the saved rows of schedulers not run now"
+    )
+    args = parser.parse_args(argv)
+    rows = measure(
+        jobs=[int(j) for j in args.jobs.split(",")],
+        replicas=args.replicas,
+        seconds=args.seconds,
+        impls=args.impl.split(","),
+    )
+    print()
+    print(_table.render(rows, _table.LATENESS_COLUMNS))
+    path = _harness.save(
+        "lateness",
+        {
+            "benchmark": "lateness and correctness",
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": _harness.machine(),
+            "results": rows,
+        },
+        merge=args.merge,
+    )
+    print(f"written to {path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""What every replica process records, the same way for every scheduler.
+
+- ``started(name, instant)``: a round of job ``name`` for the scheduled ``instant``
+  (epoch seconds) started now (``time.time()``, the host's clock, shared by all replicas);
+- every SQL statement the process sends through SQLAlchemy (a class-wide
+  ``before_cursor_execute`` listener: ``BEGIN``/``COMMIT`` are not statements there),
+  counted per wall-clock second and per kind;
+- every connection checkout from a pool (with ``pool_pre_ping`` each one is an extra
+  ``SELECT 1`` round trip that the listener above does not see), per second.
+
+At exit (``atexit``) the process writes it all to ``$BENCH_OUT`` as JSON.
+
+Environment: ``BENCH_JOBS`` (number of jobs), ``BENCH_SPEC`` (their schedule, cronjob
+syntax), ``BENCH_OUT`` (the JSON file), ``BENCH_REPLICA`` (a label).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import re
+import resource
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+JOBS = int(os.environ.get("BENCH_JOBS", "20"))
+SPEC = os.environ.get("BENCH_SPEC", "* * * * * *")
+OUT = os.environ.get("BENCH_OUT", "")
+REPLICA = os.environ.get("BENCH_REPLICA", str(os.getpid()))
+
+_rounds: list[tuple[str, float, float]] = []
+_statements: collections.Counter[tuple[int, str]] = collections.Counter()
+_checkouts: collections.Counter[int] = collections.Counter()
+_lock = threading.Lock()
+_COMMENT = re.compile(r"^\s*(/\*.*?\*/\s*)+", re.S)
+_WORDS = re.compile(r"\s+")
+
+
+def job_names() -> list[str]:
+    return [f"job-{i:05d}" for i in range(JOBS)]
+
+
+def started(name: str, instant: float) -> None:
+    """Record that a round of ``name`` for ``instant`` starts now."""
+    _rounds.append((name, instant, time.time()))  # list.append is atomic
+
+
+def _kind(statement: str) -> str:
+    text = _WORDS.sub(" ", _COMMENT.sub("", statement)).strip()
+    words = text.split(" ")
+    verb = words[0].upper() if words else "?"
+    table = ""
+    upper = [w.upper() for w in words[:40]]
+    for keyword in ("UPDATE", "INTO", "FROM"):
+        if keyword in upper:
+            index = upper.index(keyword)
+            if index + 1 < len(words):
+                table = words[index + 1].strip('"(').lower()
+                break
+    detail = ""
+    if verb == "UPDATE" and "lease" in table:  # tell cronjob's lease statements apart
+        if "prev_instant" in text:
+            detail = " claim"
+        elif "skipped_through" in text:
+            detail = " finish"
+        elif re.search(r"SET state\b", text, re.I):
+            detail = " give_back"
+        else:
+            detail = " renew"
+    return f"{verb} {table}{detail}".strip()
+
+
+def _before_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    if statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+        return
+    key = (int(time.time()), _kind(statement))
+    with _lock:
+        _statements[key] += 1
+
+
+def _checkout(*args: Any) -> None:
+    second = int(time.time())
+    with _lock:
+        _checkouts[second] += 1
+
+
+event.listen(sa.engine.Engine, "before_cursor_execute", _before_cursor_execute)
+event.listen(sa.pool.Pool, "checkout", _checkout)
+
+
+def dump() -> None:
+    if not OUT:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with _lock:
+        statements = [[second, kind, n] for (second, kind), n in _statements.items()]
+        checkouts = [[second, n] for second, n in _checkouts.items()]
+    document = {
+        "replica": REPLICA,
+        "pid": os.getpid(),
+        "rounds": _rounds,
+        "statements": statements,
+        "checkouts": checkouts,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "maxrss_kb": usage.ru_maxrss,
+    }
+    tmp = OUT + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(document, handle)
+    os.replace(tmp, OUT)
+
+
+atexit.register(dump)
