@@ -28,7 +28,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -385,7 +385,8 @@ class Scheduler:
                 finishing.result(timeout=TASK_SETTLE_SECONDS)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=TASK_SETTLE_SECONDS)
-        if self._engine is not None and self._owns_engine and not self._crashed:
+        if self._engine is not None and self._owns_engine:
+            # Even after a crash: a killed process's connections close with it.
             self._engine.dispose()
         log.info("scheduler %s stopped", self.replica_id)
 
@@ -1017,7 +1018,3 @@ async def _settle_tasks() -> None:
 
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-
-
-def _utc(when: datetime) -> datetime:
-    return when.astimezone(UTC)
