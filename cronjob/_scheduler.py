@@ -335,12 +335,15 @@ class Scheduler:
         ended = self._drained.wait(limit)
         if not ended:
             names = sorted(run.ctx.name for run in list(self._runs) if not run.ended)
-            log.error(
-                "drain: %d round(s) still running after %gs, left to their leases: %s",
-                len(names),
-                limit,
-                ", ".join(names),
-            )
+            if names:
+                log.error(
+                    "drain: %d round(s) still running after %gs, left to their leases: %s",
+                    len(names),
+                    limit,
+                    ", ".join(names),
+                )
+            else:
+                log.error("drain: the ends of rounds still being recorded after %gs", limit)
         return ended
 
     def stop(self) -> None:
