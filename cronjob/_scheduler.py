@@ -624,12 +624,18 @@ class Scheduler:
             self._clock._work_finished()
             self._forget(run)
 
-    def _round_sync(self, run: _Run) -> None:
+    @contextlib.contextmanager
+    def _round_context(self, run: _Run) -> Iterator[RoundScope]:
+        """Run the block as ``run``'s unit of work, counted by the clock, and log its start."""
         with (
             self._clock._tracked(),
             round_scope(run.ctx, self.replica_id, self._tracer_provider) as scope,
         ):
             self._log_start(run)
+            yield scope
+
+    def _round_sync(self, run: _Run) -> None:
+        with self._round_context(run) as scope:
             error: BaseException | None = None
             try:
                 run.ctx.check()  # cancelled before it could start: cut short
@@ -640,11 +646,7 @@ class Scheduler:
 
     async def _round_async(self, run: _Run) -> None:
         run.task = asyncio.current_task()
-        with (
-            self._clock._tracked(),
-            round_scope(run.ctx, self.replica_id, self._tracer_provider) as scope,
-        ):
-            self._log_start(run)
+        with self._round_context(run) as scope:
             error: BaseException | None = None
             try:
                 run.ctx.check()  # cancelled before it could start: cut short
