@@ -20,6 +20,20 @@ __all__ = ["SQLITE_BUSY_TIMEOUT", "create_engine", "is_sqlite_memory", "redact"]
 #: before the statement fails with "database is locked".
 SQLITE_BUSY_TIMEOUT = 30.0
 
+#: libpq settings for PostgreSQL connections made here, unless the URL sets them: a
+#: connection whose peer vanished (a network partition, a black-holed route) fails
+#: within seconds instead of hanging for the kernel's retransmission time (~15 min).
+#: ``tcp_user_timeout`` only fires when sent data stays unacknowledged, so a long query
+#: the server is working on is never cut.
+POSTGRES_CONNECT_DEFAULTS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+
 #: Execution option naming how a SQLite transaction of an engine made here begins:
 #: "IMMEDIATE" (the default: takes the write lock at BEGIN) or "DEFERRED" (for reads).
 SQLITE_BEGIN_OPTION = "lease_sqlite_begin"
@@ -40,6 +54,8 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     - Any other database: ``pool_pre_ping=True`` (a connection the server closed is
       replaced, not handed out) and ``READ COMMITTED`` isolation, which the lease
       statements are written for.
+    - PostgreSQL with psycopg: also TCP keepalives and a TCP user timeout
+      (:data:`POSTGRES_CONNECT_DEFAULTS`, each unless the URL's query sets it).
 
     Keyword arguments are passed to :func:`sqlalchemy.create_engine` and win.
 
@@ -52,6 +68,12 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
         options: dict[str, Any] = {"pool_pre_ping": True}
         if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
             options["isolation_level"] = "READ COMMITTED"
+        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
+            options["connect_args"] = {
+                key: value
+                for key, value in POSTGRES_CONNECT_DEFAULTS.items()
+                if key not in parsed.query
+            }
         with translate_errors("create engine"):
             return sa.create_engine(parsed, **(options | kwargs))
     connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}

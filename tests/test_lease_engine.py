@@ -105,6 +105,30 @@ class TestServerEngine:
         finally:
             engine.dispose()
 
+    @pytest.mark.postgres
+    def test_postgres_connections_notice_a_vanished_peer_within_seconds(self, postgres_url):
+        engine = lease.create_engine(postgres_url)
+        try:
+            with engine.connect() as conn:
+                params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+        assert {key: params.get(key) for key in ("keepalives", "tcp_user_timeout")} == {
+            "keepalives": "1",
+            "tcp_user_timeout": "10000",
+        }
+
+    @pytest.mark.postgres
+    def test_the_url_wins_over_the_connection_defaults(self, postgres_url):
+        separator = "&" if "?" in postgres_url else "?"
+        engine = lease.create_engine(f"{postgres_url}{separator}tcp_user_timeout=2500")
+        try:
+            with engine.connect() as conn:
+                params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+        assert params.get("tcp_user_timeout") == "2500"
+
     @pytest.mark.mysql
     def test_mysql_pings_and_reads_committed(self, mysql_url):
         engine = lease.create_engine(mysql_url)
