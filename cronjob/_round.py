@@ -162,7 +162,7 @@ class Round:
         self._event.set()
 
 
-def classify(error: BaseException | None, ctx: Round) -> Outcome:
+def classify(error: BaseException | None) -> Outcome:
     """Tell a round cut short from one that ran to its end, from what the job raised.
 
     Cut short: the job raised a :class:`Cancelled` (what ``ctx.check()`` raises), an

@@ -228,6 +228,8 @@ class Scheduler:
 
         # Dispatcher state: touched only by the dispatcher thread once started.
         self._states: dict[str, _JobState] = {}
+        self._leased: list[_JobState] = []  # the states of leased jobs, fixed at start
+        self._leased_names: list[str] = []
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         self._runs: set[_Run] = set()
@@ -292,6 +294,8 @@ class Scheduler:
             self._stopped = True
             return
         self._states = {job.name: _JobState(job) for job in jobs}
+        self._leased = [state for state in self._states.values() if state.job.leased]
+        self._leased_names = [state.job.name for state in self._leased]
         self._connect()
         self._first_migration()
         self._control = Workers(1, "cronjob-control")
@@ -405,7 +409,7 @@ class Scheduler:
             instrument(self._engine)
         self._store = lease.LeaseStore(self._engine, clock=self._clock.lease_clock())
         self._finisher = Finisher(self._store)  # ends of rounds that end together: batched
-        if any(state.job.leased for state in self._states.values()):
+        if self._leased:
             self._store.check_dialect()
 
     def _describe_database(self) -> str:
@@ -674,7 +678,7 @@ class Scheduler:
         ended = self._clock.now()
         run.ended = True
         ctx = run.ctx
-        outcome = classify(error, ctx)
+        outcome = classify(error)
         scope.outcome(outcome, error)
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
         # A round that ran to its end has its end written by the finisher, in a batch
@@ -884,7 +888,7 @@ class Scheduler:
     def _maybe_sweep(self, now: datetime) -> None:
         if not self._db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
             return
-        names = [s.job.name for s in self._states.values() if s.job.leased]
+        names = self._leased_names
         self._sweeping = True
 
         def done(result: list[lease.CutShort] | BaseException) -> None:
@@ -945,10 +949,9 @@ class Scheduler:
 
     def _on_database_ready(self) -> None:
         """Catch up what start-up owes, then start sweeping (statements run in order)."""
-        leased = [s for s in self._states.values() if s.job.leased]
+        leased, names = self._leased, self._leased_names
         if not leased:
             return
-        names = [s.job.name for s in leased]
         now = self._clock.now()
 
         def read() -> dict[str, lease.LeaseRow]:
