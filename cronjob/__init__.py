@@ -7,10 +7,38 @@ Layout, one private module per concern:
 - ``_schedule``: :func:`parse` and :class:`Schedule` (cron grammar, ``@every``, DST rule).
 - ``_registry``: :func:`register`, :func:`register_per_instance`, :class:`Registry`.
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
-- ``_scheduler``: :class:`Scheduler`, the lifecycle and the loops.
+- ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
+  the lifecycle (start, drain, stop).
+- The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
+  flight), ``_runner`` (running rounds, recording their ends, the fenced transaction),
+  ``_keeper`` (renewal, lease loss, the forced exit), ``_recovery`` (reaching the
+  database, catch-up, the sweep), ``_control`` (the inbox and the control thread),
+  ``_state`` (the records they share), ``_finisher`` and ``_workers`` (threads).
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
   command.
+
+Threads, and who may touch what::
+
+    any thread ──post(message)──▶ inbox ──▶ DISPATCHER thread ◀── owns: job states, heap
+                                              │  │      ▲          of instants, rounds in
+                                   statements │  │      │          flight, lease deadlines,
+                                              ▼  │      │          sweep/retry timers
+                                   CONTROL thread│      │ done(result) via the inbox
+                                   (claim, renew,│      │
+                                    sweep, ...) ─┼──────┘
+                                                 │ start round
+                                                 ▼
+                               ROUND workers (sync) / asyncio loop (async)
+                               run the job; give back a lease cut short ──▶ end posted
+                               FINISHER thread: ends of rounds, batched ──▶ to the inbox
+
+One thread, the dispatcher, owns the scheduling state: only it and the parts it calls
+(keeper, recovery, the runner's ``prepare``/``submit``/``cancel``) read or change it.
+Every other thread talks to it by posting a message to the inbox. The dispatcher never
+waits on the database, so a slow statement cannot delay a lease deadline. A round's
+worker reads its own round and sets its ``ended`` flag; the façade sets the life flags
+(``stopped``, ``crashed``) that every part reads.
 
 Importing this package does no I/O and starts nothing.
 """

@@ -34,19 +34,26 @@ class RoundScope:
 
 @contextlib.contextmanager
 def round_scope(
-    ctx: Round, replica: str, tracer_provider: TracerProvider | None = None
+    ctx: Round,
+    replica: str,
+    tracer_provider: TracerProvider | None = None,
+    *,
+    reason: str = "schedule",
 ) -> Iterator[RoundScope]:
     """Run the block as the round's unit of work and give ``ctx`` its trace id.
 
     The root span is named ``cronjob <job>`` and carries the job, the instant, the
-    attempt and the replica; spans the job opens are its children, and every log record
-    and (instrumented) SQL statement made inside carries the job name and trace id.
+    attempt, the replica and why the round runs (``cronjob.reason``: ``schedule``,
+    ``catch-up``, ``catch-up after an outage``, ``re-run``); spans the job opens are its
+    children, and every log record and (instrumented) SQL statement made inside carries
+    the job name and trace id.
     """
     attributes: dict[str, str | int | bool] = {
         "cronjob.job": ctx.name,
         "cronjob.instant": ctx.instant.isoformat(),
         "cronjob.attempt": ctx.attempt,
         "cronjob.replica": replica,
+        "cronjob.reason": reason,
     }
     with execctx.work(
         KIND,

@@ -73,6 +73,7 @@ class TestRootSpan:
             "cronjob.instant": "2026-03-02T10:00:00+00:00",
             "cronjob.attempt": 1,
             "cronjob.replica": "r1",
+            "cronjob.reason": "schedule",
             "work.kind": "round",
             "work.name": "hourly",
             "work.outcome": "succeeded",

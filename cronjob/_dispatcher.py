@@ -1,0 +1,275 @@
+"""The dispatcher: the one thread that owns the scheduling state and decides.
+
+It keeps one heap of the jobs' next instants, runs the messages other threads post to
+its inbox, and wakes at the earliest of its own deadlines and those of the lease keeper
+and recovery. At each wake it fires the instants that came due (one claim statement per
+instant for all the leased jobs due then), lets recovery and the lease keeper act, and
+starts the rounds that were won. It never does I/O: statements go to the control thread
+and their results come back through the inbox, so a slow database cannot delay a
+deadline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import lease
+
+from ._clock import Clock
+from ._control import Control, Inbox
+from ._exceptions import Shutdown
+from ._keeper import LeaseKeeper
+from ._recovery import Recovery
+from ._runner import RoundRunner
+from ._state import Flags, JobState, Reason, Run
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger("cronjob")
+
+
+@dataclass(order=True)
+class _Due:
+    """A job's next instant in the heap; stale once the job's generation moved on."""
+
+    when: datetime
+    seq: int
+    state: JobState = field(compare=False)
+    generation: int = field(compare=False)
+
+
+class Dispatcher:
+    """Owns the jobs' states, the heap of their next instants and the rounds in flight.
+
+    Everything here runs on the dispatcher thread (:meth:`serve`), except :meth:`post`
+    (through the inbox) and the ``drained`` event. The parts it calls (runner, keeper,
+    recovery) are wired in by the scheduler before the thread starts.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        replica_id: str,
+        states: dict[str, JobState],
+        store: lease.LeaseStore,
+        inbox: Inbox,
+        control: Control,
+        flags: Flags,
+    ) -> None:
+        self._clock = clock
+        self._replica_id = replica_id
+        self.states = states
+        self._store = store
+        self._inbox = inbox
+        self._control = control
+        self._flags = flags
+        self.runner: RoundRunner
+        self.keeper: LeaseKeeper
+        self.recovery: Recovery
+        self._heap: list[_Due] = []
+        self._seq = itertools.count()
+        #: The rounds in flight on this replica.
+        self.runs: set[Run] = set()
+        #: A drain began: no new rounds start.
+        self.draining = False
+        #: Set once draining and no round is in flight (any thread may wait on it).
+        self.drained = clock.event()
+        self._ready = threading.Event()
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """The dispatcher thread's body: run until the scheduler stops."""
+        with self._clock._tracked():
+            try:
+                if self.recovery.db_ready:
+                    self.recovery.on_database_ready()
+                self._ready.set()
+                self._loop()
+            except BaseException:
+                log.critical("the scheduler's dispatcher failed", exc_info=True)
+                raise
+            finally:
+                self._ready.set()
+
+    def wait_ready(self) -> None:
+        """Block until the thread is serving (the start-up handshake)."""
+        self._ready.wait()
+
+    def _loop(self) -> None:
+        while True:
+            self._inbox.wake.clear()
+            self._inbox.run_pending()
+            if self._flags.stopped:
+                return
+            now = self._clock.now()
+            self.recovery.retry_database(now)
+            if not self.draining:
+                self._fire_due(now)
+                self.recovery.sweep(now)
+            self.keeper.tick(now)
+            if self.draining and not self.runs:
+                self.drained.set()
+            wake_at = self._next_wake()
+            timeout = None if wake_at is None else max(0.0, (wake_at - now).total_seconds())
+            self._inbox.wake.wait(timeout)
+
+    def _next_wake(self) -> datetime | None:
+        candidates: list[datetime] = []
+        while self._heap and self._heap[0].generation != self._heap[0].state.generation:
+            heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
+        if self._heap and not self.draining:
+            candidates.append(self._heap[0].when)
+        for part in (self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()):
+            if part is not None:
+                candidates.append(part)
+        return min(candidates, default=None)
+
+    # -- the heap -------------------------------------------------------------------------
+
+    def schedule_after(self, state: JobState, after: datetime) -> None:
+        """Put ``state``'s job back in the heap at its first instant after ``after``."""
+        state.busy = False
+        state.generation += 1
+        when = state.job.schedule.next(after)
+        if when is None:
+            log.warning(
+                "job %r has no instant after %s: it will not run again", state.job.name, after
+            )
+            return
+        heapq.heappush(self._heap, _Due(when, next(self._seq), state, state.generation))
+
+    def take(self, state: JobState) -> None:
+        """Mark ``state``'s job busy (claiming or running): its heap entry is void."""
+        state.busy = True
+        state.generation += 1
+
+    def _fire_due(self, now: datetime) -> None:
+        due: dict[datetime, list[JobState]] = {}
+        while self._heap and self._heap[0].when <= now:
+            entry = heapq.heappop(self._heap)
+            state = entry.state
+            if entry.generation != state.generation or state.busy:
+                continue
+            self.take(state)
+            if not state.job.leased:
+                self.start_round(
+                    state, entry.when, attempt=1, token=None, now=now, reason=Reason.SCHEDULE
+                )
+            elif not self.recovery.db_ready:
+                log.warning(
+                    "job %r: instant %s skipped: the database is not reachable yet",
+                    state.job.name,
+                    entry.when.isoformat(),
+                )
+                self.schedule_after(state, entry.when)
+            else:
+                due.setdefault(entry.when, []).append(state)
+        for instant, states in due.items():
+            self.claim(instant, states)
+
+    # -- claims ---------------------------------------------------------------------------
+
+    def claim(
+        self, instant: datetime, states: list[JobState], *, reason: Reason = Reason.SCHEDULE
+    ) -> None:
+        """Claim ``instant`` for ``states`` in one statement, then start what was won."""
+        names = [state.job.name for state in states]
+        issued = self._clock.now()
+        catch_up = reason is not Reason.SCHEDULE
+
+        def done(result: list[lease.Claim] | BaseException) -> None:
+            won: dict[str, lease.Claim] = {}
+            if isinstance(result, BaseException):
+                log.error(
+                    "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
+                )
+            else:
+                won = {claim.name: claim for claim in result}
+            for state in states:
+                claim = won.get(state.job.name)
+                if claim is None or self.draining or self._flags.stopped:
+                    if claim is not None:  # drain began meanwhile: hand the instant on
+                        self.hand_back(claim)
+                    self.schedule_after(state, max(instant, issued) if catch_up else instant)
+                    continue
+                if claim.superseded is not None:
+                    old_instant, old_attempt = claim.superseded
+                    log.warning(
+                        "job %r: the unfinished round of %s (attempt %d) is given up: "
+                        "instant %s started first",
+                        state.job.name,
+                        old_instant.isoformat(),
+                        old_attempt,
+                        instant.isoformat(),
+                    )
+                if catch_up:
+                    log.info(
+                        "job %r: catching up instant %s%s",
+                        state.job.name,
+                        instant.isoformat(),
+                        " after the database outage" if reason is Reason.OUTAGE else "",
+                    )
+                self.start_round(
+                    state, instant, attempt=1, token=claim.token, now=issued, reason=reason
+                )
+
+        self._control.run(lambda: self._store.claim(names, instant, self._replica_id), done)
+
+    def hand_back(self, claim: lease.Claim) -> None:
+        """Give back a lease won just as the scheduler began to drain."""
+        self._control.run(
+            lambda: self._store.give_back(claim.name, claim.token), lambda _result: None
+        )
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    def start_round(
+        self,
+        state: JobState,
+        instant: datetime,
+        *,
+        attempt: int,
+        token: int | None,
+        now: datetime,
+        reason: Reason,
+    ) -> None:
+        """Start the round of ``state``'s job for ``instant`` (``token``: its lease's)."""
+        run = self.runner.prepare(
+            state, instant, attempt=attempt, token=token, now=now, reason=reason
+        )
+        state.busy = True
+        state.run = run
+        self.runs.add(run)
+        if token is not None:
+            self.keeper.hold(run, now)
+        if not self.runner.submit(run):
+            self._forget(run)
+
+    def round_ended(self, run: Run, ended: datetime) -> None:
+        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant."""
+        self._forget(run)
+        state = run.state
+        if state.run is run:
+            state.run = None
+        if not self._flags.stopped:
+            self.schedule_after(state, ended)
+
+    def _forget(self, run: Run) -> None:
+        self.runs.discard(run)
+        if run.token is not None:
+            self.keeper.release(run)
+
+    def begin_drain(self) -> None:
+        """Stop starting rounds and cancel the running ones with :class:`Shutdown`."""
+        if self.draining:
+            return
+        self.draining = True
+        for run in list(self.runs):
+            self.runner.cancel(run, Shutdown(f"job {run.ctx.name!r}: the scheduler is draining"))

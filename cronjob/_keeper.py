@@ -1,0 +1,236 @@
+"""The lease keeper: renews the leases of running rounds, notices their loss, forces the exit.
+
+The rules (SPEC.md, "Timing rules"):
+
+- every lease this replica holds is renewed every 5 s, all in one statement; a failed
+  renewal is retried after 1 s;
+- a lease is lost when a renewal finds it taken, or when 10 s pass without a successful
+  renewal; the round is then cancelled with :class:`~cronjob.LeaseLost`;
+- a round still running 5 s after its lease was lost ends the process, and never later
+  than 0.5 s before the lease can expire, so no other replica can claim the job while
+  this one still runs it.
+
+The deadlines are kept on the dispatcher thread, which never waits on the database, so a
+hung database cannot delay them; the renewals run on the control thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import lease
+
+from ._clock import Clock
+from ._control import Control
+from ._exceptions import LeaseLost
+from ._round import lease_lost
+from ._state import Flags, Run
+
+__all__ = ["EXIT_LEASE_LOST", "LeaseKeeper", "exit_process"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds between two renewals of the leases a replica holds.
+RENEW_EVERY = 5.0
+#: Seconds between two attempts when a renewal failed.
+RENEW_RETRY = 1.0
+#: A lease counts as lost after this many seconds without a successful renewal.
+LOST_AFTER = 10.0
+#: A round still running this many seconds after its lease was lost ends the process.
+EXIT_AFTER_LOST = 5.0
+#: ... and never later than this many seconds before its lease can expire: 10 s + 5 s is
+#: exactly the lease's 15 s, and a replica claiming the job the moment the lease expires
+#: must find this process gone (the fault suite saw one claim by 4 ms).
+EXIT_MARGIN = 0.5
+#: The exit status of a process a lost lease brings down.
+EXIT_LEASE_LOST = 70
+
+
+def exit_process(message: str) -> None:
+    """End the process with :data:`EXIT_LEASE_LOST` (the default ``on_fatal``)."""
+    logging.getLogger("cronjob").critical("%s; exiting with status %d", message, EXIT_LEASE_LOST)
+    logging.shutdown()
+    os._exit(EXIT_LEASE_LOST)
+
+
+@dataclass(order=True)
+class _Deadline:
+    """When ``run``'s lease counts as lost (``renewed_at`` set) or the process must end."""
+
+    when: datetime
+    seq: int
+    run: Run = field(compare=False)
+    renewed_at: datetime | None = field(compare=False)  # None: the exit deadline
+
+    def current(self) -> bool:
+        """Whether the run is still in the state this deadline was set for."""
+        run = self.run
+        if run.ended:
+            return False
+        if self.renewed_at is None:
+            return run.lost_at is not None
+        return run.lost_at is None and run.renewed_at == self.renewed_at
+
+
+class LeaseKeeper:
+    """Keeps the leases of this replica's running rounds (dispatcher thread only).
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Where renewals run.
+        replica_id: The holder named in renewals.
+        flags: The scheduler's life flags; a fatal loss sets ``crashed``.
+        cancel: Cancels a round with a cause (the round runner's).
+        crash: Stops the scheduler as a killed process would (run on a thread of its own).
+        on_fatal: Told the message when a round outlives its lost lease.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        replica_id: str,
+        flags: Flags,
+        cancel: Callable[[Run, LeaseLost], None],
+        crash: Callable[[], None],
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._replica_id = replica_id
+        self._flags = flags
+        self._cancel = cancel
+        self._crash = crash
+        self._on_fatal = on_fatal
+        self._held: set[Run] = set()  # rounds that hold (or held) a lease, until they end
+        self._seq = itertools.count()
+        # Loss at renewed_at + 10 s, exit at lost_at + 5 s, checked lazily: an entry whose
+        # run has moved on since it was pushed is dropped.
+        self._deadlines: list[_Deadline] = []
+        self._renew_at: datetime | None = None
+        self._renewing = False
+
+    def hold(self, run: Run, now: datetime) -> None:
+        """Start keeping ``run``'s lease, claimed at ``now``."""
+        self._held.add(run)
+        self._watch(run)
+        if self._renew_at is None:
+            self._renew_at = now + timedelta(seconds=RENEW_EVERY)
+
+    def release(self, run: Run) -> None:
+        """Stop keeping ``run``'s lease: its round has ended."""
+        self._held.discard(run)
+        if not self._held:
+            self._renew_at = None
+
+    def tick(self, now: datetime) -> None:
+        """Act on the deadlines due by ``now``, then renew if it is time."""
+        self._watch_leases(now)
+        self._maybe_renew(now)
+
+    def next_wake(self) -> datetime | None:
+        """The earliest time :meth:`tick` has something to do, or ``None``."""
+        candidates: list[datetime] = []
+        if self._renew_at is not None and not self._renewing:
+            candidates.append(self._renew_at)
+        while self._deadlines and not self._deadlines[0].current():
+            heapq.heappop(self._deadlines)
+        if self._deadlines:
+            candidates.append(self._deadlines[0].when)
+        return min(candidates, default=None)
+
+    # -- renewal --------------------------------------------------------------------------
+
+    def _maybe_renew(self, now: datetime) -> None:
+        if self._renew_at is None or self._renewing or now < self._renew_at:
+            return
+        held = [run for run in self._held if not run.ended and run.lost_at is None]
+        if not held:
+            self._renew_at = None
+            return
+        self._renewing = True
+        pairs = [(run.ctx.name, run.token) for run in held if run.token is not None]
+
+        def done(result: set[str] | BaseException) -> None:
+            self._renewing = False
+            if isinstance(result, BaseException):
+                log.warning("renewing %d lease(s) failed: %s", len(pairs), result)
+                self._renew_at = self._clock.now() + timedelta(seconds=RENEW_RETRY)
+                return
+            for run in held:
+                if run.ended or run.lost_at is not None:
+                    continue
+                if run.ctx.name in result:
+                    run.renewed_at = now
+                    self._watch(run)
+                else:
+                    self._lose(run, self._clock.now(), "another claim took it")
+            self._renew_at = now + timedelta(seconds=RENEW_EVERY)
+
+        self._control.run(lambda: self._store.renew(pairs, self._replica_id), done)
+
+    # -- loss and the forced exit -----------------------------------------------------------
+
+    def _watch(self, run: Run) -> None:
+        """Set the deadline that follows from ``run``'s lease as it stands now."""
+        if run.lost_at is None:
+            when, renewed_at = run.renewed_at + timedelta(seconds=LOST_AFTER), run.renewed_at
+        else:
+            when, renewed_at = self._exit_deadline(run), None
+        heapq.heappush(self._deadlines, _Deadline(when, next(self._seq), run, renewed_at))
+
+    def _exit_deadline(self, run: Run) -> datetime:
+        """When a round still running after its lease was lost ends the process: 5 s after
+        the loss, but before the lease can expire (counted from the last successful claim
+        or renewal, as issued, so the lease's own expiry is later still)."""
+        assert run.lost_at is not None
+        expires = run.renewed_at + timedelta(seconds=self._store.ttl - EXIT_MARGIN)
+        return min(run.lost_at + timedelta(seconds=EXIT_AFTER_LOST), expires)
+
+    def _watch_leases(self, now: datetime) -> None:
+        while self._deadlines and self._deadlines[0].when <= now:
+            deadline = heapq.heappop(self._deadlines)
+            if not deadline.current():
+                continue
+            run = deadline.run
+            if run.lost_at is None:
+                self._lose(run, now, f"no successful renewal for {LOST_AFTER:g} s")
+            else:
+                self._fatal(run)
+                return
+
+    def _lose(self, run: Run, now: datetime, reason: str) -> None:
+        run.lost_at = now
+        self._watch(run)
+        log.error(
+            "job %r instant %s: lease lost (%s); cancelling the round",
+            run.ctx.name,
+            run.ctx.instant.isoformat(),
+            reason,
+        )
+        self._cancel(run, lease_lost(run.ctx.name, reason))
+
+    def _fatal(self, run: Run) -> None:
+        assert run.lost_at is not None
+        after = (self._exit_deadline(run) - run.lost_at).total_seconds()
+        message = (
+            f"job {run.ctx.name!r} instant {run.ctx.instant.isoformat()}: the round is still "
+            f"running {after:g} s after its lease was lost; another replica may "
+            "run the job by now"
+        )
+        log.critical(message)
+        self._flags.crashed = True
+        # Stop as a dead process would, then report (the default ends the process).
+        threading.Thread(target=self._crash, name="cronjob-fatal", daemon=True).start()
+        self._on_fatal(message)

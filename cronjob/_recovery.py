@@ -1,0 +1,230 @@
+"""Recovery: reaching the database, catch-up, and the sweep that re-runs rounds cut short.
+
+The seed's rules, as this part applies them:
+
+- **Database down at start**: retried with back-off (1 s doubling to 30 s), logged.
+  Per-instance jobs run meanwhile; leased instants that come due are skipped.
+- **Catch-up**: once the database is reached, each leased job whose most recent instant
+  (within the last 24 h, measured on that instant) was not claimed and not overrun runs
+  it once, on one replica.
+- **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
+  cut short that the seed says run a second time (attempt 2); each is claimed with its
+  own statement, so two replicas never both run it.
+
+Dispatcher thread only; the statements run on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from ._clock import Clock
+from ._control import Control
+from ._state import JobState, Reason
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["Recovery"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds between two sweeps for rounds cut short.
+SWEEP_EVERY = 15.0
+#: Catch-up only runs an instant this recent.
+CATCH_UP_HORIZON = timedelta(days=1)
+#: First and longest pause between attempts to reach a database that is down.
+RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+
+
+class Recovery:
+    """Brings the replica to the database, and what was owed back to the schedule.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Where the statements run.
+        dispatcher: Claims and starts the rounds recovery finds owed.
+        replica_id: The holder named in claims.
+        migrate: Brings the tables to head (raises :class:`lease.DatabaseUnavailable`
+            while the database is down).
+        describe_database: The database's URL, password hidden, for logs.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        replica_id: str,
+        migrate: Callable[[], None],
+        describe_database: Callable[[], str],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._dispatcher = dispatcher
+        self._replica_id = replica_id
+        self._migrate = migrate
+        self._describe_database = describe_database
+        # The leased jobs, fixed at start: the sweep and catch-up read their rows.
+        self._leased = [s for s in dispatcher.states.values() if s.job.leased]
+        self._leased_names = [state.job.name for state in self._leased]
+        #: The tables are at head and the database answered.
+        self.db_ready = False
+        self._db_retry_at: datetime | None = None
+        self._db_retry_pause = RETRY_FIRST
+        self._sweep_at: datetime | None = None
+        self._sweeping = False
+
+    # -- reaching the database --------------------------------------------------------------
+
+    def first_migration(self) -> None:
+        """Bring the tables to head now (the caller's thread); retry later if it is down."""
+        try:
+            self._migrate()
+        except lease.DatabaseUnavailable as exc:
+            log.warning(
+                "database %s unavailable at start (%s); retrying in the background",
+                self._describe_database(),
+                exc,
+            )
+            self._db_retry_at = self._clock.now()
+        else:
+            self.db_ready = True
+
+    def retry_database(self, now: datetime) -> None:
+        """Try to reach the database again if it is down and the pause has passed."""
+        if self._db_retry_at is None or now < self._db_retry_at:
+            return
+        self._db_retry_at = None
+
+        def done(result: BaseException | None) -> None:
+            if isinstance(result, BaseException):
+                pause = self._db_retry_pause
+                self._db_retry_pause = min(pause * 2, RETRY_LONGEST)
+                log.warning("database still unavailable (%s); next attempt in %gs", result, pause)
+                self._db_retry_at = self._clock.now() + timedelta(seconds=pause)
+                return
+            log.info("database %s reached", self._describe_database())
+            self.db_ready = True
+            self.on_database_ready()
+
+        self._control.run(self._migrate, done)
+
+    def on_database_ready(self) -> None:
+        """Catch up what start-up owes, then start sweeping (statements run in order)."""
+        if not self._leased:
+            return
+        leased = self._leased
+        now = self._clock.now()
+
+        def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            if isinstance(result, BaseException):
+                log.error("reading the lease table for catch-up failed: %s", result)
+            else:
+                self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
+            self._sweep_at = self._clock.now()
+
+        self._control.run(self._read_rows, done)
+
+    def _read_rows(self) -> dict[str, lease.LeaseRow]:
+        self._store.ensure(self._leased_names)
+        return self._store.read(self._leased_names)
+
+    def _catch_up(
+        self,
+        leased: Sequence[JobState],
+        rows: dict[str, lease.LeaseRow],
+        now: datetime,
+        *,
+        reason: Reason,
+    ) -> None:
+        """Claim each job's most recent instant that start-up owes it.
+
+        The seed's rule: the job has run before (its row has an instant), the most recent
+        instant at or before ``now`` lies within the last day, no replica claimed it, and
+        no round that ran to its end overran it. A job busy with a round is skipped.
+        """
+        latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
+        owed: dict[datetime, list[JobState]] = {}
+        for state in leased:
+            row = rows.get(state.job.name)
+            if row is None or row.instant is None or state.busy:
+                continue  # never ran: it starts with its next instant
+            instant = state.job.schedule.prev(latest)
+            if instant is None or now - instant > CATCH_UP_HORIZON:
+                continue  # history, not a missed round
+            if row.instant >= instant:
+                continue  # claimed already
+            if row.skipped_through is not None and instant <= row.skipped_through:
+                continue  # overrun by a round that ran to its end
+            self._dispatcher.take(state)
+            owed.setdefault(instant, []).append(state)
+        for instant, states in owed.items():
+            self._dispatcher.claim(instant, states, reason=reason)
+
+    # -- the sweep --------------------------------------------------------------------------
+
+    def sweep(self, now: datetime) -> None:
+        """Look for rounds cut short if it is time, and run each found a second time."""
+        if not self.db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
+            return
+        names = self._leased_names
+        self._sweeping = True
+
+        def done(result: list[lease.CutShort] | BaseException) -> None:
+            self._sweeping = False
+            self._sweep_at = self._clock.now() + timedelta(seconds=SWEEP_EVERY)
+            if isinstance(result, BaseException):
+                log.warning("sweep for rounds cut short failed: %s", result)
+                return
+            for found in result:
+                state = self._dispatcher.states.get(found.name)
+                if state is None or state.busy or self._dispatcher.draining:
+                    continue
+                self._rerun(state, found.instant)
+
+        self._control.run(lambda: self._store.find_cut_short(names), done)
+
+    def _rerun(self, state: JobState, instant: datetime) -> None:
+        dispatcher = self._dispatcher
+        dispatcher.take(state)
+        issued = self._clock.now()
+
+        def done(result: lease.Claim | BaseException | None) -> None:
+            if isinstance(result, BaseException) or result is None or dispatcher.draining:
+                if isinstance(result, BaseException):
+                    log.error("job %r: claiming the second run failed: %s", state.job.name, result)
+                elif result is not None:
+                    dispatcher.hand_back(result)
+                dispatcher.schedule_after(state, issued)
+                return
+            log.info(
+                "job %r: running the round of %s a second time (it was cut short)",
+                state.job.name,
+                instant.isoformat(),
+            )
+            dispatcher.start_round(
+                state, instant, attempt=2, token=result.token, now=issued, reason=Reason.RERUN
+            )
+
+        self._control.run(
+            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id), done
+        )
+
+    def next_wake(self, *, draining: bool) -> datetime | None:
+        """The earliest time this part has something to do, or ``None``."""
+        candidates: list[datetime] = []
+        if self._db_retry_at is not None:
+            candidates.append(self._db_retry_at)
+        if self._sweep_at is not None and not self._sweeping and not draining:
+            candidates.append(self._sweep_at)
+        return min(candidates, default=None)

@@ -1,0 +1,331 @@
+"""The round runner: runs rounds (sync on worker threads, async on a loop) and records ends.
+
+A round runs inside its unit of work (its root span, its trace id in logs and SQL; see
+:mod:`cronjob._tracing`). When the job returns or raises, the round is classified (see
+:func:`cronjob._round.classify`) and its end recorded: a round that ran to its end is
+written by the :class:`~cronjob._finisher.Finisher` in a batch with others; a round cut
+short gives its lease back at once so another replica can run it a second time. Then the
+end is posted to the dispatcher, which schedules the job's next instant.
+
+The runner also opens a round's fenced transaction (``ctx.transaction()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import lease
+
+from ._clock import Clock
+from ._exceptions import LeaseLost, Shutdown
+from ._finisher import Finisher
+from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
+from ._state import Flags, JobState, Reason, Run
+from ._tracing import RoundScope, round_scope
+from ._workers import Workers
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+    from sqlalchemy import Connection, Engine
+
+__all__ = ["RoundRunner"]
+
+log = logging.getLogger("cronjob")
+
+#: Real seconds a stopping scheduler gives its async rounds to finish their bookkeeping.
+TASK_SETTLE_SECONDS = 2.0
+
+
+class RoundRunner:
+    """Runs rounds and records their ends.
+
+    Args:
+        clock: The scheduler's clock.
+        replica_id: This replica's id, on each round.
+        engine: The scheduler's engine (fenced transactions).
+        store: The lease store (ends, give-backs).
+        flags: The scheduler's life flags: after a crash nothing is recorded.
+        ended: Called (from the round's thread) with a round whose end is settled and the
+            clock time it ended; it posts the end to the dispatcher.
+        max_workers: Threads for sync rounds.
+        loop: The asyncio loop for async rounds; ``None`` to start one of our own when
+            ``needs_loop``.
+        needs_loop: Some job is async.
+        tracer_provider: Where the rounds' spans go.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        replica_id: str,
+        engine: Engine,
+        store: lease.LeaseStore,
+        flags: Flags,
+        ended: Callable[[Run, datetime], None],
+        max_workers: int,
+        loop: asyncio.AbstractEventLoop | None,
+        needs_loop: bool,
+        tracer_provider: TracerProvider | None,
+    ) -> None:
+        self._clock = clock
+        self._replica_id = replica_id
+        self._engine = engine
+        self._store = store
+        self._flags = flags
+        self._ended = ended
+        self._tracer_provider = tracer_provider
+        self._workers = Workers(max_workers, "cronjob-round")
+        self._finisher = Finisher(store)  # ends of rounds that end together: batched
+        self._loop_thread: threading.Thread | None = None
+        self._loop = loop
+        if needs_loop and loop is None:
+            self._loop = self._start_loop()
+
+    # -- starting -------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        state: JobState,
+        instant: datetime,
+        *,
+        attempt: int,
+        token: int | None,
+        now: datetime,
+        reason: Reason,
+    ) -> Run:
+        """Build the round of ``state``'s job for ``instant`` (not started yet)."""
+
+        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
+            return self._transaction(run)
+
+        ctx = Round(
+            name=state.job.name,
+            instant=instant,
+            attempt=attempt,
+            replica=self._replica_id,
+            trace_id="",  # set by round_scope once the round's span exists
+            clock=self._clock,
+            transaction=transaction,
+        )
+        run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=now)
+        return run
+
+    def submit(self, run: Run) -> bool:
+        """Start ``run`` on a worker thread or the loop; ``False`` if shut down meanwhile."""
+        self._clock._work_started()
+        try:
+            if run.state.job.is_async:
+                assert self._loop is not None
+                asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
+            else:
+                self._workers.submit(lambda: self._round_sync(run))
+        except RuntimeError:  # executor or loop shut down meanwhile
+            self._clock._work_finished()
+            return False
+        return True
+
+    def cancel(self, run: Run, cause: LeaseLost | Shutdown) -> None:
+        """Cancel ``run``'s round; an async round's task is cancelled too.
+
+        The cause is recorded first, then an async task's cancellation is queued on its
+        loop, then waiters are woken (queued after it, from this same thread): a job
+        waiting in ``ctx.wait_async`` always sees :class:`asyncio.CancelledError` there,
+        and the fake clock counts it as running again before this returns.
+        """
+        if not run.ctx._cancel(cause, wake=False):
+            return
+        if run.task is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed
+                self._loop.call_soon_threadsafe(run.task.cancel)
+        run.ctx._wake()
+
+    # -- running --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _round_context(self, run: Run) -> Iterator[RoundScope]:
+        """Run the block as ``run``'s unit of work, counted by the clock, and log its start."""
+        with (
+            self._clock._tracked(),
+            round_scope(
+                run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
+            ) as scope,
+        ):
+            ctx = run.ctx
+            log.info(
+                "round of job %r instant %s attempt %d started on %s%s",
+                ctx.name,
+                ctx.instant.isoformat(),
+                ctx.attempt,
+                ctx.replica,
+                "" if run.reason is Reason.SCHEDULE else f" ({run.reason.value})",
+            )
+            yield scope
+
+    def _round_sync(self, run: Run) -> None:
+        with self._round_context(run) as scope:
+            error: BaseException | None = None
+            try:
+                run.ctx.check()  # cancelled before it could start: cut short
+                run.state.job.fn(run.ctx)
+            except BaseException as exc:  # the worker's top: every outcome is recorded
+                error = exc
+            self._end_round(run, error, scope)
+
+    async def _round_async(self, run: Run) -> None:
+        run.task = asyncio.current_task()
+        with self._round_context(run) as scope:
+            error: BaseException | None = None
+            try:
+                run.ctx.check()  # cancelled before it could start: cut short
+                await run.state.job.fn(run.ctx)
+            except BaseException as exc:  # includes the task's own cancellation
+                error = exc
+            await asyncio.to_thread(self._end_round, run, error, scope)
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def _end_round(self, run: Run, error: BaseException | None, scope: RoundScope) -> None:
+        """Record how the round ended, log it, and hand the job back to the dispatcher.
+
+        Runs in the round's own context, so the log lines and the finish statement carry
+        the round's trace id.
+        """
+        ended = self._clock.now()
+        run.ended = True
+        ctx = run.ctx
+        outcome = classify(error)
+        scope.outcome(outcome, error)
+        where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
+        # A round that ran to its end has its end written by the finisher, in a batch
+        # with the others ending now; the worker is free for the next round at once.
+        later = outcome is not Outcome.CUT_SHORT and self._records_end(run)
+        recorded = False if later else self._record_end(run, outcome, ended)
+        if outcome is Outcome.SUCCEEDED:
+            log.info("round of %s ran to its end", where)
+        elif outcome is Outcome.FAILED:
+            log.error("round of %s failed", where, exc_info=error)
+        else:
+            cause = ctx.cause or error
+            for own in iter_own_errors(error) if error else ():
+                log.error(
+                    "round of %s: the job's own failure beside its cancellation",
+                    where,
+                    exc_info=own,
+                )
+            if ctx.attempt >= 2 and run.token is not None:
+                log.warning(
+                    "round of %s cut short a second time (%s): the instant is given up",
+                    where,
+                    cause,
+                )
+            else:
+                log.info("round of %s cut short (%s)", where, cause)
+        if later:
+            self._finish_later(run, ended, where)
+            return
+        if not recorded and run.token is not None and not self._flags.crashed:
+            log.warning("round of %s: its end is not on record (the lease is gone)", where)
+        self._ended(run, ended)
+
+    def _records_end(self, run: Run) -> bool:
+        return run.token is not None and not self._flags.crashed and run.lost_at is None
+
+    def _finish_later(self, run: Run, ended: datetime, where: str) -> None:
+        """Hand the end to the finisher; log and tell the dispatcher once it is written."""
+        assert run.token is not None
+        context = contextvars.copy_context()  # the round's: its log lines keep its trace id
+
+        def then(result: bool | BaseException) -> None:
+            with self._clock._tracked():
+                context.run(after, result)
+
+        def after(result: bool | BaseException) -> None:
+            if isinstance(result, BaseException):
+                log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
+            if result is not True and not self._flags.crashed:
+                log.warning("round of %s: its end is not on record (the lease is gone)", where)
+            self._ended(run, ended)
+
+        self._clock._work_started()
+        try:
+            self._finisher.finish_later(run.ctx.name, run.token, ended, then)
+        except RuntimeError:  # stopped meanwhile: the end is not recorded
+            then(False)
+
+    def _record_end(self, run: Run, outcome: Outcome, ended: datetime) -> bool:
+        if not self._records_end(run):
+            return False
+        assert run.token is not None
+        try:
+            if outcome is Outcome.CUT_SHORT:
+                return self._store.give_back(run.ctx.name, run.token)
+            return self._store.finish(run.ctx.name, run.token, ended=ended)
+        except lease.LeaseError as exc:
+            log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
+            return False
+
+    # -- the fenced transaction -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self, run: Run) -> Iterator[Connection]:
+        ctx = run.ctx
+        if self._flags.crashed:
+            raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+        if run.token is None:  # a per-instance round: a plain transaction
+            with self._engine.begin() as conn:
+                yield conn
+            return
+        with self._engine.begin() as conn:
+            if run.ended or not self._store.holds(conn, ctx.name, run.token):
+                raise lease_lost(ctx.name, "the round no longer holds it")
+            yield conn
+            if not self._store.holds(conn, ctx.name, run.token):
+                raise lease_lost(ctx.name, "taken before the transaction committed")
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the worker threads, the finisher and our own loop.
+
+        Rounds that already ended finish their bookkeeping; a round that ignored its
+        cancellation keeps its (daemon) thread or task and is not waited for.
+        """
+        self._workers.shutdown()
+        self._finisher.close()
+        if self._loop_thread is not None and self._loop is not None:
+            finishing = asyncio.run_coroutine_threadsafe(_settle_tasks(), self._loop)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                finishing.result(timeout=TASK_SETTLE_SECONDS)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=TASK_SETTLE_SECONDS)
+
+    def _start_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(started.set)
+            loop.run_forever()
+
+        self._loop_thread = threading.Thread(target=serve, name="cronjob-asyncio", daemon=True)
+        self._loop_thread.start()
+        started.wait()
+        return loop
+
+
+async def _settle_tasks() -> None:
+    """Wait (a little, in real time) for the loop's other tasks to finish."""
+    current = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not current]
+    if others:
+        await asyncio.wait(others, timeout=TASK_SETTLE_SECONDS)

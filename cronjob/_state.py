@@ -1,0 +1,77 @@
+"""The records the scheduler's parts share: a job's scheduling state and a round in flight.
+
+Both belong to the dispatcher thread (see the package docstring, "Threads"): only the
+dispatcher and the parts it calls create or change them. A round's worker thread reads
+its own :class:`Run` and sets ``ended`` once, before it hands the end back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from ._registry import Job
+from ._round import Round
+
+__all__ = ["Flags", "JobState", "Reason", "Run"]
+
+
+class Reason(enum.Enum):
+    """Why a round runs: on its span (``cronjob.reason``) and in its start line."""
+
+    #: Its instant came.
+    SCHEDULE = "schedule"
+    #: Start-up owed it (the seed's catch-up rule).
+    CATCH_UP = "catch-up"
+    #: The database was unreachable at its instant; it answered again within the day.
+    OUTAGE = "catch-up after an outage"
+    #: Its first round was cut short (attempt 2).
+    RERUN = "re-run"
+
+
+@dataclass(eq=False)
+class JobState:
+    """One registered job, as the dispatcher schedules it."""
+
+    job: Job
+    #: Bumped to invalidate the job's entries in the dispatcher's heap.
+    generation: int = 0
+    #: Claiming or running a round: the job's next instant is not in the heap.
+    busy: bool = False
+    #: The round in flight, if any.
+    run: Run | None = None
+
+
+@dataclass(eq=False)
+class Run:
+    """A round in flight on this replica."""
+
+    state: JobState
+    ctx: Round
+    #: The fencing token of the round's lease; ``None`` for a per-instance round.
+    token: int | None
+    #: Why the round runs.
+    reason: Reason
+    #: Clock time the claim was issued, or of the last successful renewal.
+    renewed_at: datetime
+    #: Clock time the lease was found lost, if it was.
+    lost_at: datetime | None = None
+    #: Set by the round's worker before it records the end.
+    ended: bool = False
+    #: An async round's task, once it runs.
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class Flags:
+    """How far the scheduler's life has gone; set by the façade, read by every part.
+
+    Each flag only ever goes from ``False`` to ``True``.
+    """
+
+    #: ``stop()`` began: no new work is started and the dispatcher returns.
+    stopped: bool = False
+    #: Stopped as a killed process would be: nothing more is written to the lease table.
+    crashed: bool = False
