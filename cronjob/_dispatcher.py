@@ -110,6 +110,7 @@ class Dispatcher:
                 return
             now = self._clock.now()
             self.recovery.retry_database(now)
+            self.recovery.probe(now)
             if not self.draining:
                 self._fire_due(now)
                 self.recovery.sweep(now)
@@ -179,7 +180,11 @@ class Dispatcher:
     def claim(
         self, instant: datetime, states: list[JobState], *, reason: Reason = Reason.SCHEDULE
     ) -> None:
-        """Claim ``instant`` for ``states`` in one statement, then start what was won."""
+        """Claim ``instant`` for ``states`` in one statement, then start what was won.
+
+        A claim the database could not answer leaves the instant owed: recovery catches
+        it up once the database answers again (unless a later instant came first).
+        """
         names = [state.job.name for state in states]
         issued = self._clock.now()
         catch_up = reason is not Reason.SCHEDULE
@@ -190,8 +195,11 @@ class Dispatcher:
                 log.error(
                     "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
                 )
+                if isinstance(result, lease.DatabaseUnavailable):
+                    self.recovery.database_lost()
             else:
                 won = {claim.name: claim for claim in result}
+                self.recovery.database_answered()
             for state in states:
                 claim = won.get(state.job.name)
                 if claim is None or self.draining or self._flags.stopped:

@@ -7,6 +7,10 @@ The seed's rules, as this part applies them:
 - **Catch-up**: once the database is reached, each leased job whose most recent instant
   (within the last 24 h, measured on that instant) was not claimed and not overrun runs
   it once, on one replica.
+- **Outage**: a claim the database could not answer leaves its instant owed. Recovery
+  then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
+  catch-up rule: the most recent instant each job missed, once, on one replica; the
+  claim itself decides which replica, so replicas recovering together run it once.
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that the seed says run a second time (attempt 2); each is claimed with its
   own statement, so two replicas never both run it.
@@ -40,6 +44,8 @@ SWEEP_EVERY = 15.0
 CATCH_UP_HORIZON = timedelta(days=1)
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+#: ... and to probe a database lost after start (what a failover usually takes).
+PROBE_FIRST, PROBE_LONGEST = 1.0, 8.0
 
 
 class Recovery:
@@ -83,6 +89,10 @@ class Recovery:
         self._db_retry_pause = RETRY_FIRST
         self._sweep_at: datetime | None = None
         self._sweeping = False
+        # A database lost after start: when to probe it next (None: not lost).
+        self._probe_at: datetime | None = None
+        self._probe_pause = PROBE_FIRST
+        self._probing = False
 
     # -- reaching the database --------------------------------------------------------------
 
@@ -139,6 +149,47 @@ class Recovery:
         self._store.ensure(self._leased_names)
         return self._store.read(self._leased_names)
 
+    # -- an outage after start --------------------------------------------------------------
+
+    def database_lost(self) -> None:
+        """A claim found the database unreachable: its instant is owed; probe until it answers.
+
+        Idempotent while the outage lasts.
+        """
+        if self._probe_at is not None or self._probing or not self.db_ready:
+            return
+        log.warning(
+            "database unreachable: the instants it misses are owed and caught up "
+            "(the latest of each job, within the day) once it answers"
+        )
+        self._probe_pause = PROBE_FIRST
+        self._probe_at = self._clock.now() + timedelta(seconds=PROBE_FIRST)
+
+    def database_answered(self) -> None:
+        """A statement succeeded: if an outage is pending, probe (and catch up) at once."""
+        if self._probe_at is not None:
+            self._probe_at = self._clock.now()
+
+    def probe(self, now: datetime) -> None:
+        """Probe a lost database if it is time; once it answers, catch up what it owes."""
+        if self._probe_at is None or self._probing or now < self._probe_at:
+            return
+        self._probe_at = None
+        self._probing = True
+
+        def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            self._probing = False
+            if isinstance(result, BaseException):
+                pause = self._probe_pause
+                self._probe_pause = min(pause * 2, PROBE_LONGEST)
+                log.warning("database still unreachable (%s); next probe in %gs", result, pause)
+                self._probe_at = self._clock.now() + timedelta(seconds=pause)
+                return
+            log.info("database answers again: catching up what the outage owes")
+            self._catch_up(self._leased, result, now, reason=Reason.OUTAGE)
+
+        self._control.run(self._read_rows, done)
+
     def _catch_up(
         self,
         leased: Sequence[JobState],
@@ -147,7 +198,7 @@ class Recovery:
         *,
         reason: Reason,
     ) -> None:
-        """Claim each job's most recent instant that start-up owes it.
+        """Claim each job's most recent instant that start-up (or an outage) owes it.
 
         The seed's rule: the job has run before (its row has an instant), the most recent
         instant at or before ``now`` lies within the last day, no replica claimed it, and
@@ -225,6 +276,8 @@ class Recovery:
         candidates: list[datetime] = []
         if self._db_retry_at is not None:
             candidates.append(self._db_retry_at)
+        if self._probe_at is not None and not self._probing:
+            candidates.append(self._probe_at)
         if self._sweep_at is not None and not self._sweeping and not draining:
             candidates.append(self._sweep_at)
         return min(candidates, default=None)

@@ -1,0 +1,240 @@
+"""A database outage owes the job its instant, as a restart does.
+
+Replicas on one fake clock lose their database across an instant and get it back; the
+instant is then run once (the seed's catch-up rule, applied when the database answers
+again), or not at all when another replica ran it meanwhile.
+
+The outage is real, not a mock: on PostgreSQL and MariaDB the replicas reach the server
+through a TCP proxy of the test's own that resets every connection and refuses new ones;
+on SQLite another connection holds the file's exclusive lock while the replicas' busy
+timeout is cut to 50 ms, so every write they try fails as "database is locked".
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+import cronjob
+import lease
+from cronjob.testing import FakeClock
+from tests.faults.harness import Proxy
+
+#: 08:59:00 on a Monday; the daily job's instant is 09:00:00.
+START = datetime(2026, 3, 2, 8, 59, tzinfo=UTC)
+NINE = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+@dataclass
+class Outage:
+    """Replicas' way to the database, and the switch that cuts it.
+
+    ``database(name)`` is what a replica passes to :class:`cronjob.Scheduler`; with
+    ``shared=False`` on a server each replica gets a path of its own, so ``cut(name)``
+    can cut one replica while the others go on.
+    """
+
+    url: str
+    kind: str
+    proxies: dict[str, Proxy] = field(default_factory=dict)
+    engines: list[sa.Engine] = field(default_factory=list)
+    _lock_holder: sqlite3.Connection | None = None
+
+    def database(self, name: str = "all") -> str | sa.Engine:
+        if self.kind == "sqlite":
+            engine = lease.create_engine(self.url)
+
+            @event.listens_for(engine, "connect")
+            def _short_busy_timeout(dbapi_connection: Any, record: Any) -> None:
+                dbapi_connection.execute("PRAGMA busy_timeout=50")
+
+            self.engines.append(engine)
+            return engine
+        if name not in self.proxies:
+            url = sa.make_url(self.url)
+            self.proxies[name] = Proxy(upstream=(url.host or "127.0.0.1", url.port or 0))
+        port = self.proxies[name].port
+        url = sa.make_url(self.url).set(host="127.0.0.1", port=port)
+        return url.render_as_string(hide_password=False)
+
+    def cut(self, name: str | None = None) -> None:
+        """Cut replica ``name``'s path, or every path (on SQLite always every one)."""
+        if self.kind == "sqlite":
+            path = sa.make_url(self.url).database
+            assert path
+            holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            holder.execute("BEGIN EXCLUSIVE")
+            self._lock_holder = holder
+            return
+        for key, proxy in self.proxies.items():
+            if name is None or key == name:
+                proxy.cut("reset")
+
+    def heal(self) -> None:
+        if self._lock_holder is not None:
+            self._lock_holder.execute("ROLLBACK")
+            self._lock_holder.close()
+            self._lock_holder = None
+        for proxy in self.proxies.values():
+            proxy.heal()
+
+    def close(self) -> None:
+        self.heal()
+        for proxy in self.proxies.values():
+            proxy.close()
+        for engine in self.engines:
+            engine.dispose()
+
+
+@pytest.fixture
+def outage(db_url: str) -> Iterator[Outage]:
+    kind = sa.make_url(db_url).get_backend_name()
+    kind = {"postgresql": "postgres", "mysql": "mysql"}.get(kind, "sqlite")
+    cut = Outage(db_url, kind)
+    try:
+        yield cut
+    finally:
+        cut.close()
+
+
+@dataclass(frozen=True)
+class Ran:
+    instant: datetime
+    replica: str
+    started: datetime
+
+
+class Rounds:
+    """A job body recording its rounds (thread-safe)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.seen: list[Ran] = []
+        self._lock = threading.Lock()
+
+    def job(self, ctx: cronjob.Round) -> None:
+        with self._lock:
+            self.seen.append(Ran(ctx.instant, ctx.replica, self.clock.now()))
+
+    def instants(self) -> list[datetime]:
+        return sorted(ran.instant for ran in self.seen)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def replicas(clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
+    with ExitStack() as stack:
+
+        def start(database: str | sa.Engine, registry: cronjob.Registry, replica: str):
+            scheduler = cronjob.Scheduler(
+                database, registry=registry, clock=clock, replica_id=replica
+            )
+            return stack.enter_context(scheduler)
+
+        yield start
+
+
+def run_day_one(outage: Outage, registry: cronjob.Registry, clock: FakeClock) -> None:
+    """Run the daily job's first instant (catch-up is owed only to a job that ran before),
+    then leave the database alone until 08:59:30 the next day (no day of sweeps to wait)."""
+    with cronjob.Scheduler(outage.database(), registry=registry, clock=clock, replica_id="0"):
+        clock.advance_to(NINE + timedelta(seconds=1))
+    clock.advance_to(NINE + DAY - timedelta(seconds=30))
+
+
+class TestOutage:
+    def test_a_daily_instant_missed_in_a_20_s_outage_runs_once_when_the_database_answers(
+        self, outage, replicas, clock, caplog
+    ):
+        """The issue's case: down from 08:59:56 to 09:00:16; 09:00 is owed and run once."""
+        rounds = Rounds(clock)
+        registry = cronjob.Registry()
+        registry.register(rounds.job, "0 0 9 * * *", "digest")
+        run_day_one(outage, registry, clock)
+        assert rounds.instants() == [NINE]
+        replicas(outage.database(), registry, "a")
+        replicas(outage.database(), registry, "b")
+        clock.advance_to(NINE + DAY - timedelta(seconds=4))
+        outage.cut()
+        with caplog.at_level(logging.INFO, logger="cronjob"):
+            clock.advance_to(NINE + DAY + timedelta(seconds=16))
+            assert rounds.instants() == [NINE]  # nothing runs while the database is away
+            outage.heal()
+            clock.advance(30)
+        assert rounds.instants() == [NINE, NINE + DAY]
+        caught_up = rounds.seen[-1]
+        assert caught_up.started > NINE + DAY + timedelta(seconds=16)
+        assert caught_up.started <= NINE + DAY + timedelta(seconds=16 + 8)  # next probe
+        messages = [r.getMessage() for r in caplog.records]
+        assert (
+            sum(
+                f"catching up instant {(NINE + DAY).isoformat()} after the database outage" in m
+                for m in messages
+            )
+            == 1
+        )
+        assert any("(catch-up after an outage)" in m for m in messages)
+        clock.advance(30)  # nothing more until tomorrow
+        assert rounds.instants() == [NINE, NINE + DAY]
+
+    def test_a_job_every_10_s_catches_up_once_then_resumes(self, outage, replicas, clock):
+        rounds = Rounds(clock)
+        registry = cronjob.Registry()
+        registry.register(rounds.job, "@every 10s", "tick")
+        replicas(outage.database(), registry, "a")
+        replicas(outage.database(), registry, "b")
+        clock.advance_to(NINE + timedelta(seconds=1))
+        before = rounds.instants()
+        assert before and before[-1] == NINE
+
+        outage.cut()  # misses 09:00:10, :20, :30; probes at :11, :12, :14, :18, :26, :34
+        clock.advance_to(NINE + timedelta(seconds=31))
+        outage.heal()
+        clock.advance_to(NINE + timedelta(seconds=39))
+        assert rounds.instants() == [*before, NINE + timedelta(seconds=30)]
+        assert rounds.seen[-1].started == NINE + timedelta(seconds=34)
+        clock.advance_to(NINE + timedelta(seconds=61))
+        resumed = [NINE + timedelta(seconds=s) for s in (40, 50, 60)]
+        assert rounds.instants() == [*before, NINE + timedelta(seconds=30), *resumed]
+
+
+@pytest.mark.parametrize(
+    "db_url",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+    indirect=True,
+)
+class TestOneReplicaCutOff:
+    """On a server one replica can lose its path alone (a SQLite file is local to all)."""
+
+    def test_an_instant_another_replica_ran_is_not_run_again(self, outage, replicas, clock):
+        rounds = Rounds(clock)
+        registry = cronjob.Registry()
+        registry.register(rounds.job, "0 0 9 * * *", "digest")
+        run_day_one(outage, registry, clock)
+        replicas(outage.database("a"), registry, "a")
+        replicas(outage.database("b"), registry, "b")
+        clock.advance_to(NINE + DAY - timedelta(seconds=4))
+        outage.cut("a")
+        clock.advance_to(NINE + DAY + timedelta(seconds=16))
+        outage.heal()
+        clock.advance(30)
+        assert rounds.instants() == [NINE, NINE + DAY]
+        assert rounds.seen[-1].replica == "b"
