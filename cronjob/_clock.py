@@ -1,7 +1,10 @@
 """The clock: every place the scheduler reads the time or waits goes through one.
 
 Library code never reads the wall clock or sleeps directly. A :class:`Clock` gives the
-time (``now``), blocking and async sleeps, and *events*: flags a thread or a task can
+wall time (``now``: instants, and what people read), a monotonic time (``monotonic``:
+every deadline the process keeps for itself — renewal, lease loss, the forced exit,
+sweeps — so that a wall clock stepped by NTP or a resumed VM cannot move them),
+blocking and async sleeps, and *events*: flags a thread or a task can
 wait on with a timeout measured on that clock. The system clock maps them onto
 :mod:`threading`; :class:`cronjob.testing.FakeClock` maps them onto fake time and counts
 the work in progress, so that ``advance`` can return only once everything its timers
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -66,6 +70,13 @@ class Clock(ABC):
     @abstractmethod
     def now(self) -> datetime:
         """Return the current time as an aware UTC datetime."""
+
+    @abstractmethod
+    def monotonic(self) -> float:
+        """Return seconds on a clock that never steps: only differences are meaningful.
+
+        Waits (``sleep``, an event's timeout) run on this time, not on the wall clock.
+        """
 
     @abstractmethod
     def event(self) -> ClockEvent:
@@ -165,6 +176,9 @@ class SystemClock(Clock):
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     def event(self) -> ClockEvent:
         return _SystemEvent()

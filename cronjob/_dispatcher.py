@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -80,6 +81,12 @@ class Dispatcher:
         self.draining = False
         #: Set once draining and no round is in flight (any thread may wait on it).
         self.drained = clock.event()
+        #: After ``stop``, rounds still running hold leases: the thread goes on keeping
+        #: them (renewal, loss, exit) until they end, then calls ``after_lingering``.
+        self.lingering = False
+        self.after_lingering: Callable[[], None] | None = None
+        #: Set once the thread, told to stop, either returned or began to linger.
+        self.decided = threading.Event()
         self._ready = threading.Event()
 
     # -- the thread -----------------------------------------------------------------------
@@ -97,6 +104,9 @@ class Dispatcher:
                 raise
             finally:
                 self._ready.set()
+                self.decided.set()
+        if self.lingering and self.after_lingering is not None:
+            self.after_lingering()
 
     def wait_ready(self) -> None:
         """Block until the thread is serving (the start-up handshake)."""
@@ -106,31 +116,49 @@ class Dispatcher:
         while True:
             self._inbox.wake.clear()
             self._inbox.run_pending()
-            if self._flags.stopped:
+            if self._flags.stopped and not self._linger():
+                self._inbox.close()  # a late result now goes to its `orphaned` handler
                 return
-            now = self._clock.now()
-            self.recovery.retry_database(now)
-            self.recovery.probe(now)
+            now, mono = self._clock.now(), self._clock.monotonic()
+            self.recovery.retry_database(mono)
+            self.recovery.probe(mono)
             if not self.draining:
-                self._fire_due(now)
-                self.recovery.sweep(now)
-            self.keeper.tick(now)
+                self._fire_due(now, mono)
+                self.recovery.sweep(mono)
+            self.keeper.tick(mono)
             if self.draining and not self.runs:
                 self.drained.set()
-            wake_at = self._next_wake()
-            timeout = None if wake_at is None else max(0.0, (wake_at - now).total_seconds())
-            self._inbox.wake.wait(timeout)
+            self._inbox.wake.wait(self._timeout(now, mono))
 
-    def _next_wake(self) -> datetime | None:
-        candidates: list[datetime] = []
+    def _linger(self) -> bool:
+        """Whether to go on after ``stop``: while rounds that ignored the drain still hold
+        leases, the lease rule needs their renewals and their loss and exit deadlines."""
+        if self._flags.crashed:
+            return False
+        holding = [run for run in self.runs if run.token is not None and not run.settled]
+        if holding and not self.lingering:
+            self.lingering = True
+            log.warning(
+                "stopped with %d round(s) still running (%s): their leases are kept until "
+                "they end, then the scheduler finishes stopping",
+                len(holding),
+                ", ".join(sorted(run.ctx.name for run in holding)),
+            )
+            self.decided.set()
+        return bool(holding)
+
+    def _timeout(self, now: datetime, mono: float) -> float | None:
+        """Seconds until the next thing to do: the next instant (wall clock) or the parts'
+        timers (monotonic); ``None`` when there is nothing until a message comes."""
+        timeouts: list[float] = []
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
         if self._heap and not self.draining:
-            candidates.append(self._heap[0].when)
+            timeouts.append((self._heap[0].when - now).total_seconds())
         for part in (self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()):
             if part is not None:
-                candidates.append(part)
-        return min(candidates, default=None)
+                timeouts.append(part - mono)
+        return max(0.0, min(timeouts)) if timeouts else None
 
     # -- the heap -------------------------------------------------------------------------
 
@@ -151,7 +179,7 @@ class Dispatcher:
         state.busy = True
         state.generation += 1
 
-    def _fire_due(self, now: datetime) -> None:
+    def _fire_due(self, now: datetime, mono: float) -> None:
         due: dict[datetime, list[JobState]] = {}
         while self._heap and self._heap[0].when <= now:
             entry = heapq.heappop(self._heap)
@@ -161,7 +189,12 @@ class Dispatcher:
             self.take(state)
             if not state.job.leased:
                 self.start_round(
-                    state, entry.when, attempt=1, token=None, now=now, reason=Reason.SCHEDULE
+                    state,
+                    entry.when,
+                    attempt=1,
+                    token=None,
+                    claimed_at=mono,
+                    reason=Reason.SCHEDULE,
                 )
             elif not self.recovery.db_ready:
                 log.warning(
@@ -186,7 +219,7 @@ class Dispatcher:
         it up once the database answers again (unless a later instant came first).
         """
         names = [state.job.name for state in states]
-        issued = self._clock.now()
+        issued, claimed_at = self._clock.now(), self._clock.monotonic()
         catch_up = reason is not Reason.SCHEDULE
 
         def done(result: list[lease.Claim] | BaseException) -> None:
@@ -225,16 +258,31 @@ class Dispatcher:
                         " after the database outage" if reason is Reason.OUTAGE else "",
                     )
                 self.start_round(
-                    state, instant, attempt=1, token=claim.token, now=issued, reason=reason
+                    state,
+                    instant,
+                    attempt=1,
+                    token=claim.token,
+                    claimed_at=claimed_at,
+                    reason=reason,
                 )
 
-        self._control.run(lambda: self._store.claim(names, instant, self._replica_id), done)
+        self._control.run(
+            lambda: self._store.claim(names, instant, self._replica_id), done, self.give_back
+        )
 
     def hand_back(self, claim: lease.Claim) -> None:
         """Give back a lease won just as the scheduler began to drain."""
         self._control.run(
             lambda: self._store.give_back(claim.name, claim.token), lambda _result: None
         )
+
+    def give_back(self, claims: lease.Claim | list[lease.Claim] | None) -> None:
+        """Give back leases won after the dispatcher has gone (on the control thread)."""
+        for claim in claims if isinstance(claims, list) else [claims] if claims else []:
+            try:
+                self._store.give_back(claim.name, claim.token)
+            except lease.LeaseError as exc:
+                log.warning("job %r: giving back a lease won at stop failed: %s", claim.name, exc)
 
     # -- rounds ---------------------------------------------------------------------------
 
@@ -245,20 +293,28 @@ class Dispatcher:
         *,
         attempt: int,
         token: int | None,
-        now: datetime,
+        claimed_at: float,
         reason: Reason,
     ) -> None:
-        """Start the round of ``state``'s job for ``instant`` (``token``: its lease's)."""
+        """Start the round of ``state``'s job for ``instant``.
+
+        ``token`` is its lease's (``None`` for a per-instance round), claimed at the
+        monotonic time ``claimed_at``.
+        """
         run = self.runner.prepare(
-            state, instant, attempt=attempt, token=token, now=now, reason=reason
+            state, instant, attempt=attempt, token=token, claimed_at=claimed_at, reason=reason
         )
         state.busy = True
         state.run = run
         self.runs.add(run)
         if token is not None:
-            self.keeper.hold(run, now)
+            self.keeper.hold(run, claimed_at)
         if not self.runner.submit(run):
             self._forget(run)
+
+    def post_round_ended(self, run: Run, ended: datetime) -> None:
+        """Tell the dispatcher thread that ``run`` ended (from the round's thread)."""
+        self._inbox.post(lambda: self.round_ended(run, ended))
 
     def round_ended(self, run: Run, ended: datetime) -> None:
         """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant."""

@@ -8,6 +8,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -42,6 +43,10 @@ class FakeClock(Clock):
 
     Several schedulers may share one fake clock. Lease times follow it too.
 
+    :meth:`step_wall` steps the wall clock (``now``) without moving time itself, as NTP
+    or a resumed VM does to a real machine: ``monotonic``, the timers and the lease
+    times (the database's clock) are not moved.
+
     Args:
         start: The initial time, an aware datetime (converted to UTC).
         settle_timeout: Real seconds ``advance`` waits for running work (a job busy in
@@ -55,7 +60,8 @@ class FakeClock(Clock):
         if start.tzinfo is None or start.utcoffset() is None:
             raise ValueError(f"FakeClock needs an aware start time, got naive {start!r}")
         self._cond = threading.Condition()
-        self._now = start.astimezone(UTC)
+        self._start = self._now = start.astimezone(UTC)  # time itself: timers, leases
+        self._wall_offset = timedelta()  # what step_wall did to the wall clock
         self._timers: list[tuple[datetime, int, _Waiter]] = []
         self._seq = itertools.count()
         self._active = 0
@@ -66,10 +72,31 @@ class FakeClock(Clock):
 
     def now(self) -> datetime:
         with self._cond:
+            return self._now + self._wall_offset
+
+    def monotonic(self) -> float:
+        with self._cond:
+            return (self._now - self._start).total_seconds()
+
+    def lease_clock(self) -> Callable[[], datetime]:
+        """Lease times follow the fake time itself, which :meth:`step_wall` leaves alone."""
+        return self._time
+
+    def _time(self) -> datetime:
+        with self._cond:
             return self._now
 
     def event(self) -> ClockEvent:
         return _FakeEvent(self)
+
+    def step_wall(self, seconds: float) -> None:
+        """Step the wall clock (:meth:`now`) by ``seconds``, backwards if negative.
+
+        Nothing else moves: no timer fires, :meth:`monotonic` and the lease times are
+        unchanged. Later ``advance`` calls move both on together.
+        """
+        with self._cond:
+            self._wall_offset += timedelta(seconds=seconds)
 
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds``, firing every timer on the way at its time.
@@ -84,19 +111,20 @@ class FakeClock(Clock):
         if seconds < 0:
             raise ValueError("time can't go backwards")
         with self._cond:
-            target = self._now + timedelta(seconds=seconds)
+            target = self._now + self._wall_offset + timedelta(seconds=seconds)
         self.advance_to(target)
 
     def advance_to(self, when: datetime) -> None:
-        """Move time forward to ``when``, as :meth:`advance` does.
+        """Move time forward until the wall clock (:meth:`now`) reads ``when``, as
+        :meth:`advance` does.
 
         Raises:
             ValueError: ``when`` is naive or earlier than the current time.
         """
         if when.tzinfo is None or when.utcoffset() is None:
             raise ValueError(f"advance_to needs an aware datetime, got naive {when!r}")
-        when = when.astimezone(UTC)
         with self._cond:
+            when = when.astimezone(UTC) - self._wall_offset
             if when < self._now:
                 raise ValueError("time can't go backwards")
             self._settle()

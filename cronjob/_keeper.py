@@ -11,7 +11,11 @@ The rules (SPEC.md, "Timing rules"):
   this one still runs it.
 
 The deadlines are kept on the dispatcher thread, which never waits on the database, so a
-hung database cannot delay them; the renewals run on the control thread.
+hung database cannot delay them; the renewals run on the control thread. They are all on
+the clock's *monotonic* time: a wall clock stepped back (NTP, a resumed VM) cannot hold
+back a renewal or a loss, which would let the lease expire in the database while the
+round goes on. A lease is kept until its round's end is settled (recorded or given
+back), not merely until the job returns: a slow write of the end must not let it expire.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 import lease
 
@@ -51,12 +54,27 @@ EXIT_AFTER_LOST = 5.0
 EXIT_MARGIN = 0.5
 #: The exit status of a process a lost lease brings down.
 EXIT_LEASE_LOST = 70
+#: Real seconds the forced exit gives its last log line before ending the process anyway.
+EXIT_LOG_GRACE = 0.2
 
 
 def exit_process(message: str) -> None:
-    """End the process with :data:`EXIT_LEASE_LOST` (the default ``on_fatal``)."""
-    logging.getLogger("cronjob").critical("%s; exiting with status %d", message, EXIT_LEASE_LOST)
-    logging.shutdown()
+    """End the process with :data:`EXIT_LEASE_LOST` (the default ``on_fatal``).
+
+    The message is logged as critical from a thread of its own, and the process ends
+    :data:`EXIT_LOG_GRACE` real seconds later at the latest: a log handler blocked on a
+    full pipe, a network or a held lock must not eat the margin before the lease can
+    expire. (A real-time bound on purpose: it ends a real process.)
+    """
+
+    def report() -> None:
+        logging.getLogger("cronjob").critical(
+            "%s; exiting with status %d", message, EXIT_LEASE_LOST
+        )
+        logging.shutdown()  # flush what the handlers hold
+
+    threading.Thread(target=report, name="cronjob-exit-log", daemon=True).start()
+    threading.Event().wait(EXIT_LOG_GRACE)
     os._exit(EXIT_LEASE_LOST)
 
 
@@ -64,18 +82,22 @@ def exit_process(message: str) -> None:
 class _Deadline:
     """When ``run``'s lease counts as lost (``renewed_at`` set) or the process must end."""
 
-    when: datetime
+    when: float  # monotonic
     seq: int
     run: Run = field(compare=False)
-    renewed_at: datetime | None = field(compare=False)  # None: the exit deadline
+    renewed_at: float | None = field(compare=False)  # None: the exit deadline
 
     def current(self) -> bool:
-        """Whether the run is still in the state this deadline was set for."""
+        """Whether the run is still in the state this deadline was set for.
+
+        The loss deadline holds until the round's end is settled (the lease is renewed
+        until then); the exit deadline only while the job itself still runs.
+        """
         run = self.run
-        if run.ended:
+        if run.settled:
             return False
         if self.renewed_at is None:
-            return run.lost_at is not None
+            return run.lost_at is not None and not run.ended
         return run.lost_at is None and run.renewed_at == self.renewed_at
 
 
@@ -118,30 +140,31 @@ class LeaseKeeper:
         # Loss at renewed_at + 10 s, exit at lost_at + 5 s, checked lazily: an entry whose
         # run has moved on since it was pushed is dropped.
         self._deadlines: list[_Deadline] = []
-        self._renew_at: datetime | None = None
+        self._renew_at: float | None = None  # monotonic
         self._renewing = False
 
-    def hold(self, run: Run, now: datetime) -> None:
-        """Start keeping ``run``'s lease, claimed at ``now``."""
+    def hold(self, run: Run, claimed_at: float) -> None:
+        """Start keeping ``run``'s lease, claimed at monotonic time ``claimed_at``."""
         self._held.add(run)
         self._watch(run)
         if self._renew_at is None:
-            self._renew_at = now + timedelta(seconds=RENEW_EVERY)
+            self._renew_at = claimed_at + RENEW_EVERY
 
     def release(self, run: Run) -> None:
-        """Stop keeping ``run``'s lease: its round has ended."""
+        """Stop keeping ``run``'s lease: its round's end is settled."""
+        run.settled = True
         self._held.discard(run)
         if not self._held:
             self._renew_at = None
 
-    def tick(self, now: datetime) -> None:
-        """Act on the deadlines due by ``now``, then renew if it is time."""
-        self._watch_leases(now)
-        self._maybe_renew(now)
+    def tick(self, mono: float) -> None:
+        """Act on the deadlines due by monotonic time ``mono``, then renew if it is time."""
+        self._watch_leases(mono)
+        self._maybe_renew(mono)
 
-    def next_wake(self) -> datetime | None:
-        """The earliest time :meth:`tick` has something to do, or ``None``."""
-        candidates: list[datetime] = []
+    def next_wake(self) -> float | None:
+        """The earliest monotonic time :meth:`tick` has something to do, or ``None``."""
+        candidates: list[float] = []
         if self._renew_at is not None and not self._renewing:
             candidates.append(self._renew_at)
         while self._deadlines and not self._deadlines[0].current():
@@ -152,10 +175,10 @@ class LeaseKeeper:
 
     # -- renewal --------------------------------------------------------------------------
 
-    def _maybe_renew(self, now: datetime) -> None:
+    def _maybe_renew(self, now: float) -> None:
         if self._renew_at is None or self._renewing or now < self._renew_at:
             return
-        held = [run for run in self._held if not run.ended and run.lost_at is None]
+        held = [run for run in self._held if run.lost_at is None]
         if not held:
             self._renew_at = None
             return
@@ -166,17 +189,17 @@ class LeaseKeeper:
             self._renewing = False
             if isinstance(result, BaseException):
                 log.warning("renewing %d lease(s) failed: %s", len(pairs), result)
-                self._renew_at = self._clock.now() + timedelta(seconds=RENEW_RETRY)
+                self._renew_at = self._clock.monotonic() + RENEW_RETRY
                 return
             for run in held:
-                if run.ended or run.lost_at is not None:
+                if run.settled or run.lost_at is not None:
                     continue
                 if run.ctx.name in result:
                     run.renewed_at = now
                     self._watch(run)
-                else:
-                    self._lose(run, self._clock.now(), "another claim took it")
-            self._renew_at = now + timedelta(seconds=RENEW_EVERY)
+                elif not run.ended:  # an ended round's row may be marked done already
+                    self._lose(run, self._clock.monotonic(), "another claim took it")
+            self._renew_at = now + RENEW_EVERY
 
         self._control.run(lambda: self._store.renew(pairs, self._replica_id), done)
 
@@ -184,21 +207,23 @@ class LeaseKeeper:
 
     def _watch(self, run: Run) -> None:
         """Set the deadline that follows from ``run``'s lease as it stands now."""
+        when: float
+        renewed_at: float | None
         if run.lost_at is None:
-            when, renewed_at = run.renewed_at + timedelta(seconds=LOST_AFTER), run.renewed_at
+            when, renewed_at = run.renewed_at + LOST_AFTER, run.renewed_at
         else:
             when, renewed_at = self._exit_deadline(run), None
         heapq.heappush(self._deadlines, _Deadline(when, next(self._seq), run, renewed_at))
 
-    def _exit_deadline(self, run: Run) -> datetime:
+    def _exit_deadline(self, run: Run) -> float:
         """When a round still running after its lease was lost ends the process: 5 s after
         the loss, but before the lease can expire (counted from the last successful claim
         or renewal, as issued, so the lease's own expiry is later still)."""
         assert run.lost_at is not None
-        expires = run.renewed_at + timedelta(seconds=self._store.ttl - EXIT_MARGIN)
-        return min(run.lost_at + timedelta(seconds=EXIT_AFTER_LOST), expires)
+        expires = run.renewed_at + self._store.ttl - EXIT_MARGIN
+        return min(run.lost_at + EXIT_AFTER_LOST, expires)
 
-    def _watch_leases(self, now: datetime) -> None:
+    def _watch_leases(self, now: float) -> None:
         while self._deadlines and self._deadlines[0].when <= now:
             deadline = heapq.heappop(self._deadlines)
             if not deadline.current():
@@ -210,7 +235,7 @@ class LeaseKeeper:
                 self._fatal(run)
                 return
 
-    def _lose(self, run: Run, now: datetime, reason: str) -> None:
+    def _lose(self, run: Run, now: float, reason: str) -> None:
         run.lost_at = now
         self._watch(run)
         log.error(
@@ -223,14 +248,15 @@ class LeaseKeeper:
 
     def _fatal(self, run: Run) -> None:
         assert run.lost_at is not None
-        after = (self._exit_deadline(run) - run.lost_at).total_seconds()
+        after = self._exit_deadline(run) - run.lost_at
         message = (
             f"job {run.ctx.name!r} instant {run.ctx.instant.isoformat()}: the round is still "
             f"running {after:g} s after its lease was lost; another replica may "
             "run the job by now"
         )
-        log.critical(message)
         self._flags.crashed = True
-        # Stop as a dead process would, then report (the default ends the process).
+        # Stop as a dead process would, then report: the default ends the process at
+        # once (it logs the message itself, without waiting on a blocked handler).
         threading.Thread(target=self._crash, name="cronjob-fatal", daemon=True).start()
         self._on_fatal(message)
+        log.critical(message)

@@ -85,12 +85,13 @@ class Recovery:
         self._leased_names = [state.job.name for state in self._leased]
         #: The tables are at head and the database answered.
         self.db_ready = False
-        self._db_retry_at: datetime | None = None
+        # Local timers, on the clock's monotonic time.
+        self._db_retry_at: float | None = None
         self._db_retry_pause = RETRY_FIRST
-        self._sweep_at: datetime | None = None
+        self._sweep_at: float | None = None
         self._sweeping = False
         # A database lost after start: when to probe it next (None: not lost).
-        self._probe_at: datetime | None = None
+        self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
         self._probing = False
 
@@ -106,11 +107,11 @@ class Recovery:
                 self._describe_database(),
                 exc,
             )
-            self._db_retry_at = self._clock.now()
+            self._db_retry_at = self._clock.monotonic()
         else:
             self.db_ready = True
 
-    def retry_database(self, now: datetime) -> None:
+    def retry_database(self, now: float) -> None:
         """Try to reach the database again if it is down and the pause has passed."""
         if self._db_retry_at is None or now < self._db_retry_at:
             return
@@ -121,7 +122,7 @@ class Recovery:
                 pause = self._db_retry_pause
                 self._db_retry_pause = min(pause * 2, RETRY_LONGEST)
                 log.warning("database still unavailable (%s); next attempt in %gs", result, pause)
-                self._db_retry_at = self._clock.now() + timedelta(seconds=pause)
+                self._db_retry_at = self._clock.monotonic() + pause
                 return
             log.info("database %s reached", self._describe_database())
             self.db_ready = True
@@ -141,7 +142,7 @@ class Recovery:
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
-            self._sweep_at = self._clock.now()
+            self._sweep_at = self._clock.monotonic()
 
         self._control.run(self._read_rows, done)
 
@@ -163,19 +164,20 @@ class Recovery:
             "(the latest of each job, within the day) once it answers"
         )
         self._probe_pause = PROBE_FIRST
-        self._probe_at = self._clock.now() + timedelta(seconds=PROBE_FIRST)
+        self._probe_at = self._clock.monotonic() + PROBE_FIRST
 
     def database_answered(self) -> None:
         """A statement succeeded: if an outage is pending, probe (and catch up) at once."""
         if self._probe_at is not None:
-            self._probe_at = self._clock.now()
+            self._probe_at = self._clock.monotonic()
 
-    def probe(self, now: datetime) -> None:
+    def probe(self, mono: float) -> None:
         """Probe a lost database if it is time; once it answers, catch up what it owes."""
-        if self._probe_at is None or self._probing or now < self._probe_at:
+        if self._probe_at is None or self._probing or mono < self._probe_at:
             return
         self._probe_at = None
         self._probing = True
+        now = self._clock.now()
 
         def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
             self._probing = False
@@ -183,7 +185,7 @@ class Recovery:
                 pause = self._probe_pause
                 self._probe_pause = min(pause * 2, PROBE_LONGEST)
                 log.warning("database still unreachable (%s); next probe in %gs", result, pause)
-                self._probe_at = self._clock.now() + timedelta(seconds=pause)
+                self._probe_at = self._clock.monotonic() + pause
                 return
             log.info("database answers again: catching up what the outage owes")
             self._catch_up(self._leased, result, now, reason=Reason.OUTAGE)
@@ -224,7 +226,7 @@ class Recovery:
 
     # -- the sweep --------------------------------------------------------------------------
 
-    def sweep(self, now: datetime) -> None:
+    def sweep(self, now: float) -> None:
         """Look for rounds cut short if it is time, and run each found a second time."""
         if not self.db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
             return
@@ -233,7 +235,7 @@ class Recovery:
 
         def done(result: list[lease.CutShort] | BaseException) -> None:
             self._sweeping = False
-            self._sweep_at = self._clock.now() + timedelta(seconds=SWEEP_EVERY)
+            self._sweep_at = self._clock.monotonic() + SWEEP_EVERY
             if isinstance(result, BaseException):
                 log.warning("sweep for rounds cut short failed: %s", result)
                 return
@@ -248,7 +250,7 @@ class Recovery:
     def _rerun(self, state: JobState, instant: datetime) -> None:
         dispatcher = self._dispatcher
         dispatcher.take(state)
-        issued = self._clock.now()
+        issued, claimed_at = self._clock.now(), self._clock.monotonic()
 
         def done(result: lease.Claim | BaseException | None) -> None:
             if isinstance(result, BaseException) or result is None or dispatcher.draining:
@@ -264,16 +266,23 @@ class Recovery:
                 instant.isoformat(),
             )
             dispatcher.start_round(
-                state, instant, attempt=2, token=result.token, now=issued, reason=Reason.RERUN
+                state,
+                instant,
+                attempt=2,
+                token=result.token,
+                claimed_at=claimed_at,
+                reason=Reason.RERUN,
             )
 
         self._control.run(
-            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id), done
+            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id),
+            done,
+            dispatcher.give_back,
         )
 
-    def next_wake(self, *, draining: bool) -> datetime | None:
-        """The earliest time this part has something to do, or ``None``."""
-        candidates: list[datetime] = []
+    def next_wake(self, *, draining: bool) -> float | None:
+        """The earliest monotonic time this part has something to do, or ``None``."""
+        candidates: list[float] = []
         if self._db_retry_at is not None:
             candidates.append(self._db_retry_at)
         if self._probe_at is not None and not self._probing:

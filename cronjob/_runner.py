@@ -99,7 +99,7 @@ class RoundRunner:
         *,
         attempt: int,
         token: int | None,
-        now: datetime,
+        claimed_at: float,
         reason: Reason,
     ) -> Run:
         """Build the round of ``state``'s job for ``instant`` (not started yet)."""
@@ -116,7 +116,7 @@ class RoundRunner:
             clock=self._clock,
             transaction=transaction,
         )
-        run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=now)
+        run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
         return run
 
     def submit(self, run: Run) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from datetime import datetime
 
 from ._registry import Job
 from ._round import Round
@@ -54,12 +53,15 @@ class Run:
     token: int | None
     #: Why the round runs.
     reason: Reason
-    #: Clock time the claim was issued, or of the last successful renewal.
-    renewed_at: datetime
-    #: Clock time the lease was found lost, if it was.
-    lost_at: datetime | None = None
-    #: Set by the round's worker before it records the end.
+    #: Monotonic clock time the claim was issued, or of the last successful renewal.
+    renewed_at: float
+    #: Monotonic clock time the lease was found lost, if it was.
+    lost_at: float | None = None
+    #: Set by the round's worker when the job returned or raised, before the end is
+    #: recorded; the lease is still kept (renewed) until the end is settled.
     ended: bool = False
+    #: The end is settled (recorded, given back, or known lost): the lease is let go.
+    settled: bool = False
     #: An async round's task, once it runs.
     task: asyncio.Task[None] | None = None
 

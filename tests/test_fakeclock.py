@@ -54,6 +54,46 @@ class TestTime:
             FakeClock(NOW).advance_to(datetime(2026, 1, 2))
 
 
+class TestWallSteps:
+    def test_monotonic_time_counts_the_seconds_advanced(self):
+        clock = FakeClock(NOW)
+        start = clock.monotonic()
+        clock.advance(90)
+        assert clock.monotonic() - start == 90
+
+    def test_step_wall_moves_now_alone(self):
+        clock = FakeClock(NOW)
+        lease_now = clock.lease_clock()
+        assert lease_now is not None
+        clock.step_wall(-20)
+        assert clock.now() == NOW - timedelta(seconds=20)
+        assert clock.monotonic() == 0
+        assert lease_now() == NOW  # the database's clock is not this machine's
+        clock.advance(30)
+        assert clock.now() == NOW + timedelta(seconds=10)
+        assert lease_now() == NOW + timedelta(seconds=30)
+
+    def test_a_wall_step_fires_no_timer(self):
+        clock = FakeClock(NOW)
+        woke: list[bool] = []
+        waiter = threading.Thread(target=lambda: woke.append(clock.event().wait(10)))
+        waiter.start()
+        while not clock._timers:  # registered in fake time; no real sleep for a schedule
+            threading.Event().wait(0.001)
+        clock.step_wall(+3600)
+        clock.advance(9)
+        assert waiter.is_alive()
+        clock.advance(1)
+        waiter.join(5)
+        assert woke == [False]
+
+    def test_advance_to_reads_the_stepped_wall_clock(self):
+        clock = FakeClock(NOW)
+        clock.step_wall(+60)
+        clock.advance_to(NOW + timedelta(seconds=90))
+        assert clock.monotonic() == 30
+
+
 class TestTimers:
     def test_each_timer_fires_at_its_own_time(self):
         clock = FakeClock(NOW)
