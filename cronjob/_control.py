@@ -5,12 +5,16 @@
   scheduling state.
 - :class:`Control`: the dispatcher hands a database statement to the one control
   thread, which runs it and posts ``done(result or exception)`` back through the inbox.
-  The dispatcher itself never waits on the database.
+  The dispatcher itself never waits on the database. A result that arrives once the
+  dispatcher has gone (the inbox is closed) goes to ``orphaned`` instead, on the control
+  thread: a claim that returns after ``stop()`` gives its leases back there.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +22,8 @@ from ._clock import Clock
 from ._workers import Workers
 
 __all__ = ["Control", "Inbox"]
+
+log = logging.getLogger("cronjob")
 
 T = TypeVar("T")
 
@@ -27,18 +33,35 @@ class Inbox:
 
     def __init__(self, clock: Clock) -> None:
         self._messages: collections.deque[Callable[[], None]] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
         #: Set on every post; the dispatcher waits on it until its next deadline.
         self.wake = clock.event()
 
-    def post(self, message: Callable[[], None]) -> None:
-        """Hand ``message`` to the dispatcher thread and wake it. Safe from any thread."""
-        self._messages.append(message)
+    def post(self, message: Callable[[], None]) -> bool:
+        """Hand ``message`` to the dispatcher thread and wake it. Safe from any thread.
+
+        Returns:
+            ``False`` if the inbox is closed (the dispatcher has gone): nobody will run
+            ``message``.
+        """
+        with self._lock:
+            if self._closed:
+                return False
+            self._messages.append(message)
         self.wake.set()
+        return True
 
     def run_pending(self) -> None:
         """Run every message posted so far (the dispatcher thread only)."""
         while self._messages:
             self._messages.popleft()()
+
+    def close(self) -> None:
+        """Refuse new messages, then run those already posted (the dispatcher, last)."""
+        with self._lock:
+            self._closed = True
+        self.run_pending()
 
 
 class Control:
@@ -49,10 +72,17 @@ class Control:
         self._inbox = inbox
         self._thread = Workers(1, "cronjob-control")
 
-    def run(self, work: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+    def run(
+        self,
+        work: Callable[[], T],
+        done: Callable[[T | BaseException], None],
+        orphaned: Callable[[T], None] | None = None,
+    ) -> None:
         """Run ``work`` on the control thread; post ``done(result or exception)`` back.
 
-        After :meth:`shutdown` the work is dropped and ``done`` is never called.
+        If the inbox is closed by the time ``work`` returns, ``orphaned(result)`` runs
+        instead, on the control thread (not for an exception). After :meth:`shutdown`
+        the work is dropped and neither is called.
         """
 
         def task() -> None:
@@ -62,7 +92,13 @@ class Control:
                     result = work()
                 except Exception as exc:
                     result = exc
-                self._inbox.post(lambda: done(result))
+                if self._inbox.post(lambda: done(result)):
+                    return
+                if orphaned is not None and not isinstance(result, BaseException):
+                    try:
+                        orphaned(result)
+                    except Exception:
+                        log.exception("after stop: handling a late result failed")
 
         self._clock._work_started()
         try:

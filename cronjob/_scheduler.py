@@ -221,7 +221,7 @@ class Scheduler:
             engine=engine,
             store=store,
             flags=flags,
-            ended=lambda run, ended: inbox.post(lambda: dispatcher.round_ended(run, ended)),
+            ended=lambda run, at: dispatcher.post_round_ended(run, at),
             max_workers=self._max_workers,
             loop=self._given_loop,
             needs_loop=any(job.is_async for job in jobs),
@@ -241,6 +241,7 @@ class Scheduler:
         for state in states.values():
             dispatcher.schedule_after(state, now)
         self._dispatcher = dispatcher
+        dispatcher.after_lingering = self._teardown
         clock._work_started()
         self._thread = threading.Thread(
             target=dispatcher.serve, name=f"cronjob-dispatcher-{self.replica_id}", daemon=True
@@ -287,7 +288,14 @@ class Scheduler:
         return ended
 
     def stop(self) -> None:
-        """Drain (if not drained yet), then stop every thread the scheduler started."""
+        """Drain (if not drained yet), then stop every thread the scheduler started.
+
+        Rounds that ignored the drain and still run keep their leases, so that no other
+        replica runs the same job alongside them: ``stop`` returns, but the dispatcher
+        and control threads go on renewing those leases (and enforcing their loss and
+        forced exit) until the rounds end, then stop themselves. A process that exits
+        ends them with it, and the leases expire as a killed process's do.
+        """
         if self._flags.stopped:
             return
         if not self._flags.crashed:
@@ -306,10 +314,17 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         self._flags.stopped = True
-        if self._thread is not None and self._inbox is not None:
-            self._inbox.post(lambda: None)  # wake it: it sees `stopped` and returns
+        dispatcher, inbox = self._dispatcher, self._inbox
+        if self._thread is not None and dispatcher is not None and inbox is not None:
+            inbox.post(lambda: None)  # wake it: it sees `stopped` and returns, or lingers
             if threading.current_thread() is not self._thread:
+                dispatcher.decided.wait()
+                if dispatcher.lingering:
+                    return  # it calls _teardown itself once the rounds end
                 self._thread.join()
+        self._teardown()
+
+    def _teardown(self) -> None:
         if self._control is not None:
             # Statements already queued finish (a drain's give-backs among them), unless
             # the database hangs: then the process is not held hostage.
