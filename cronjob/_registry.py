@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import lease
+
 from ._exceptions import RegistrationError, ScheduleError
 from ._schedule import Schedule, parse
 
@@ -78,15 +80,17 @@ class Registry:
                 idempotent: a round cut short runs a second time.
             spec: A six-field cron expression (seconds first) or a descriptor such as
                 ``"@hourly"`` or ``"@every 5m"``, optionally prefixed ``CRON_TZ=<zone> ``.
-            name: The job's identity, unique in the registry (at most 200 characters).
+            name: The job's identity, unique in the registry: at most 200 characters,
+                no whitespace at either end, no NUL character or lone surrogate (text
+                some database cannot store).
 
         Returns:
             ``fn`` unchanged.
 
         Raises:
             ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
-            RegistrationError: no name, a name already taken, or ``fn`` not callable with
-                one argument.
+            RegistrationError: no name, a name already taken or that some database
+                cannot store, or ``fn`` not callable with one argument.
             RuntimeError: a scheduler running this registry has already started.
         """
         self._add(fn, spec, name, leased=True)
@@ -150,6 +154,12 @@ def _check_name(name: object) -> None:
             f"job name {name[:40]!r}... is {len(name)} characters long; "
             f"the limit is {MAX_NAME_LENGTH}"
         )
+    problem = lease.unstorable(name)
+    if problem is not None:
+        # Caught here, not by the database: the statement that ensures every job's lease
+        # row, and the one that claims every job sharing an instant, carry all the names
+        # at once, so one unstorable name would fail them for every job.
+        raise RegistrationError(f"job name {name!r} {problem}")
 
 
 def _check_fn(fn: object, name: str) -> None:

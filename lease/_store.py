@@ -46,6 +46,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from ._engine import SQLITE_BEGIN_OPTION
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._schema import NAME_LENGTH, NEVER, lease_table
+from ._text import check_holder, unstorable
 
 __all__ = [
     "DEFAULT_TTL",
@@ -73,7 +74,6 @@ _IN_LIST_LIMIT: Final = 500
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
-_HOLDER_LENGTH: Final = 255
 _TOKEN_LIMIT: Final = 2**63
 
 _t = lease_table
@@ -327,7 +327,7 @@ class LeaseStore:
         """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
-        _check_holder(holder)
+        check_holder(holder)
         if not wanted:
             return []
         token = _new_token()
@@ -370,7 +370,7 @@ class LeaseStore:
         """
         (wanted,) = _names([name])
         epoch = _instant_seconds(instant)
-        _check_holder(holder)
+        check_holder(holder)
         token = _new_token()
         now = self._now()
         stmt = (
@@ -409,7 +409,7 @@ class LeaseStore:
         Returns:
             The names renewed; every other name in ``held`` has lost its lease.
         """
-        _check_holder(holder)
+        check_holder(holder)
         pairs = [(name, _check_token(token)) for name, token in held]
         _names([name for name, _ in pairs])
         if not pairs:
@@ -719,15 +719,12 @@ def _names(names: Iterable[str]) -> list[str]:
             # MySQL and MariaDB ignore trailing spaces when comparing strings, so
             # "job " would share the lease of "job".
             raise ValueError(f"a lease name must not start or end with whitespace: {name!r}")
+        problem = unstorable(name)
+        if problem is not None:
+            # Refused before any statement: in the batch, it would fail every name.
+            raise ValueError(f"lease name {name!r} {problem}")
         unique[name] = None
     return list(unique)
-
-
-def _check_holder(holder: str) -> None:
-    if not isinstance(holder, str) or not 0 < len(holder) <= _HOLDER_LENGTH:
-        raise ValueError(
-            f"a holder must be a string of 1 to {_HOLDER_LENGTH} characters, not {holder!r}"
-        )
 
 
 def _check_token(token: int) -> int:

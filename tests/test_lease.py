@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,6 +106,82 @@ class TestEnsure:
             store.ensure(["job "])
         with pytest.raises(TypeError, match=r"^names must be a collection of names"):
             store.ensure("job")
+
+
+#: Names unusual but storable: every database round-trips them (a 200-character name of
+#: 4-byte characters too: MariaDB's utf8mb4 counts characters, not bytes).
+STORABLE = [
+    "r\u00e9sum\u00e9",
+    "clock-\u23f0-\U0001f980",
+    "a\x01\x7fb",
+    "\ufeffbom",
+    "\U0010ffff",
+    "\U0001f980" * 200,
+]
+
+
+class TestNamesAndHolders:
+    def test_every_storable_name_and_holder_round_trips(self, store):
+        store.ensure([*STORABLE, "plain"])
+        claims = store.claim([*STORABLE, "plain"], T0, holder="\U0001f980" * 255)
+        assert [claim.name for claim in claims] == [*STORABLE, "plain"]
+        rows = store.read([*STORABLE, "plain"])
+        assert sorted(rows) == sorted([*STORABLE, "plain"])
+        assert {row.name for row in rows.values()} == {*STORABLE, "plain"}
+        assert {row.holder for row in rows.values()} == {"\U0001f980" * 255}
+
+    @pytest.mark.parametrize(
+        ("name", "problem"),
+        [
+            ("a\x00b", "contains a NUL character at index 1, which PostgreSQL cannot store"),
+            (
+                "a\udc80b",
+                "contains the lone surrogate '\\udc80' at index 1, "
+                "which is not valid Unicode and no database can store",
+            ),
+        ],
+        ids=["nul", "surrogate"],
+    )
+    def test_it_refuses_a_name_some_database_cannot_store(self, store, name, problem):
+        """Refused before any statement, on every database: one bad name in the batch
+        would otherwise fail the statement that carries all of them."""
+        message = f"lease name {name!r} {problem}"
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            store.ensure(["ok", name])
+        assert store.read(["ok"]) == {}
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            store.claim(["ok", name], T0, holder="r")
+
+    def test_check_holder_returns_a_storable_holder(self):
+        assert lease.check_holder("replica-1") == "replica-1"
+        assert lease.check_holder("x" * 255) == "x" * 255
+
+    @pytest.mark.parametrize(
+        ("holder", "message"),
+        [
+            ("", "a holder must be a string of 1 to 255 characters, not ''"),
+            (
+                "x" * 256,
+                "a holder must be a string of 1 to 255 characters, not 'xxxxxxxxxxxxxxxxxxxx"
+                "xxxxxxxxxxxxxxxxxxxx'... (256 characters)",
+            ),
+            (42, "a holder must be a string of 1 to 255 characters, not 42"),
+            (
+                "r\x00",
+                "holder 'r\\x00' contains a NUL character at index 1, "
+                "which PostgreSQL cannot store",
+            ),
+            (
+                "r\udc80",
+                "holder 'r\\udc80' contains the lone surrogate '\\udc80' at index 1, "
+                "which is not valid Unicode and no database can store",
+            ),
+        ],
+        ids=["empty", "too-long", "not-a-string", "nul", "surrogate"],
+    )
+    def test_check_holder_refuses_what_the_holder_column_cannot_store(self, holder, message):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            lease.check_holder(holder)
 
 
 class TestClaim:

@@ -177,12 +177,14 @@ class TestSurface:
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "check_dialect",
+            "check_holder",
             "create_engine",
             "current_revision",
             "head_revision",
             "metadata",
             "migrate",
             "redact",
+            "unstorable",
         ]
 
     def test_public_objects_carry_the_public_module(self):

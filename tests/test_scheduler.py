@@ -560,6 +560,18 @@ class TestLifecycle:
         with pytest.raises(RuntimeError, match=r"^scheduler 'a' was already started$"):
             scheduler.start()
 
+    def test_a_replica_id_the_holder_column_cannot_store_is_refused_at_construction(
+        self, tmp_path, clock, recorder
+    ):
+        """Accepted, it would fail every claim after the start instead."""
+        registry = Registry()
+        registry.register(recorder.quick, "@hourly", "a")
+        url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+        with pytest.raises(ValueError, match=r"^a holder must be a string of 1 to 255 char"):
+            Scheduler(url, registry=registry, clock=clock, replica_id="x" * 256)
+        with pytest.raises(ValueError, match=r"^holder 'r\\x00' contains a NUL character"):
+            Scheduler(url, registry=registry, clock=clock, replica_id="r\x00")
+
     def test_auto_migrate_off_refuses_a_blank_database(self, tmp_path, clock, recorder):
         registry = Registry()
         registry.register(recorder.quick, "@hourly", "a")
