@@ -6,15 +6,21 @@ import re
 import sqlite3
 import time
 from typing import Any
+from urllib.parse import unquote
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.pool import StaticPool
 
-from ._exceptions import translate_errors
+from ._exceptions import UnsupportedDatabase, translate_errors
 
-__all__ = ["SQLITE_BUSY_TIMEOUT", "create_engine", "is_sqlite_memory", "redact"]
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT",
+    "create_engine",
+    "is_sqlite_memory",
+    "redact",
+    "refuse_sqlite_memory",
+]
 
 #: How long, in seconds, a SQLite writer waits for another process's write lock
 #: before the statement fails with "database is locked".
@@ -48,9 +54,8 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
       ``BEGIN IMMEDIATE`` (the pysqlite recipe in SQLAlchemy's documentation), so writers
       in several processes queue on the file lock instead of failing on a read lock
       they cannot upgrade.
-    - SQLite in memory (``sqlite://``, ``:memory:``, ``mode=memory``): one connection
-      shared by every thread (:class:`~sqlalchemy.pool.StaticPool`); a second
-      connection would see another, empty database.
+    - SQLite in memory (``sqlite://``, ``:memory:``, ``file::memory:``,
+      ``mode=memory``): refused (see :func:`refuse_sqlite_memory`).
     - Any other database: ``pool_pre_ping=True`` (a connection the server closed is
       replaced, not handed out) and ``READ COMMITTED`` isolation, which the lease
       statements are written for.
@@ -61,9 +66,11 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
 
     Raises:
         DatabaseError: the URL does not parse or names no installed dialect.
+        UnsupportedDatabase: the URL names an in-memory SQLite database.
     """
     with translate_errors("create engine"):
         parsed = sa.make_url(url)
+    refuse_sqlite_memory(url)
     if parsed.get_backend_name() != "sqlite":
         options: dict[str, Any] = {"pool_pre_ping": True}
         if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
@@ -78,26 +85,53 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
             return sa.create_engine(parsed, **(options | kwargs))
     connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
     connect_args |= kwargs.pop("connect_args", {})
-    if is_sqlite_memory(parsed):
-        options = {"poolclass": StaticPool}
-    else:
-        options = {"pool_size": 1, "max_overflow": 0}
+    options = {"pool_size": 1, "max_overflow": 0}
     with translate_errors("create engine"):
         engine = sa.create_engine(parsed, connect_args=connect_args, **(options | kwargs))
-    _install_sqlite_recipe(engine, wal=not is_sqlite_memory(parsed))
+    _install_sqlite_recipe(engine)
     return engine
 
 
 def is_sqlite_memory(url: str | URL) -> bool:
-    """Tell whether ``url`` names an in-memory SQLite database (no file to lock)."""
+    """Tell whether ``url`` names an in-memory SQLite database (no file to lock).
+
+    ``sqlite://``, ``sqlite:///:memory:``, a ``file::memory:`` URI filename and any URI
+    with ``mode=memory``.
+    """
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return False
     database = parsed.database or ""
-    return database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or parsed.query.get("mode") == "memory"
+    )
 
 
-def _install_sqlite_recipe(engine: Engine, *, wal: bool) -> None:
+def refuse_sqlite_memory(url: str | URL) -> None:
+    """Refuse an in-memory SQLite database: it cannot carry leases.
+
+    Its one connection would have to be shared by every thread (a second connection
+    opens another, empty database), with no lock between them: the lease statements the
+    scheduler runs would execute inside whatever transaction a job had open on it, and
+    commit or roll back with the job's work. A file gives each process its own
+    connection and the file lock to queue on.
+
+    Raises:
+        UnsupportedDatabase: ``url`` names an in-memory SQLite database.
+    """
+    if is_sqlite_memory(url):
+        # As written, when given as written: make_url would percent-encode the colons.
+        shown = _redact_unparsed(url) if isinstance(url, str) else unquote(redact(url))
+        raise UnsupportedDatabase(
+            f"the in-memory SQLite database {shown!r} cannot carry leases: its one "
+            "connection would be shared by every thread, so lease statements would run "
+            "inside jobs' transactions; use a file, e.g. 'sqlite:///cronjob.sqlite'"
+        )
+
+
+def _install_sqlite_recipe(engine: Engine) -> None:
     # pysqlite's own transaction handling issues a deferred BEGIN just before the first
     # write, so two processes that both read first deadlock on the upgrade and one fails
     # at once, busy timeout or not. Taking the driver's hands off (isolation_level=None)
@@ -107,11 +141,10 @@ def _install_sqlite_recipe(engine: Engine, *, wal: bool) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            if wal:
-                # Readers never block the writer, nor the writer the readers.
-                _enable_wal(cursor)
-                # Durable at each checkpoint; with WAL no longer at risk of corruption.
-                cursor.execute("PRAGMA synchronous=NORMAL")
+            # Readers never block the writer, nor the writer the readers.
+            _enable_wal(cursor)
+            # Durable at each checkpoint; with WAL no longer at risk of corruption.
+            cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT * 1000)}")
         finally:
             cursor.close()
@@ -157,4 +190,8 @@ def redact(url: str | URL) -> str:
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
     except Exception:  # whatever make_url disliked, the pattern still redacts
-        return _USERINFO.sub(r"\g<scheme>\g<user>:***@", url)
+        return _redact_unparsed(url)
+
+
+def _redact_unparsed(url: str) -> str:
+    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", url)

@@ -43,7 +43,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from ._engine import SQLITE_BEGIN_OPTION
+from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._schema import NAME_LENGTH, NEVER, lease_table
 from ._text import check_holder, unstorable
@@ -142,7 +142,9 @@ def check_dialect(bind: Engine | Connection | Dialect) -> None:
     """Refuse a database that cannot carry leases.
 
     Raises:
-        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`.
+        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`, or
+            the engine or connection is on an in-memory SQLite database (see
+            :func:`~lease.create_engine`); a bare dialect is judged by its name alone.
     """
     dialect = bind if isinstance(bind, Dialect) else bind.dialect
     if dialect.name not in SUPPORTED_DIALECTS:
@@ -150,6 +152,10 @@ def check_dialect(bind: Engine | Connection | Dialect) -> None:
             f"the {dialect.name!r} database cannot carry leases; "
             "supported are PostgreSQL, MySQL/MariaDB and SQLite"
         )
+    if isinstance(bind, Engine):
+        refuse_sqlite_memory(bind.url)
+    elif isinstance(bind, Connection):
+        refuse_sqlite_memory(bind.engine.url)
 
 
 class _db_now_ms(FunctionElement[int]):  # lower case, like the SQL functions it renders

@@ -725,7 +725,7 @@ class TestErrors:
             lease.migrate(engine)  # type: ignore[arg-type]
 
     @pytest.mark.parametrize(
-        "url", ["sqlite://", "postgresql+psycopg://x@h/d", "mysql+pymysql://x@h/d"]
+        "url", ["sqlite:///jobs.sqlite", "postgresql+psycopg://x@h/d", "mysql+pymysql://x@h/d"]
     )
     def test_supported_dialects_pass(self, url):
         lease.check_dialect(sa.create_engine(url))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool
 
 import lease
 
@@ -80,18 +81,43 @@ class TestSqliteEngine:
         engine.dispose()
         assert errors == []
 
-    def test_memory_shares_one_connection(self):
-        engine = lease.create_engine("sqlite://")
-        assert isinstance(engine.pool, StaticPool)
-        lease.migrate(engine)  # no file to lock
-        store = lease.LeaseStore(engine)
-        store.ensure(["a"])
-        done: list[set[str]] = []
-        thread = threading.Thread(target=lambda: done.append(set(store.read(["a"]))))
-        thread.start()
-        thread.join()
-        assert done == [{"a"}]
-        engine.dispose()
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "sqlite://",
+            "sqlite:///:memory:",
+            "sqlite+pysqlite:///:memory:",
+            "sqlite:///file::memory:?uri=true",
+            "sqlite:///file::memory:?cache=shared&uri=true",
+            "sqlite:///file:jobs?mode=memory&cache=shared&uri=true",
+        ],
+    )
+    def test_it_refuses_an_in_memory_database(self, url):
+        """One connection shared by every thread: lease statements would run inside a
+        job's transaction, and commit or roll back with it."""
+        message = (
+            f"the in-memory SQLite database {url!r} cannot carry leases: its one "
+            "connection would be shared by every thread, so lease statements would run "
+            "inside jobs' transactions; use a file, e.g. 'sqlite:///cronjob.sqlite'"
+        )
+        with pytest.raises(lease.UnsupportedDatabase, match="^" + re.escape(message) + "$"):
+            lease.create_engine(url)
+        # Made elsewhere, then handed to the package.
+        engine = sa.create_engine(url, poolclass=NullPool)
+        refused = r"^the in-memory SQLite database 'sqlite(\+pysqlite)?://.* cannot carry leases"
+        with pytest.raises(lease.UnsupportedDatabase, match=refused):
+            lease.LeaseStore(engine)
+        with pytest.raises(lease.UnsupportedDatabase, match=refused):
+            lease.migrate(engine)
+
+    def test_a_file_uri_is_not_taken_for_memory(self, tmp_path):
+        engine = lease.create_engine(f"sqlite:///file:{tmp_path / 'a.sqlite'}?uri=true")
+        try:
+            lease.migrate(engine)
+            lease.LeaseStore(engine).ensure(["a"])
+        finally:
+            engine.dispose()
+        assert (tmp_path / "a.sqlite").exists()
 
 
 class TestServerEngine:

@@ -572,6 +572,16 @@ class TestLifecycle:
         with pytest.raises(ValueError, match=r"^holder 'r\\x00' contains a NUL character"):
             Scheduler(url, registry=registry, clock=clock, replica_id="r\x00")
 
+    @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+    def test_an_in_memory_sqlite_database_is_refused_at_start(self, url, clock, recorder):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "@hourly", "a")
+        scheduler = Scheduler(url, registry=registry, clock=clock)
+        with pytest.raises(lease.UnsupportedDatabase, match=r"^the in-memory SQLite database"):
+            scheduler.start()
+        with pytest.raises(lease.UnsupportedDatabase, match=r"^the in-memory SQLite database"):
+            Scheduler(sa.create_engine(url), registry=registry, clock=clock).start()
+
     def test_auto_migrate_off_refuses_a_blank_database(self, tmp_path, clock, recorder):
         registry = Registry()
         registry.register(recorder.quick, "@hourly", "a")
