@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -35,7 +36,9 @@ class Job:
         schedule: When it runs.
         leased: ``True`` for a job run once per instant across all replicas;
             ``False`` for a per-instance job, which every replica runs on its own.
-        is_async: ``fn`` is a coroutine function (run on an asyncio loop).
+        is_async: calling ``fn`` returns a coroutine (it runs on an asyncio loop): a
+            coroutine function, an object whose ``__call__`` is one, or a
+            :func:`functools.partial` of either.
     """
 
     name: str
@@ -120,7 +123,7 @@ class Registry:
             fn=fn,
             schedule=schedule,
             leased=leased,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=_is_async(fn),
         )
         with self._lock:
             if self._frozen_by is not None:
@@ -176,6 +179,24 @@ def _check_fn(fn: object, name: str) -> None:
             f"job {name!r}: {getattr(fn, '__qualname__', fn)!r} must accept the round "
             f"as its one positional argument ({exc})"
         ) from None
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Tell whether calling ``fn`` returns a coroutine, without calling it.
+
+    True for a coroutine function or method, for an object whose ``__call__`` is one,
+    and for a :func:`functools.partial` (however nested) of either. A plain function that
+    returns a coroutine (``lambda ctx: work(ctx)``) cannot be told here; the round runner
+    awaits what it returns.
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isroutine(fn) or inspect.isclass(fn):
+        return False  # a function, method or builtin that is not async; a class constructs
+    # An instance: inspect.iscoroutinefunction looks at the object, not at its __call__.
+    return inspect.iscoroutinefunction(type(fn).__call__)
 
 
 #: The registry that :func:`register` and ``Scheduler(registry=None)`` use.

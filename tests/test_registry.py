@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -16,6 +17,19 @@ def job(ctx: cronjob.Round) -> None:
 
 async def async_job(ctx: cronjob.Round) -> None:
     pass
+
+
+class AsyncCallable:
+    async def __call__(self, ctx: cronjob.Round) -> None:
+        pass
+
+    async def method(self, ctx: cronjob.Round) -> None:
+        pass
+
+
+class SyncCallable:
+    def __call__(self, ctx: cronjob.Round) -> None:
+        pass
 
 
 class TestRegister:
@@ -33,6 +47,36 @@ class TestRegister:
             ("tock", False, True),
         ]
         assert registry.jobs[0].schedule == cronjob.parse("0 * * * * *")
+
+    @pytest.mark.parametrize(
+        ("fn", "is_async"),
+        [
+            (job, False),
+            (async_job, True),
+            (functools.partial(async_job), True),
+            (functools.partial(functools.partial(async_job)), True),
+            (AsyncCallable(), True),
+            (functools.partial(AsyncCallable()), True),
+            (AsyncCallable().method, True),
+            (SyncCallable(), False),
+            (functools.partial(SyncCallable()), False),
+        ],
+        ids=[
+            "function",
+            "async-function",
+            "partial",
+            "partial-of-partial",
+            "async-call",
+            "partial-of-async-call",
+            "async-method",
+            "sync-call",
+            "partial-of-sync-call",
+        ],
+    )
+    def test_it_tells_an_async_job_however_it_is_wrapped(self, fn, is_async):
+        registry = Registry()
+        registry.register(fn, "@hourly", "job")
+        assert registry.jobs[0].is_async is is_async
 
     def test_the_module_level_functions_use_the_default_registry(self):
         from cronjob._registry import default_registry

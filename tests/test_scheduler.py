@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -517,6 +518,22 @@ class TestAsyncJobs:
         replicas(registry, "a")
         clock.advance(3600)
         assert recorder.instants() == [at(minutes=30), at(hours=1)]
+
+    def test_an_object_with_an_async_call_runs_as_an_async_job(self, replicas, clock, recorder):
+        """Not mistaken for a sync job, whose coroutine a worker would drop unawaited."""
+
+        class Job:
+            async def __call__(self, ctx: cronjob.Round) -> None:
+                await asyncio.sleep(0)
+                recorder.quick(ctx)
+
+        registry = Registry()
+        registry.register(Job(), "0 */30 * * * *", "object")
+        registry.register(functools.partial(Job()), "0 */30 * * * *", "partial")
+        replicas(registry, "a")
+        clock.advance(3600)
+        assert recorder.instants("object") == [at(minutes=30), at(hours=1)]
+        assert recorder.instants("partial") == [at(minutes=30), at(hours=1)]
 
     def test_an_async_job_waits_on_the_clock_and_is_cut_short_by_drain(
         self, url, replicas, clock, recorder
