@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import sqlite3
 import time
 from typing import Any
@@ -40,6 +41,22 @@ POSTGRES_CONNECT_DEFAULTS = {
     "tcp_user_timeout": 10_000,
 }
 
+#: Socket settings for MariaDB/MySQL connections made here with PyMySQL, which has no
+#: option for them: the same liveness as :data:`POSTGRES_CONNECT_DEFAULTS` (keepalive
+#: probes after 5 s idle, 2 s apart, 3 of them; a 10 s TCP user timeout), as
+#: ``(level, option name, value)``. Options the platform lacks are left out.
+MYSQL_SOCKET_OPTIONS: tuple[tuple[int, str, int], ...] = (
+    (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+    (socket.IPPROTO_TCP, "TCP_KEEPIDLE", POSTGRES_CONNECT_DEFAULTS["keepalives_idle"]),
+    (socket.IPPROTO_TCP, "TCP_KEEPINTVL", POSTGRES_CONNECT_DEFAULTS["keepalives_interval"]),
+    (socket.IPPROTO_TCP, "TCP_KEEPCNT", POSTGRES_CONNECT_DEFAULTS["keepalives_count"]),
+    (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", POSTGRES_CONNECT_DEFAULTS["tcp_user_timeout"]),
+)
+
+#: PyMySQL's connect timeout, in seconds, for connections made here unless the URL's
+#: query sets ``connect_timeout``.
+MYSQL_CONNECT_TIMEOUT = POSTGRES_CONNECT_DEFAULTS["connect_timeout"]
+
 #: Execution option naming how a SQLite transaction of an engine made here begins:
 #: "IMMEDIATE" (the default: takes the write lock at BEGIN) or "DEFERRED" (for reads).
 SQLITE_BEGIN_OPTION = "lease_sqlite_begin"
@@ -61,6 +78,9 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
       statements are written for.
     - PostgreSQL with psycopg: also TCP keepalives and a TCP user timeout
       (:data:`POSTGRES_CONNECT_DEFAULTS`, each unless the URL's query sets it).
+    - MariaDB/MySQL with PyMySQL: the same TCP keepalives and user timeout, set on each
+      new connection's socket (:data:`MYSQL_SOCKET_OPTIONS`), and a connect timeout of
+      :data:`MYSQL_CONNECT_TIMEOUT` seconds unless the URL's query sets one.
 
     Keyword arguments are passed to :func:`sqlalchemy.create_engine` and win.
 
@@ -81,8 +101,17 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
                 for key, value in POSTGRES_CONNECT_DEFAULTS.items()
                 if key not in parsed.query
             }
+        pymysql = (
+            parsed.get_backend_name() in ("mysql", "mariadb")
+            and parsed.get_driver_name() == "pymysql"
+        )
+        if pymysql and "connect_timeout" not in parsed.query:
+            options["connect_args"] = {"connect_timeout": MYSQL_CONNECT_TIMEOUT}
         with translate_errors("create engine"):
-            return sa.create_engine(parsed, **(options | kwargs))
+            engine = sa.create_engine(parsed, **(options | kwargs))
+        if pymysql:
+            event.listen(engine, "connect", _set_mysql_socket_options)
+        return engine
     connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
     connect_args |= kwargs.pop("connect_args", {})
     options = {"pool_size": 1, "max_overflow": 0}
@@ -129,6 +158,22 @@ def refuse_sqlite_memory(url: str | URL) -> None:
             "connection would be shared by every thread, so lease statements would run "
             "inside jobs' transactions; use a file, e.g. 'sqlite:///cronjob.sqlite'"
         )
+
+
+def _set_mysql_socket_options(dbapi_connection: Any, connection_record: Any) -> None:
+    # Without them, a connection whose peer vanished (a partition, a black-holed route)
+    # hangs for the kernel's retransmission time (~15 min), and with it whatever thread
+    # waits on it. A TCP user timeout fires only when sent data stays unacknowledged,
+    # so a long query the server is working on is never cut. A Unix socket has no TCP.
+    sock = getattr(dbapi_connection, "_sock", None)
+    if not isinstance(sock, socket.socket) or sock.family not in (
+        socket.AF_INET,
+        socket.AF_INET6,
+    ):
+        return
+    for level, name, value in MYSQL_SOCKET_OPTIONS:
+        if hasattr(socket, name):
+            sock.setsockopt(level, getattr(socket, name), value)
 
 
 def _install_sqlite_recipe(engine: Engine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from typing import Any
 
@@ -131,6 +132,47 @@ class TestServerEngine:
         finally:
             engine.dispose()
 
+    @pytest.mark.mysql
+    def test_mysql_connections_notice_a_vanished_peer_within_seconds(self, mysql_url):
+        """PyMySQL has no option for it: the socket is set up as it connects."""
+        engine = lease.create_engine(mysql_url)
+        try:
+            with engine.connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                sock = dbapi._sock  # type: ignore[union-attr]
+                options = {
+                    "SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                    **{
+                        name: sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+                        for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")
+                    },
+                    "TCP_USER_TIMEOUT": sock.getsockopt(
+                        socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT
+                    ),
+                }
+                connect_timeout = dbapi.connect_timeout  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+        assert options == {
+            "SO_KEEPALIVE": 1,
+            "TCP_KEEPIDLE": 5,
+            "TCP_KEEPINTVL": 2,
+            "TCP_KEEPCNT": 3,
+            "TCP_USER_TIMEOUT": 10_000,
+        }
+        assert connect_timeout == 10
+
+    @pytest.mark.mysql
+    def test_mysql_connect_timeout_in_the_url_wins(self, mysql_url):
+        engine = lease.create_engine(
+            sa.make_url(mysql_url).update_query_dict({"connect_timeout": "3"})
+        )
+        try:
+            with engine.connect() as conn:
+                assert conn.connection.dbapi_connection.connect_timeout == 3  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+
     @pytest.mark.postgres
     def test_postgres_connections_notice_a_vanished_peer_within_seconds(self, postgres_url):
         engine = lease.create_engine(postgres_url)
@@ -190,6 +232,7 @@ class TestSurface:
         assert lease.__all__ == [
             "Claim",
             "CutShort",
+            "DEFAULT_STATEMENT_TIMEOUT",
             "DEFAULT_TTL",
             "DatabaseError",
             "DatabaseUnavailable",
