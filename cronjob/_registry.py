@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import lease
 
 from ._exceptions import RegistrationError, ScheduleError
 from ._schedule import Schedule, parse
@@ -33,7 +36,9 @@ class Job:
         schedule: When it runs.
         leased: ``True`` for a job run once per instant across all replicas;
             ``False`` for a per-instance job, which every replica runs on its own.
-        is_async: ``fn`` is a coroutine function (run on an asyncio loop).
+        is_async: calling ``fn`` returns a coroutine (it runs on an asyncio loop): a
+            coroutine function, an object whose ``__call__`` is one, or a
+            :func:`functools.partial` of either.
     """
 
     name: str
@@ -78,15 +83,17 @@ class Registry:
                 idempotent: a round cut short runs a second time.
             spec: A six-field cron expression (seconds first) or a descriptor such as
                 ``"@hourly"`` or ``"@every 5m"``, optionally prefixed ``CRON_TZ=<zone> ``.
-            name: The job's identity, unique in the registry (at most 200 characters).
+            name: The job's identity, unique in the registry: at most 200 characters,
+                no whitespace at either end, no NUL character or lone surrogate (text
+                some database cannot store).
 
         Returns:
             ``fn`` unchanged.
 
         Raises:
             ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
-            RegistrationError: no name, a name already taken, or ``fn`` not callable with
-                one argument.
+            RegistrationError: no name, a name already taken or that some database
+                cannot store, or ``fn`` not callable with one argument.
             RuntimeError: a scheduler running this registry has already started.
         """
         self._add(fn, spec, name, leased=True)
@@ -116,7 +123,7 @@ class Registry:
             fn=fn,
             schedule=schedule,
             leased=leased,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=_is_async(fn),
         )
         with self._lock:
             if self._frozen_by is not None:
@@ -150,6 +157,12 @@ def _check_name(name: object) -> None:
             f"job name {name[:40]!r}... is {len(name)} characters long; "
             f"the limit is {MAX_NAME_LENGTH}"
         )
+    problem = lease.unstorable(name)
+    if problem is not None:
+        # Caught here, not by the database: the statement that ensures every job's lease
+        # row, and the one that claims every job sharing an instant, carry all the names
+        # at once, so one unstorable name would fail them for every job.
+        raise RegistrationError(f"job name {name!r} {problem}")
 
 
 def _check_fn(fn: object, name: str) -> None:
@@ -166,6 +179,24 @@ def _check_fn(fn: object, name: str) -> None:
             f"job {name!r}: {getattr(fn, '__qualname__', fn)!r} must accept the round "
             f"as its one positional argument ({exc})"
         ) from None
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Tell whether calling ``fn`` returns a coroutine, without calling it.
+
+    True for a coroutine function or method, for an object whose ``__call__`` is one,
+    and for a :func:`functools.partial` (however nested) of either. A plain function that
+    returns a coroutine (``lambda ctx: work(ctx)``) cannot be told here; the round runner
+    awaits what it returns.
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isroutine(fn) or inspect.isclass(fn):
+        return False  # a function, method or builtin that is not async; a class constructs
+    # An instance: inspect.iscoroutinefunction looks at the object, not at its __call__.
+    return inspect.iscoroutinefunction(type(fn).__call__)
 
 
 #: The registry that :func:`register` and ``Scheduler(registry=None)`` use.

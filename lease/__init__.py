@@ -19,6 +19,7 @@ outcomes — nothing about what the holder runs.
 # The layout: one private module per concern, re-exported here.
 #   _exceptions  the LeaseError tree and the one place SQLAlchemy errors are translated
 #   _schema      the MetaData and the cronjob_lease table
+#   _text        which names and holders every database can store
 #   _store       LeaseStore: every statement on the table, on the lease clock
 #   _engine      engines suited to leases (SQLite's single connection), URL redaction
 #   _migrate     alembic migrations to head, under a lock
@@ -41,6 +42,7 @@ from ._migrate import migrate as migrate
 from ._schema import TABLE_NAME as TABLE_NAME
 from ._schema import VERSION_TABLE as VERSION_TABLE
 from ._schema import metadata as metadata
+from ._store import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._store import DEFAULT_TTL as DEFAULT_TTL
 from ._store import Claim as Claim
 from ._store import CutShort as CutShort
@@ -48,10 +50,13 @@ from ._store import LeaseRow as LeaseRow
 from ._store import LeaseState as LeaseState
 from ._store import LeaseStore as LeaseStore
 from ._store import check_dialect as check_dialect
+from ._text import check_holder as check_holder
+from ._text import unstorable as unstorable
 
 __all__ = [
     "Claim",
     "CutShort",
+    "DEFAULT_STATEMENT_TIMEOUT",
     "DEFAULT_TTL",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -65,12 +70,14 @@ __all__ = [
     "UnsupportedDatabase",
     "VERSION_TABLE",
     "check_dialect",
+    "check_holder",
     "create_engine",
     "current_revision",
     "head_revision",
     "metadata",
     "migrate",
     "redact",
+    "unstorable",
 ]
 
 # Public objects say where to find them: lease.LeaseStore, not lease._store.LeaseStore.

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from ._text import HOLDER_LENGTH
+
 __all__ = [
     "NAME_LENGTH",
     "NEVER",
@@ -55,7 +57,7 @@ lease_table = sa.Table(
     # The fencing token: a fresh random 63-bit value on every claim.
     sa.Column("token", sa.BigInteger(), nullable=False),
     # The replica holding (or that last held) the lease.
-    sa.Column("holder", sa.String(255), nullable=True),
+    sa.Column("holder", sa.String(HOLDER_LENGTH), nullable=True),
     # Lease expiry in epoch milliseconds on the lease clock; NULL when not held.
     sa.Column("expires_ms", sa.BigInteger(), nullable=True),
     # Epoch seconds: a round that ran to its end records its end here; every instant

@@ -28,10 +28,12 @@ The rules, with their boundaries
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import math
 import secrets
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -43,11 +45,13 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
-from ._engine import SQLITE_BEGIN_OPTION
+from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._schema import NAME_LENGTH, NEVER, lease_table
+from ._text import check_holder, unstorable
 
 __all__ = [
+    "DEFAULT_STATEMENT_TIMEOUT",
     "DEFAULT_TTL",
     "SUPPORTED_DIALECTS",
     "Claim",
@@ -63,6 +67,14 @@ logger = logging.getLogger("lease")
 #: A lease's time-to-live, in seconds, unless the store is given another.
 DEFAULT_TTL: Final = 15.0
 
+#: How long, in seconds, a statement of a store may run or wait for a lock before it
+#: gives up, unless the store is given another bound. A healthy lease statement takes
+#: milliseconds and waits only for other lease statements, each bounded alike; past
+#: this, the database counts as unavailable for the operation, so a stuck statement
+#: cannot hold the scheduler's control thread while renewals fall due (every 5 s; a
+#: lease is lost after 10 s without one).
+DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
+
 #: Dialect names (``engine.dialect.name``) that can carry leases.
 SUPPORTED_DIALECTS: Final = ("postgresql", "mysql", "mariadb", "sqlite")
 
@@ -73,7 +85,6 @@ _IN_LIST_LIMIT: Final = 500
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
-_HOLDER_LENGTH: Final = 255
 _TOKEN_LIMIT: Final = 2**63
 
 _t = lease_table
@@ -142,7 +153,9 @@ def check_dialect(bind: Engine | Connection | Dialect) -> None:
     """Refuse a database that cannot carry leases.
 
     Raises:
-        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`.
+        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`, or
+            the engine or connection is on an in-memory SQLite database (see
+            :func:`~lease.create_engine`); a bare dialect is judged by its name alone.
     """
     dialect = bind if isinstance(bind, Dialect) else bind.dialect
     if dialect.name not in SUPPORTED_DIALECTS:
@@ -150,6 +163,10 @@ def check_dialect(bind: Engine | Connection | Dialect) -> None:
             f"the {dialect.name!r} database cannot carry leases; "
             "supported are PostgreSQL, MySQL/MariaDB and SQLite"
         )
+    if isinstance(bind, Engine):
+        refuse_sqlite_memory(bind.url)
+    elif isinstance(bind, Connection):
+        refuse_sqlite_memory(bind.engine.url)
 
 
 class _db_now_ms(FunctionElement[int]):  # lower case, like the SQL functions it renders
@@ -200,14 +217,20 @@ class LeaseStore:
         engine: the database. Not disposed by the store: the caller owns it.
         clock: returns "now" as an aware datetime; ``None`` reads the database's clock.
         ttl: a claimed or renewed lease's time-to-live, in seconds (> 0).
+        statement_timeout: how long, in seconds (> 0), a statement of the store may run
+            or wait for a lock before it gives up with :class:`DatabaseUnavailable`;
+            :data:`DEFAULT_STATEMENT_TIMEOUT` by default. Applied inside the store's own
+            transactions only (see :meth:`_transaction`): statements that jobs run on
+            the same engine are never bounded. Whole seconds, rounded up, on
+            MariaDB/MySQL; SQLite's bound is the engine's busy timeout instead.
 
     Raises:
         UnsupportedDatabase: the engine's dialect cannot carry leases.
-        ValueError: ``ttl`` is not a positive number of seconds.
+        ValueError: ``ttl`` or ``statement_timeout`` is not a positive number of seconds.
 
     Every method raises :class:`DatabaseUnavailable` when the database cannot be
-    reached and :class:`DatabaseError` when it refuses a statement; no SQLAlchemy
-    exception escapes.
+    reached, drops the connection, or a statement outlives ``statement_timeout``, and
+    :class:`DatabaseError` when it refuses a statement; no SQLAlchemy exception escapes.
     """
 
     def __init__(
@@ -216,13 +239,19 @@ class LeaseStore:
         *,
         clock: Callable[[], datetime] | None = None,
         ttl: float = DEFAULT_TTL,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         check_dialect(engine)
         if not ttl > 0 or ttl == float("inf"):
             raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        if not statement_timeout > 0 or statement_timeout == float("inf"):
+            raise ValueError(
+                f"statement_timeout must be a positive number of seconds, not {statement_timeout!r}"
+            )
         self._engine = engine
         self._clock = clock
         self._ttl_ms = max(1, round(ttl * 1000))
+        self._timeout_ms = max(1, round(statement_timeout * 1000))
 
     @property
     def engine(self) -> Engine:
@@ -234,6 +263,11 @@ class LeaseStore:
         """A claimed or renewed lease's time-to-live, in seconds."""
         return self._ttl_ms / 1000
 
+    @property
+    def statement_timeout(self) -> float:
+        """How long, in seconds, a statement of the store may wait before giving up."""
+        return self._timeout_ms / 1000
+
     def check_dialect(self) -> None:
         """Refuse a database that cannot carry leases (see :func:`check_dialect`)."""
         check_dialect(self._engine)
@@ -242,7 +276,7 @@ class LeaseStore:
         """Read the lease clock: epoch milliseconds (a query unless a clock was given)."""
         if self._clock is not None:
             return _to_ms(self._clock())
-        with translate_errors("read the lease clock"), self._read_connection() as conn:
+        with translate_errors("read the lease clock"), self._transaction(read=True) as conn:
             value = conn.execute(sa.select(_db_now_ms())).scalar_one()
         return int(value)
 
@@ -272,7 +306,7 @@ class LeaseStore:
             # the column cannot hold would be truncated and stored instead of refused.
             my = mysql.insert(_t).values(defaults)
             stmt = my.on_duplicate_key_update(name=my.inserted.name)
-        with translate_errors("ensure leases"), self._engine.begin() as conn:
+        with translate_errors("ensure leases"), self._transaction() as conn:
             conn.execute(stmt, [{"name": name} for name in wanted])
 
     def read(self, names: Iterable[str]) -> dict[str, LeaseRow]:
@@ -289,7 +323,7 @@ class LeaseStore:
         filtered = len(wanted) <= _IN_LIST_LIMIT
         if filtered:
             stmt = stmt.where(_t.c.name.in_(wanted))
-        with translate_errors("read leases"), self._read_connection() as conn:
+        with translate_errors("read leases"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).mappings().all()
         found: dict[str, LeaseRow] = {}
         wanted_set = set(wanted)
@@ -327,7 +361,7 @@ class LeaseStore:
         """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
-        _check_holder(holder)
+        check_holder(holder)
         if not wanted:
             return []
         token = _new_token()
@@ -349,7 +383,7 @@ class LeaseStore:
                 (_t.c.expires_ms, now + self._ttl_ms),
             )
         )
-        with translate_errors("claim leases"), self._engine.begin() as conn:
+        with translate_errors("claim leases"), self._transaction() as conn:
             rows = self._update_returning(
                 conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name.in_(wanted)
             )
@@ -370,7 +404,7 @@ class LeaseStore:
         """
         (wanted,) = _names([name])
         epoch = _instant_seconds(instant)
-        _check_holder(holder)
+        check_holder(holder)
         token = _new_token()
         now = self._now()
         stmt = (
@@ -393,7 +427,7 @@ class LeaseStore:
                 (_t.c.expires_ms, now + self._ttl_ms),
             )
         )
-        with translate_errors("claim a second run"), self._engine.begin() as conn:
+        with translate_errors("claim a second run"), self._transaction() as conn:
             rows = self._update_returning(
                 conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name == wanted
             )
@@ -409,7 +443,7 @@ class LeaseStore:
         Returns:
             The names renewed; every other name in ``held`` has lost its lease.
         """
-        _check_holder(holder)
+        check_holder(holder)
         pairs = [(name, _check_token(token)) for name, token in held]
         _names([name for name, _ in pairs])
         if not pairs:
@@ -424,7 +458,7 @@ class LeaseStore:
         # Without RETURNING the SELECT after the UPDATE reuses its condition: a renewed
         # row now expires later, so it still holds; a row that was not renewed had
         # expired or changed hands, and still has, or has another token.
-        with translate_errors("renew leases"), self._engine.begin() as conn:
+        with translate_errors("renew leases"), self._transaction() as conn:
             rows = self._update_returning(conn, stmt, (_t.c.name,), held_here)
         return {row["name"] for row in rows}
 
@@ -441,7 +475,7 @@ class LeaseStore:
             .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
             .values(state=LeaseState.CUT.value, expires_ms=None)
         )
-        with translate_errors("give back a lease"), self._engine.begin() as conn:
+        with translate_errors("give back a lease"), self._transaction() as conn:
             return conn.execute(stmt).rowcount == 1
 
     def finish(self, name: str, token: int, *, ended: datetime) -> bool:
@@ -466,7 +500,7 @@ class LeaseStore:
             .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
             .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
         )
-        with translate_errors("finish a lease"), self._engine.begin() as conn:
+        with translate_errors("finish a lease"), self._transaction() as conn:
             return conn.execute(stmt).rowcount == 1
 
     def finish_many(self, ends: Collection[tuple[str, int, datetime]]) -> set[tuple[str, int]]:
@@ -487,7 +521,7 @@ class LeaseStore:
         if not groups:
             return set()
         recorded: set[tuple[str, int]] = set()
-        with translate_errors("finish leases"), self._engine.begin() as conn:
+        with translate_errors("finish leases"), self._transaction() as conn:
             for ended_s, pairs in groups.items():
                 mine = sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
                 stmt = (
@@ -526,7 +560,7 @@ class LeaseStore:
         )
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
-        with translate_errors("find rounds cut short"), self._read_connection() as conn:
+        with translate_errors("find rounds cut short"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).all()
         wanted_set = set(wanted)
         found: list[CutShort] = []
@@ -575,10 +609,65 @@ class LeaseStore:
             return _db_now_ms()
         return sa.literal(_to_ms(self._clock()), sa.BigInteger())
 
-    def _read_connection(self) -> Connection:
-        # A read needs no write lock: on an engine from lease.create_engine, its SQLite
-        # transaction begins DEFERRED, so it never waits for another process's writer.
-        return self._engine.connect().execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+    @contextlib.contextmanager
+    def _transaction(self, *, read: bool = False) -> Iterator[Connection]:
+        """A connection in a transaction whose statements give up after the bound.
+
+        Commits when the block ends normally, rolls back otherwise. The bound is
+        :attr:`statement_timeout`; it holds for this transaction only, never for the
+        next user of the pooled connection (a job's ``ctx.transaction()``):
+
+        - PostgreSQL: ``SET LOCAL statement_timeout``, which the transaction's end undoes
+          (with no effect on an engine in ``AUTOCOMMIT`` mode);
+        - MariaDB/MySQL: the session's row-lock and metadata-lock waits
+          (``innodb_lock_wait_timeout``, ``lock_wait_timeout``; whole seconds, at least
+          1), saved first and restored before the transaction ends; a connection whose
+          settings could not be restored is invalidated, never pooled;
+        - SQLite: the engine's busy timeout (30 s from :func:`~lease.create_engine`).
+
+        A statement that gives up raises ``OperationalError``, which the callers'
+        :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
+        """
+        conn = self._engine.connect()
+        if read:
+            # A read needs no write lock: on an engine from lease.create_engine, its
+            # SQLite transaction begins DEFERRED, so it never waits for another
+            # process's writer.
+            conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+        with conn, conn.begin():
+            restore = self._bound(conn)
+            try:
+                yield conn
+            finally:
+                if restore is not None and not conn.invalidated:
+                    try:
+                        conn.exec_driver_sql(restore)
+                    except BaseException:
+                        conn.invalidate()  # never pool a session that keeps our bound
+                        raise
+
+    def _bound(self, conn: Connection) -> str | None:
+        """Bound the statements of ``conn``'s transaction; return what undoes it, if any."""
+        dialect = conn.dialect.name
+        if dialect == "postgresql":
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {self._timeout_ms}")
+            return None
+        if dialect in ("mysql", "mariadb"):
+            # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
+            # only): a statement of ours that waits is waiting for a lock, and these two
+            # bound that wait on both servers.
+            seconds = max(1, math.ceil(self._timeout_ms / 1000))
+            conn.exec_driver_sql(
+                "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
+                " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
+                f" SESSION innodb_lock_wait_timeout = {seconds},"
+                f" SESSION lock_wait_timeout = {seconds}"
+            )
+            return (
+                "SET SESSION innodb_lock_wait_timeout = @lease_saved_lock_wait,"
+                " SESSION lock_wait_timeout = @lease_saved_mdl_wait"
+            )
+        return None
 
     def _update_returning(
         self,
@@ -719,15 +808,12 @@ def _names(names: Iterable[str]) -> list[str]:
             # MySQL and MariaDB ignore trailing spaces when comparing strings, so
             # "job " would share the lease of "job".
             raise ValueError(f"a lease name must not start or end with whitespace: {name!r}")
+        problem = unstorable(name)
+        if problem is not None:
+            # Refused before any statement: in the batch, it would fail every name.
+            raise ValueError(f"lease name {name!r} {problem}")
         unique[name] = None
     return list(unique)
-
-
-def _check_holder(holder: str) -> None:
-    if not isinstance(holder, str) or not 0 < len(holder) <= _HOLDER_LENGTH:
-        raise ValueError(
-            f"a holder must be a string of 1 to {_HOLDER_LENGTH} characters, not {holder!r}"
-        )
 
 
 def _check_token(token: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,6 +106,82 @@ class TestEnsure:
             store.ensure(["job "])
         with pytest.raises(TypeError, match=r"^names must be a collection of names"):
             store.ensure("job")
+
+
+#: Names unusual but storable: every database round-trips them (a 200-character name of
+#: 4-byte characters too: MariaDB's utf8mb4 counts characters, not bytes).
+STORABLE = [
+    "r\u00e9sum\u00e9",
+    "clock-\u23f0-\U0001f980",
+    "a\x01\x7fb",
+    "\ufeffbom",
+    "\U0010ffff",
+    "\U0001f980" * 200,
+]
+
+
+class TestNamesAndHolders:
+    def test_every_storable_name_and_holder_round_trips(self, store):
+        store.ensure([*STORABLE, "plain"])
+        claims = store.claim([*STORABLE, "plain"], T0, holder="\U0001f980" * 255)
+        assert [claim.name for claim in claims] == [*STORABLE, "plain"]
+        rows = store.read([*STORABLE, "plain"])
+        assert sorted(rows) == sorted([*STORABLE, "plain"])
+        assert {row.name for row in rows.values()} == {*STORABLE, "plain"}
+        assert {row.holder for row in rows.values()} == {"\U0001f980" * 255}
+
+    @pytest.mark.parametrize(
+        ("name", "problem"),
+        [
+            ("a\x00b", "contains a NUL character at index 1, which PostgreSQL cannot store"),
+            (
+                "a\udc80b",
+                "contains the lone surrogate '\\udc80' at index 1, "
+                "which is not valid Unicode and no database can store",
+            ),
+        ],
+        ids=["nul", "surrogate"],
+    )
+    def test_it_refuses_a_name_some_database_cannot_store(self, store, name, problem):
+        """Refused before any statement, on every database: one bad name in the batch
+        would otherwise fail the statement that carries all of them."""
+        message = f"lease name {name!r} {problem}"
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            store.ensure(["ok", name])
+        assert store.read(["ok"]) == {}
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            store.claim(["ok", name], T0, holder="r")
+
+    def test_check_holder_returns_a_storable_holder(self):
+        assert lease.check_holder("replica-1") == "replica-1"
+        assert lease.check_holder("x" * 255) == "x" * 255
+
+    @pytest.mark.parametrize(
+        ("holder", "message"),
+        [
+            ("", "a holder must be a string of 1 to 255 characters, not ''"),
+            (
+                "x" * 256,
+                "a holder must be a string of 1 to 255 characters, not 'xxxxxxxxxxxxxxxxxxxx"
+                "xxxxxxxxxxxxxxxxxxxx'... (256 characters)",
+            ),
+            (42, "a holder must be a string of 1 to 255 characters, not 42"),
+            (
+                "r\x00",
+                "holder 'r\\x00' contains a NUL character at index 1, "
+                "which PostgreSQL cannot store",
+            ),
+            (
+                "r\udc80",
+                "holder 'r\\udc80' contains the lone surrogate '\\udc80' at index 1, "
+                "which is not valid Unicode and no database can store",
+            ),
+        ],
+        ids=["empty", "too-long", "not-a-string", "nul", "surrogate"],
+    )
+    def test_check_holder_refuses_what_the_holder_column_cannot_store(self, holder, message):
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            lease.check_holder(holder)
 
 
 class TestClaim:
@@ -593,6 +670,188 @@ class TestRaces:
         _assert_one_winner_per_round([w for won in outcomes.values() for w in won])
 
 
+@pytest.fixture(
+    params=[
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ]
+)
+def server_url(request: pytest.FixtureRequest) -> str:
+    """Each server database in turn, without the lease tables."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+@contextmanager
+def blocked(url: str, statement: str) -> Iterator[None]:
+    """Hold a lock from another session (``statement``) until the block ends."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.begin()
+            conn.exec_driver_sql(statement)
+            try:
+                yield
+            finally:
+                if conn.dialect.name != "postgresql":
+                    conn.exec_driver_sql("UNLOCK TABLES")
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def outcome_of(operation: Callable[[], object], *, within: float = 60) -> object:
+    """Run ``operation`` in a thread and return what it returned or raised.
+
+    If it is still running after ``within`` seconds (real time), return the string
+    "still running": the caller then releases the lock and the thread ends.
+    """
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(operation())
+        except Exception as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=within)
+    return result[0] if result else "still running"
+
+
+#: How a statement that gave up reads, after its operation's name, by dialect.
+GAVE_UP = {
+    "postgresql": "QueryCanceled: canceling statement due to statement timeout",
+    "mysql": "OperationalError: (1205, 'Lock wait timeout exceeded; try restarting transaction')",
+}
+
+
+class TestStatementBound:
+    """A lease statement stuck behind a lock gives up after the store's bound, with the
+    error the scheduler treats as an unavailable database, instead of holding the
+    scheduler's control thread forever; a job's own statements are never bounded."""
+
+    ROW_OPERATIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        # what the row is set up as, and what the operation's error message starts with
+        "claim": ("cut", "claim leases"),
+        "claim_rerun": ("cut", "claim a second run"),
+        "renew": ("running", "renew leases"),
+        "give_back": ("running", "give back a lease"),
+        "finish": ("running", "finish a lease"),
+        "finish_many": ("running", "finish leases"),
+    }
+
+    @staticmethod
+    def run(store: lease.LeaseStore, operation: str, token: int) -> object:
+        now = datetime.now(UTC)
+        return {
+            "claim": lambda: store.claim(["a"], T1, "r1"),
+            "claim_rerun": lambda: store.claim_rerun("a", T0, "r1"),
+            "renew": lambda: store.renew([("a", token)], "r1"),
+            "give_back": lambda: store.give_back("a", token),
+            "finish": lambda: store.finish("a", token, ended=now),
+            "finish_many": lambda: store.finish_many([("a", token, now)]),
+            "ensure": lambda: store.ensure(["a"]),
+            "read": lambda: store.read(["a"]),
+            "find_cut_short": lambda: store.find_cut_short(["a"]),
+        }[operation]()
+
+    @pytest.mark.parametrize("operation", sorted(ROW_OPERATIONS))
+    def test_a_statement_behind_a_row_lock_gives_up(self, server_url, operation):
+        engine = lease.create_engine(server_url)
+        try:
+            lease.migrate(engine)
+            store = lease.LeaseStore(engine, ttl=3600, statement_timeout=1.0)
+            store.ensure(["a"])
+            (claim,) = store.claim(["a"], T0, "r1")
+            state, what = self.ROW_OPERATIONS[operation]
+            if state == "cut":
+                store.give_back("a", claim.token)
+            lock = "SELECT * FROM cronjob_lease WHERE name = 'a' FOR UPDATE"
+            with blocked(server_url, lock):
+                outcome = outcome_of(lambda: self.run(store, operation, claim.token))
+            assert isinstance(outcome, lease.DatabaseUnavailable), outcome
+            assert str(outcome).startswith(f"{what}: {GAVE_UP[engine.dialect.name]}"), outcome
+            # Nothing was written; once the lock is gone, the same operation succeeds.
+            assert store.read(["a"])["a"].token == claim.token
+            assert self.run(store, operation, claim.token)
+        finally:
+            engine.dispose()
+
+    @pytest.mark.parametrize(
+        ("operation", "what"),
+        [
+            ("ensure", "ensure leases"),
+            ("read", "read leases"),
+            ("find_cut_short", "find rounds cut short"),
+        ],
+    )
+    def test_a_statement_behind_a_table_lock_gives_up(self, server_url, operation, what):
+        engine = lease.create_engine(server_url)
+        try:
+            lease.migrate(engine)
+            store = lease.LeaseStore(engine, statement_timeout=1.0)
+            store.ensure(["a"])
+            lock = (
+                "LOCK TABLE cronjob_lease IN ACCESS EXCLUSIVE MODE"
+                if engine.dialect.name == "postgresql"
+                else "LOCK TABLES cronjob_lease WRITE"
+            )
+            with blocked(server_url, lock):
+                outcome = outcome_of(lambda: self.run(store, operation, 0))
+            assert isinstance(outcome, lease.DatabaseUnavailable), outcome
+            assert str(outcome).startswith(f"{what}: {GAVE_UP[engine.dialect.name]}"), outcome
+        finally:
+            engine.dispose()
+
+    def test_the_bound_never_outlives_the_store_s_own_transaction(self, server_url):
+        """A job's transaction on the same pooled connection keeps the session's own
+        settings, after store operations that succeeded, failed, or checked a lease."""
+        engine = lease.create_engine(server_url, pool_size=1, max_overflow=0)
+        if engine.dialect.name == "postgresql":
+            settings = (
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+            )
+        else:
+            settings = (
+                "SELECT @@SESSION.max_statement_time, @@SESSION.innodb_lock_wait_timeout,"
+                " @@SESSION.lock_wait_timeout"
+            )
+        try:
+            lease.migrate(engine)
+            with engine.connect() as conn:
+                before = tuple(conn.exec_driver_sql(settings).one())
+            store = lease.LeaseStore(engine, ttl=3600, statement_timeout=1.0)
+            store.ensure(["a"])
+            (claim,) = store.claim(["a"], T0, "r1")
+            store.renew([("a", claim.token)], "r1")
+            store.read(["a"])
+            with blocked(server_url, "SELECT * FROM cronjob_lease WHERE name = 'a' FOR UPDATE"):
+                assert isinstance(
+                    outcome_of(lambda: store.renew([("a", claim.token)], "r1")),
+                    lease.DatabaseUnavailable,
+                )
+            with engine.begin() as conn:  # as ctx.transaction() does
+                assert store.holds(conn, "a", claim.token)
+                assert tuple(conn.exec_driver_sql(settings).one()) == before
+            with engine.connect() as conn:
+                assert tuple(conn.exec_driver_sql(settings).one()) == before
+        finally:
+            engine.dispose()
+
+    def test_the_default_bound_and_its_refusals(self, migrated_engine):
+        assert lease.DEFAULT_STATEMENT_TIMEOUT == 5.0
+        assert lease.LeaseStore(migrated_engine).statement_timeout == 5.0
+        assert lease.LeaseStore(migrated_engine, statement_timeout=0.25).statement_timeout == 0.25
+        for bad in (0, -1.0, float("inf"), float("nan")):
+            with pytest.raises(
+                ValueError,
+                match=rf"^statement_timeout must be a positive number of seconds, not {bad!r}$",
+            ):
+                lease.LeaseStore(migrated_engine, statement_timeout=bad)
+
+
 class TestErrors:
     TABLE_OPERATIONS: ClassVar[dict[str, Callable[[lease.LeaseStore], object]]] = {
         "ensure": lambda s: s.ensure(["a"]),
@@ -648,7 +907,7 @@ class TestErrors:
             lease.migrate(engine)  # type: ignore[arg-type]
 
     @pytest.mark.parametrize(
-        "url", ["sqlite://", "postgresql+psycopg://x@h/d", "mysql+pymysql://x@h/d"]
+        "url", ["sqlite:///jobs.sqlite", "postgresql+psycopg://x@h/d", "mysql+pymysql://x@h/d"]
     )
     def test_supported_dialects_pass(self, url):
         lease.check_dialect(sa.create_engine(url))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import threading
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool
 
 import lease
 
@@ -80,18 +82,43 @@ class TestSqliteEngine:
         engine.dispose()
         assert errors == []
 
-    def test_memory_shares_one_connection(self):
-        engine = lease.create_engine("sqlite://")
-        assert isinstance(engine.pool, StaticPool)
-        lease.migrate(engine)  # no file to lock
-        store = lease.LeaseStore(engine)
-        store.ensure(["a"])
-        done: list[set[str]] = []
-        thread = threading.Thread(target=lambda: done.append(set(store.read(["a"]))))
-        thread.start()
-        thread.join()
-        assert done == [{"a"}]
-        engine.dispose()
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "sqlite://",
+            "sqlite:///:memory:",
+            "sqlite+pysqlite:///:memory:",
+            "sqlite:///file::memory:?uri=true",
+            "sqlite:///file::memory:?cache=shared&uri=true",
+            "sqlite:///file:jobs?mode=memory&cache=shared&uri=true",
+        ],
+    )
+    def test_it_refuses_an_in_memory_database(self, url):
+        """One connection shared by every thread: lease statements would run inside a
+        job's transaction, and commit or roll back with it."""
+        message = (
+            f"the in-memory SQLite database {url!r} cannot carry leases: its one "
+            "connection would be shared by every thread, so lease statements would run "
+            "inside jobs' transactions; use a file, e.g. 'sqlite:///cronjob.sqlite'"
+        )
+        with pytest.raises(lease.UnsupportedDatabase, match="^" + re.escape(message) + "$"):
+            lease.create_engine(url)
+        # Made elsewhere, then handed to the package.
+        engine = sa.create_engine(url, poolclass=NullPool)
+        refused = r"^the in-memory SQLite database 'sqlite(\+pysqlite)?://.* cannot carry leases"
+        with pytest.raises(lease.UnsupportedDatabase, match=refused):
+            lease.LeaseStore(engine)
+        with pytest.raises(lease.UnsupportedDatabase, match=refused):
+            lease.migrate(engine)
+
+    def test_a_file_uri_is_not_taken_for_memory(self, tmp_path):
+        engine = lease.create_engine(f"sqlite:///file:{tmp_path / 'a.sqlite'}?uri=true")
+        try:
+            lease.migrate(engine)
+            lease.LeaseStore(engine).ensure(["a"])
+        finally:
+            engine.dispose()
+        assert (tmp_path / "a.sqlite").exists()
 
 
 class TestServerEngine:
@@ -102,6 +129,47 @@ class TestServerEngine:
             assert engine.pool._pre_ping  # type: ignore[attr-defined]
             with engine.connect() as conn:
                 assert conn.get_isolation_level() == "READ COMMITTED"
+        finally:
+            engine.dispose()
+
+    @pytest.mark.mysql
+    def test_mysql_connections_notice_a_vanished_peer_within_seconds(self, mysql_url):
+        """PyMySQL has no option for it: the socket is set up as it connects."""
+        engine = lease.create_engine(mysql_url)
+        try:
+            with engine.connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                sock = dbapi._sock  # type: ignore[union-attr]
+                options = {
+                    "SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                    **{
+                        name: sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+                        for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")
+                    },
+                    "TCP_USER_TIMEOUT": sock.getsockopt(
+                        socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT
+                    ),
+                }
+                connect_timeout = dbapi.connect_timeout  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+        assert options == {
+            "SO_KEEPALIVE": 1,
+            "TCP_KEEPIDLE": 5,
+            "TCP_KEEPINTVL": 2,
+            "TCP_KEEPCNT": 3,
+            "TCP_USER_TIMEOUT": 10_000,
+        }
+        assert connect_timeout == 10
+
+    @pytest.mark.mysql
+    def test_mysql_connect_timeout_in_the_url_wins(self, mysql_url):
+        engine = lease.create_engine(
+            sa.make_url(mysql_url).update_query_dict({"connect_timeout": "3"})
+        )
+        try:
+            with engine.connect() as conn:
+                assert conn.connection.dbapi_connection.connect_timeout == 3  # type: ignore[union-attr]
         finally:
             engine.dispose()
 
@@ -164,6 +232,7 @@ class TestSurface:
         assert lease.__all__ == [
             "Claim",
             "CutShort",
+            "DEFAULT_STATEMENT_TIMEOUT",
             "DEFAULT_TTL",
             "DatabaseError",
             "DatabaseUnavailable",
@@ -177,12 +246,14 @@ class TestSurface:
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "check_dialect",
+            "check_holder",
             "create_engine",
             "current_revision",
             "head_revision",
             "metadata",
             "migrate",
             "redact",
+            "unstorable",
         ]
 
     def test_public_objects_carry_the_public_module(self):

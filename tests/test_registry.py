@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
 import pytest
 
 import cronjob
@@ -14,6 +17,19 @@ def job(ctx: cronjob.Round) -> None:
 
 async def async_job(ctx: cronjob.Round) -> None:
     pass
+
+
+class AsyncCallable:
+    async def __call__(self, ctx: cronjob.Round) -> None:
+        pass
+
+    async def method(self, ctx: cronjob.Round) -> None:
+        pass
+
+
+class SyncCallable:
+    def __call__(self, ctx: cronjob.Round) -> None:
+        pass
 
 
 class TestRegister:
@@ -31,6 +47,36 @@ class TestRegister:
             ("tock", False, True),
         ]
         assert registry.jobs[0].schedule == cronjob.parse("0 * * * * *")
+
+    @pytest.mark.parametrize(
+        ("fn", "is_async"),
+        [
+            (job, False),
+            (async_job, True),
+            (functools.partial(async_job), True),
+            (functools.partial(functools.partial(async_job)), True),
+            (AsyncCallable(), True),
+            (functools.partial(AsyncCallable()), True),
+            (AsyncCallable().method, True),
+            (SyncCallable(), False),
+            (functools.partial(SyncCallable()), False),
+        ],
+        ids=[
+            "function",
+            "async-function",
+            "partial",
+            "partial-of-partial",
+            "async-call",
+            "partial-of-async-call",
+            "async-method",
+            "sync-call",
+            "partial-of-sync-call",
+        ],
+    )
+    def test_it_tells_an_async_job_however_it_is_wrapped(self, fn, is_async):
+        registry = Registry()
+        registry.register(fn, "@hourly", "job")
+        assert registry.jobs[0].is_async is is_async
 
     def test_the_module_level_functions_use_the_default_registry(self):
         from cronjob._registry import default_registry
@@ -61,6 +107,35 @@ class TestRefusals:
     def test_it_refuses_a_name_too_long_for_the_lease_table(self):
         with pytest.raises(RegistrationError, match=r"is 201 characters long; the limit is 200$"):
             Registry().register(job, "@hourly", "x" * 201)
+
+    def test_it_refuses_a_name_with_a_nul_character(self):
+        """PostgreSQL cannot store NUL in text: the one statement carrying every name fails."""
+        message = (
+            r"job name 'nightly\x00report' contains a NUL character at index 7, "
+            r"which PostgreSQL cannot store"
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register(job, "@hourly", "nightly\x00report")
+
+    @pytest.mark.parametrize("register", ["register", "register_per_instance"])
+    def test_it_refuses_a_name_with_a_lone_surrogate(self, register):
+        """os.listdir yields these for undecodable bytes; UTF-8 cannot encode them."""
+        message = (
+            r"job name 'clean-\udc80' contains the lone surrogate '\udc80' at index 6, "
+            r"which is not valid Unicode and no database can store"
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            getattr(Registry(), register)(job, "@hourly", "clean-\udc80")
+
+    @pytest.mark.parametrize(
+        "name",
+        ["r\u00e9sum\u00e9", "clock-\u23f0-\U0001f980", "a\x01\x7fb", "\U0010ffff", "x" * 200],
+    )
+    def test_it_accepts_any_other_text_every_database_round_trips(self, name):
+        """tests/test_lease.py stores these very names on all three databases."""
+        registry = Registry()
+        registry.register(job, "@hourly", name)
+        assert [j.name for j in registry.jobs] == [name]
 
     def test_it_refuses_a_name_already_taken(self):
         registry = Registry()

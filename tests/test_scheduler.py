@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -518,6 +519,22 @@ class TestAsyncJobs:
         clock.advance(3600)
         assert recorder.instants() == [at(minutes=30), at(hours=1)]
 
+    def test_an_object_with_an_async_call_runs_as_an_async_job(self, replicas, clock, recorder):
+        """Not mistaken for a sync job, whose coroutine a worker would drop unawaited."""
+
+        class Job:
+            async def __call__(self, ctx: cronjob.Round) -> None:
+                await asyncio.sleep(0)
+                recorder.quick(ctx)
+
+        registry = Registry()
+        registry.register(Job(), "0 */30 * * * *", "object")
+        registry.register(functools.partial(Job()), "0 */30 * * * *", "partial")
+        replicas(registry, "a")
+        clock.advance(3600)
+        assert recorder.instants("object") == [at(minutes=30), at(hours=1)]
+        assert recorder.instants("partial") == [at(minutes=30), at(hours=1)]
+
     def test_an_async_job_waits_on_the_clock_and_is_cut_short_by_drain(
         self, url, replicas, clock, recorder
     ):
@@ -559,6 +576,28 @@ class TestLifecycle:
         scheduler = replicas(registry, "a")
         with pytest.raises(RuntimeError, match=r"^scheduler 'a' was already started$"):
             scheduler.start()
+
+    def test_a_replica_id_the_holder_column_cannot_store_is_refused_at_construction(
+        self, tmp_path, clock, recorder
+    ):
+        """Accepted, it would fail every claim after the start instead."""
+        registry = Registry()
+        registry.register(recorder.quick, "@hourly", "a")
+        url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+        with pytest.raises(ValueError, match=r"^a holder must be a string of 1 to 255 char"):
+            Scheduler(url, registry=registry, clock=clock, replica_id="x" * 256)
+        with pytest.raises(ValueError, match=r"^holder 'r\\x00' contains a NUL character"):
+            Scheduler(url, registry=registry, clock=clock, replica_id="r\x00")
+
+    @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+    def test_an_in_memory_sqlite_database_is_refused_at_start(self, url, clock, recorder):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "@hourly", "a")
+        scheduler = Scheduler(url, registry=registry, clock=clock)
+        with pytest.raises(lease.UnsupportedDatabase, match=r"^the in-memory SQLite database"):
+            scheduler.start()
+        with pytest.raises(lease.UnsupportedDatabase, match=r"^the in-memory SQLite database"):
+            Scheduler(sa.create_engine(url), registry=registry, clock=clock).start()
 
     def test_auto_migrate_off_refuses_a_blank_database(self, tmp_path, clock, recorder):
         registry = Registry()
