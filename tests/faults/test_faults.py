@@ -1030,10 +1030,10 @@ def test_server_restart(launched, db):
     the replicas reconnect, none crashes or restarts, no instant runs twice, and the
     schedule goes on."""
     launched.wait()
-    reason = launched.unreachable.get(db)
+    database = DATABASES[db]
+    reason = database.reachable()
     if reason is not None:
         _unreachable(db, reason)
-    database = DATABASES[db]
     why_not = database.restartable()
     if why_not is not None:
         message = f"cannot restart the {db} server here: {why_not}"
