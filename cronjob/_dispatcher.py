@@ -24,7 +24,7 @@ import lease
 from ._clock import Clock
 from ._control import Control, Inbox
 from ._exceptions import Shutdown
-from ._keeper import LeaseKeeper
+from ._keeper import LeaseKeeper, too_late
 from ._recovery import Recovery
 from ._runner import RoundRunner
 from ._state import Flags, JobState, Reason, Run
@@ -233,9 +233,18 @@ class Dispatcher:
             else:
                 won = {claim.name: claim for claim in result}
                 self.recovery.database_answered()
+            late = too_late(claimed_at, self._clock.monotonic())
             for state in states:
                 claim = won.get(state.job.name)
-                if claim is None or self.draining or self._flags.stopped:
+                if claim is not None and late:
+                    log.warning(
+                        "job %r: the claim of %s came back %.1f s after it was sent, when "
+                        "its lease may be lost already: given back, not run here",
+                        state.job.name,
+                        instant.isoformat(),
+                        self._clock.monotonic() - claimed_at,
+                    )
+                if claim is None or self.draining or self._flags.stopped or late:
                     if claim is not None:  # drain began meanwhile: hand the instant on
                         self.hand_back(claim)
                     self.schedule_after(state, max(instant, issued) if catch_up else instant)

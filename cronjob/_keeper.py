@@ -36,7 +36,7 @@ from ._exceptions import LeaseLost
 from ._round import lease_lost
 from ._state import Flags, Run
 
-__all__ = ["EXIT_LEASE_LOST", "LeaseKeeper", "exit_process"]
+__all__ = ["EXIT_LEASE_LOST", "LeaseKeeper", "exit_process", "too_late"]
 
 log = logging.getLogger("cronjob")
 
@@ -76,6 +76,13 @@ def exit_process(message: str) -> None:
     threading.Thread(target=report, name="cronjob-exit-log", daemon=True).start()
     threading.Event().wait(EXIT_LOG_GRACE)
     os._exit(EXIT_LEASE_LOST)
+
+
+def too_late(claimed_at: float, now: float) -> bool:
+    """Whether a claim sent at ``claimed_at`` that came back at ``now`` (monotonic) came
+    back too late to run: its lease would count as lost already (the lease on the
+    database is counted from no later than the claim was sent)."""
+    return now - claimed_at >= LOST_AFTER
 
 
 @dataclass(order=True)

@@ -29,6 +29,7 @@ import lease
 
 from ._clock import Clock
 from ._control import Control
+from ._keeper import too_late
 from ._state import JobState, Reason
 
 if TYPE_CHECKING:
@@ -253,7 +254,18 @@ class Recovery:
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
 
         def done(result: lease.Claim | BaseException | None) -> None:
-            if isinstance(result, BaseException) or result is None or dispatcher.draining:
+            late = too_late(claimed_at, self._clock.monotonic())
+            if late and isinstance(result, lease.Claim):
+                log.warning(
+                    "job %r: the claim of its second run came back too late to keep: given back",
+                    state.job.name,
+                )
+            if (
+                isinstance(result, BaseException)
+                or result is None
+                or dispatcher.draining
+                or late
+            ):
                 if isinstance(result, BaseException):
                     log.error("job %r: claiming the second run failed: %s", state.job.name, result)
                 elif result is not None:

@@ -113,7 +113,7 @@ class Scheduler:
         self._database = resolve_database(database)
         self._registry = registry if registry is not None else default_registry
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self.replica_id = replica_id or _default_replica_id()
+        self.replica_id = lease.check_holder(replica_id or _default_replica_id())
         self._auto_migrate = auto_migrate
         self._max_workers = max_workers
         self._drain_timeout = drain_timeout

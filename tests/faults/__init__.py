@@ -1,5 +1,5 @@
 """Fault-injection proof: replicas as real ``cronjob run`` processes, killed, cut off,
-restarted, against a real PostgreSQL.
+restarted, against PostgreSQL, MariaDB and SQLite.
 
 ``harness`` starts the replicas, injects the faults and checks the invariants over the
 event log the job modules (``jobs_*``) append to; ``test_faults`` is the short profile

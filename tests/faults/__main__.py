@@ -1,8 +1,10 @@
-"""The soak: ``python -m tests.faults --soak MINUTES``.
+"""The soak: ``python -m tests.faults --soak MINUTES [--database postgres|mysql|sqlite]``.
 
-Four replicas (each behind a proxy of its own) run a mix of jobs against PostgreSQL while
-random faults hit them: ``kill -9``, SIGTERM, and connections cut (blackholed or reset)
-for a while. A supervisor restarts every replica that ended, as an orchestrator would.
+Four replicas run a mix of jobs against the database (PostgreSQL by default) while random
+faults hit them: ``kill -9``, SIGTERM, and, on a server, connections cut (blackholed or
+reset; each replica is behind a proxy of its own) for a while; on SQLite, where the
+replicas share one file on this host, the file's write lock held by another process for
+2-8 s instead. A supervisor restarts every replica that ended, as an orchestrator would.
 At the end the faults stop, the replicas get time to re-run what was cut short, and the
 invariants are checked over the whole log. The report (printed, and written as
 ``soak.json`` in the scenario's folder) lists the rounds run, the faults injected, the
@@ -21,14 +23,17 @@ import time
 from typing import Any
 
 from .harness import (
+    DATABASES,
     EXIT_LEASE_LOST,
     LEASE_TTL,
     SWEEP_EVERY,
     JobSpec,
     Replica,
     Scenario,
+    hold_sqlite_lock,
     percentile,
-    postgres_reachable,
+    redacted,
+    sqlite_path,
 )
 
 JOBS = [
@@ -45,13 +50,14 @@ EXPECTED_EXITS = {0, -9, EXIT_LEASE_LOST}
 
 
 class Soak:
-    def __init__(self, minutes: float, replicas: int, seed: int) -> None:
+    def __init__(self, minutes: float, replicas: int, seed: int, db: str = "postgres") -> None:
         self.minutes = minutes
         self.rng = random.Random(seed)
         self.seed = seed
-        self.scenario = Scenario("soak", JOBS)
+        self.scenario = Scenario("soak", JOBS, db=db)
+        self.server = self.scenario.db.server
         self.replicas: list[Replica] = [
-            self.scenario.replica(f"r{i}", proxy=True) for i in range(replicas)
+            self.scenario.replica(f"r{i}", proxy=self.server) for i in range(replicas)
         ]
         self.faults: collections.Counter[str] = collections.Counter()
         self.busy: set[str] = set()  # replicas under a fault right now
@@ -76,10 +82,18 @@ class Soak:
             self.busy.discard(replica.name)
 
     def _fault(self) -> None:
+        if self.server:
+            kind = self.rng.choices(["kill9", "sigterm", "cut"], weights=[3, 3, 4])[0]
+        else:
+            kind = self.rng.choices(["kill9", "sigterm", "lock"], weights=[3, 3, 2])[0]
+        if kind == "lock":
+            if not self._locking():  # one lock at a time
+                self.faults[kind] += 1
+                threading.Thread(target=self._lock, daemon=True).start()
+            return
         replica = self._pick()
         if replica is None:
             return
-        kind = self.rng.choices(["kill9", "sigterm", "cut"], weights=[3, 3, 4])[0]
         self.faults[kind] += 1
         threading.Thread(target=self._inject, args=(kind, replica), daemon=True).start()
 
@@ -106,6 +120,22 @@ class Soak:
             self.faults["harness-errors"] += 1
         finally:
             self._release(replica)
+
+    def _locking(self) -> bool:
+        return self.faults["lock"] > self.faults["lock-done"]
+
+    def _lock(self) -> None:
+        """Hold the SQLite file's write lock from another process for 2-8 s: under the
+        10 s after which a lease counts as lost (longer is test_file_locked's business)."""
+        seconds = self.rng.uniform(2, 8)
+        self.scenario.emit("fault", kind="sqlite-lock", seconds=seconds)
+        holder = hold_sqlite_lock(sqlite_path(self.scenario.url), seconds)
+        try:
+            holder.wait(seconds + 120)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+            self.faults["lock-done"] += 1
 
     def _supervise(self) -> None:
         """Restart a replica that ended on its own (status 70), as an orchestrator would."""
@@ -145,7 +175,7 @@ class Soak:
         # Let the last faults play out (each heals and restarts its replica), then make
         # sure every replica runs.
         faulting = time.monotonic()
-        while self.busy and time.monotonic() < faulting + 60:
+        while (self.busy or self._locking()) and time.monotonic() < faulting + 60:
             time.sleep(0.5)
         self.stopping.set()
         supervisor.join()
@@ -188,7 +218,8 @@ class Soak:
             "rounds_by_job": dict(sorted(by_job.items())),
             "outcomes": dict(outcomes),
             "faults": dict(self.faults),
-            "faults_injected": sum(self.faults[k] for k in ("kill9", "sigterm", "cut")),
+            "database": self.scenario.db.kind,
+            "faults_injected": sum(self.faults[k] for k in ("kill9", "sigterm", "cut", "lock")),
             "restarts": self.restarts,
             "exit_statuses": {str(k): v for k, v in sorted(exits.items())},
             "reruns": len(delays),
@@ -215,14 +246,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=float, required=True, metavar="MINUTES")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--database", choices=sorted(DATABASES), default="postgres")
     args = parser.parse_args(argv)
-    reason = postgres_reachable()
+    database = DATABASES[args.database]
+    reason = database.reachable()
     if reason is not None:
-        print(f"PostgreSQL is unreachable: {reason}", file=sys.stderr)
+        print(
+            f"{args.database} at {redacted(database.url)} is unreachable: {reason}", file=sys.stderr
+        )
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    soak = Soak(args.soak, args.replicas, seed)
-    print(f"soak: {args.soak:g} min, {args.replicas} replicas, seed {seed}, in {soak.scenario.dir}")
+    soak = Soak(args.soak, args.replicas, seed, args.database)
+    print(
+        f"soak on {args.database}: {args.soak:g} min, {args.replicas} replicas, seed {seed}, "
+        f"in {soak.scenario.dir}"
+    )
     try:
         result = soak.run()
     finally:

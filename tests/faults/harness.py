@@ -1,12 +1,15 @@
 """The fault harness: replicas as ``cronjob run`` processes, faults, and the invariants.
 
-A :class:`Scenario` owns one PostgreSQL schema (the replicas' ``search_path``), so
-scenarios running at once, and other people's tests on the same server, never see each
-other's lease tables. It starts replicas (:class:`Replica`: an OS process running
-``python -m cronjob run``, optionally behind a :class:`Proxy` of its own or with a wall
-clock running ahead under libfaketime), injects faults (``kill -9``, SIGTERM, a cut
-connection, a PostgreSQL restart) and records them as events in the same append-only
-JSON-lines log the job modules write (see ``jobs_spec``). :func:`check_invariants` then
+A :class:`Scenario` runs on one of the supported databases (:data:`DATABASES`) and owns
+a lease table of its own there: a PostgreSQL schema (the replicas' ``search_path``), a
+MariaDB database, or a SQLite file in the scenario's folder shared by replicas on this
+host. So scenarios running at once, and other people's tests on the same servers, never
+see each other's lease tables. It starts replicas (:class:`Replica`: an OS process
+running ``python -m cronjob run``, optionally behind a :class:`Proxy` of its own or with
+a wall clock running ahead under libfaketime), injects faults (``kill -9``, SIGTERM, a
+cut connection, a server restart, a SQLite file locked by another process) and records
+them as events in the same append-only JSON-lines log the job modules write (see
+``jobs_spec``). :func:`check_invariants` then
 reads the rounds back from the log and checks the library's promises over them.
 
 Every event carries ``mono``, the host's ``CLOCK_MONOTONIC``: one time base for every
@@ -41,12 +44,17 @@ from sqlalchemy.pool import NullPool
 
 import cronjob
 import lease
+from lease import _engine as lease_engine
 
 REPO = Path(__file__).resolve().parents[2]
 #: The PostgreSQL server of the development and CI machines (see SPEC.md, "Databases").
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+#: The MariaDB/MySQL server of the development and CI machines.
+MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+#: The MariaDB server binary ``.ci/run`` starts (and the restart scenario restarts).
+MARIADBD = "/usr/sbin/mariadbd"
 #: Where each scenario keeps its event log and the replicas' output.
 RUNS_DIR = Path(os.environ.get("FAULTS_DIR") or Path(tempfile.gettempdir()) / "cronjob-faults")
 #: Keep each scenario's schema after it ends (to look at the lease table).
@@ -67,6 +75,8 @@ EXIT_AFTER_LOST = 5.0
 SWEEP_EVERY = 15.0
 DRAIN_LIMIT = 5.0
 EXIT_LEASE_LOST = 70
+#: How long a SQLite writer waits for another process's write lock (lease/_engine.py).
+SQLITE_BUSY_TIMEOUT = lease_engine.SQLITE_BUSY_TIMEOUT
 
 T = TypeVar("T")
 
@@ -104,7 +114,9 @@ def schema_url(schema: str, *, port: int | None = None, base: str = POSTGRES_URL
 
 def execute(url: str, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
     """Run one statement on a connection of its own; return its rows (if any)."""
-    engine = sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    sqlite = sa.make_url(url).get_backend_name() == "sqlite"
+    connect_args = {"timeout": 5} if sqlite else {"connect_timeout": 5}
+    engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.begin() as conn:
             result = conn.execute(sa.text(statement), params or {})
@@ -113,14 +125,19 @@ def execute(url: str, statement: str, params: dict[str, Any] | None = None) -> l
         engine.dispose()
 
 
-def postgres_reachable(url: str = POSTGRES_URL) -> str | None:
-    """``None`` if the server answers, else why not."""
+def reachable(url: str) -> str | None:
+    """``None`` if the server at ``url`` answers, else why not."""
     try:
         execute(url, "SELECT 1")
     except sa.exc.SQLAlchemyError as exc:
         cause = getattr(exc, "orig", None) or exc
         return f"{type(cause).__name__}: {cause}"
     return None
+
+
+def postgres_reachable(url: str = POSTGRES_URL) -> str | None:
+    """``None`` if the PostgreSQL server answers, else why not."""
+    return reachable(url)
 
 
 def postgres_cluster() -> tuple[str, str] | None:
@@ -153,6 +170,180 @@ def restart_postgres(mode: str = "fast", timeout: float = 60.0) -> float:
     return time.monotonic() - began
 
 
+def mysql_restartable(url: str = MYSQL_URL) -> str | None:
+    """``None`` if the MariaDB server at ``url`` runs here and can be restarted, else why
+    not."""
+    host = sa.make_url(url).host or "127.0.0.1"
+    if host not in ("127.0.0.1", "localhost"):
+        return f"the MariaDB server runs on {host}, not on this host"
+    for tool in ("mariadb-admin", "start-stop-daemon", "pgrep"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing"
+    if not Path(MARIADBD).exists():
+        return f"{MARIADBD} is missing"
+    return None
+
+
+def restart_mysql(url: str = MYSQL_URL, timeout: float = 90.0) -> float:
+    """Restart the local MariaDB server (every session is cut): shut it down, start
+    ``mariadbd`` again as ``.ci/run`` does; return the seconds it took until the server
+    answered again."""
+    parsed = sa.make_url(url)
+    began = time.monotonic()
+    subprocess.run(
+        [
+            "mariadb-admin",
+            "-h",
+            parsed.host or "127.0.0.1",
+            "-P",
+            str(parsed.port or 3306),
+            "-u",
+            parsed.username or "root",
+            "shutdown",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+    def gone() -> bool:
+        return subprocess.run(["pgrep", "-x", "mariadbd"], capture_output=True).returncode != 0
+
+    wait_until(gone, timeout, "mariadbd to exit", 0.2)
+    subprocess.run(
+        ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", MARIADBD],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+    wait_until(lambda: reachable(url) is None, timeout, "MariaDB to answer again", 0.2)
+    return time.monotonic() - began
+
+
+@dataclass(frozen=True)
+class Database:
+    """One of the supported databases, as a scenario uses it: ``kind`` is ``postgres``,
+    ``mysql`` (MariaDB/MySQL) or ``sqlite``; ``url`` is the server's (empty for SQLite).
+
+    Each scenario gets a lease table of its own (:meth:`create`): a schema on PostgreSQL,
+    a database on MariaDB, a file in the scenario's folder for SQLite.
+    """
+
+    kind: str
+    url: str = ""
+
+    @property
+    def server(self) -> bool:
+        """Whether it is a server reached over TCP (so a proxy can cut it off)."""
+        return self.kind != "sqlite"
+
+    def reachable(self) -> str | None:
+        """``None`` if the database can be used, else why not."""
+        return reachable(self.url) if self.server else None
+
+    def upstream(self) -> tuple[str, int]:
+        """The server's address, for a :class:`Proxy`."""
+        parsed = sa.make_url(self.url)
+        return parsed.host or "127.0.0.1", parsed.port or {"postgres": 5432}.get(self.kind, 3306)
+
+    def create(self, name: str, folder: Path) -> str:
+        """Make an empty place for one scenario's lease table; return its URL."""
+        if self.kind == "postgres":
+            execute(self.url, f"CREATE SCHEMA {name}")
+            return schema_url(name, base=self.url)
+        if self.kind == "mysql":
+            execute(self.url, f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+            return sa.make_url(self.url).set(database=name).render_as_string(hide_password=False)
+        return f"sqlite:///{folder / 'lease.sqlite'}"
+
+    def drop(self, name: str) -> None:
+        if self.kind == "postgres":
+            execute(self.url, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        elif self.kind == "mysql":
+            execute(self.url, f"DROP DATABASE IF EXISTS {name}")
+
+    def via(self, url: str, port: int) -> str:
+        """``url`` through a proxy listening on ``port`` on this host."""
+        parsed = sa.make_url(url).set(host="127.0.0.1", port=port)
+        return parsed.render_as_string(hide_password=False)
+
+    def restartable(self) -> str | None:
+        """``None`` if the suite can restart the server, else why not."""
+        if self.kind == "postgres":
+            return None if postgres_cluster() is not None else "no local PostgreSQL cluster"
+        if self.kind == "mysql":
+            return mysql_restartable(self.url)
+        return "SQLite has no server to restart"
+
+    def restart(self) -> float:
+        """Restart the server; return the seconds until it answered again."""
+        if self.kind == "postgres":
+            return restart_postgres()
+        if self.kind == "mysql":
+            return restart_mysql(self.url)
+        raise RuntimeError("SQLite has no server to restart")
+
+
+#: The databases the suite runs on, by the name the tests and ``--database`` use.
+DATABASES = {
+    "postgres": Database("postgres", POSTGRES_URL),
+    "mysql": Database("mysql", MYSQL_URL),
+    "sqlite": Database("sqlite"),
+}
+
+
+# -- SQLite locks ---------------------------------------------------------------------------
+
+#: The byte of the ``-shm`` file a SQLite connection locks while it holds the write lock
+#: of a WAL database (``WALINDEX_LOCK_OFFSET`` + ``WAL_WRITE_LOCK`` in sqlite3.c).
+WAL_WRITE_LOCK_BYTE = 120
+
+
+def sqlite_path(url: str) -> Path:
+    database = sa.make_url(url).database
+    assert database, f"not a SQLite file: {url}"
+    return Path(database)
+
+
+def sqlite_writers(path: Path) -> set[int]:
+    """The pids holding the write lock of the WAL database at ``path`` (``/proc/locks``)."""
+    try:
+        inode = os.stat(f"{path}-shm").st_ino
+    except FileNotFoundError:
+        return set()
+    found: set[int] = set()
+    with open("/proc/locks") as handle:
+        for line in handle:
+            parts = line.split()
+            # "1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120"
+            if len(parts) < 8 or parts[1] != "POSIX" or parts[3] != "WRITE":
+                continue
+            if parts[5].rsplit(":", 1)[-1] == str(inode) and parts[6] == str(WAL_WRITE_LOCK_BYTE):
+                found.add(int(parts[4]))
+    return found
+
+
+_HOLD_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", time.monotonic(), flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+print("released", time.monotonic(), flush=True)
+"""
+
+
+def hold_sqlite_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
+    """Start a process that takes the write lock of ``path`` (``BEGIN IMMEDIATE``), holds
+    it ``seconds``, and commits; it prints ``locked <mono>`` and ``released <mono>``."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(path), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 # -- the proxy ------------------------------------------------------------------------------
 
 
@@ -183,7 +374,7 @@ class _Pair:
 
 
 class Proxy:
-    """A TCP proxy of the suite's own between one replica and PostgreSQL.
+    """A TCP proxy of the suite's own between one replica and its database server.
 
     ``cut("blackhole")`` keeps every connection open but forwards nothing either way, and
     new connections are accepted and then left hanging: the replica's statements never
@@ -376,7 +567,7 @@ class Process:
 class Replica:
     """A named replica of a scenario: ``cronjob run`` with the scenario's jobs module.
 
-    ``proxy=True`` puts a :class:`Proxy` of its own between it and PostgreSQL;
+    ``proxy=True`` puts a :class:`Proxy` of its own between it and the database server;
     ``faketime="+2s"`` runs its wall clock ahead under libfaketime (its monotonic clock
     stays the host's).
     """
@@ -394,7 +585,9 @@ class Replica:
     ) -> None:
         self.scenario = scenario
         self.name = name
-        self.proxy = Proxy() if proxy else None
+        if proxy and not scenario.db.server:
+            raise ValueError(f"no proxy for {scenario.db.kind}: it is not reached over TCP")
+        self.proxy = Proxy(scenario.db.upstream()) if proxy else None
         if self.proxy is not None:
             scenario.proxies.append(self.proxy)
         self.faketime = faketime
@@ -403,7 +596,7 @@ class Replica:
         if url is not None:
             self.url = url
         elif self.proxy is not None:
-            self.url = schema_url(scenario.schema, port=self.proxy.port)
+            self.url = scenario.db.via(scenario.url, self.proxy.port)
         else:
             self.url = scenario.url
         self.processes: list[Process] = []
@@ -483,11 +676,12 @@ class Replica:
 
 
 class Scenario:
-    """One scenario: a schema of its own, an event log, replicas, faults.
+    """One scenario: a lease table of its own on ``db`` (a key of :data:`DATABASES`), an
+    event log, replicas, faults.
 
     Use as a context manager: on exit every process still alive is killed, the proxies
-    closed and the schema dropped (kept with ``FAULTS_KEEP=1``). The event log and the
-    replicas' output stay in :attr:`dir`.
+    closed and the schema or database dropped (kept with ``FAULTS_KEEP=1``). The event
+    log, the replicas' output and a SQLite database stay in :attr:`dir`.
     """
 
     def __init__(
@@ -496,19 +690,21 @@ class Scenario:
         jobs: Sequence[JobSpec] = (),
         *,
         modules: Sequence[str] = (JOBS_MODULE,),
+        db: str = "postgres",
     ) -> None:
         self.name = name
+        self.db = DATABASES[db]
         self.jobs = list(jobs)
         self.modules = list(modules)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         token = uuid.uuid4().hex[:8]
-        self.dir = RUNS_DIR / f"{name}-{stamp}-{token}"
+        self.dir = RUNS_DIR / f"{name}-{db}-{stamp}-{token}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "events.jsonl"
         self.log.touch()
+        #: The scenario's schema (PostgreSQL) or database (MariaDB).
         self.schema = f"faults_{re.sub(r'[^a-z0-9]', '_', name.lower())}_{token}"
-        execute(POSTGRES_URL, f"CREATE SCHEMA {self.schema}")
-        self.url = schema_url(self.schema)
+        self.url = self.db.create(self.schema, self.dir)
         self.replicas: dict[str, Replica] = {}
         self.proxies: list[Proxy] = []
         self.began = time.monotonic()
@@ -559,7 +755,7 @@ class Scenario:
                     process.wait(10)
         if not KEEP:
             with contextlib.suppress(sa.exc.SQLAlchemyError):
-                execute(POSTGRES_URL, f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+                self.db.drop(self.schema)
 
     # -- the log ---------------------------------------------------------------------------
 
