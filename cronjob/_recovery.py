@@ -14,6 +14,11 @@ The seed's rules, as this part applies them:
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that the seed says run a second time (attempt 2); each is claimed with its
   own statement, so two replicas never both run it.
+- **Check**: at start and then every minute, a job whose lease row has gone (deleted by
+  hand, a backup restored from before the job existed, a start-up ``ensure`` that
+  failed) gets it back, logged, since claims only update rows; and a clock that
+  disagrees with the database's by more than 2 s is logged as an error (a replica far
+  ahead has its claims refused, see :data:`lease.CLAIM_AHEAD_LIMIT`).
 
 Dispatcher thread only; the statements run on the control thread.
 """
@@ -45,6 +50,10 @@ SWEEP_EVERY = 15.0
 CATCH_UP_HORIZON = timedelta(days=1)
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+#: Seconds between two checks of the lease rows and of the clock against the database's.
+CHECK_EVERY = 60.0
+#: A replica whose wall clock is further than this from the database's is logged.
+CLOCK_SKEW_WARNING = 2.0
 #: ... and to probe a database lost after start (what a failover usually takes).
 PROBE_FIRST, PROBE_LONGEST = 1.0, 8.0
 
@@ -91,6 +100,8 @@ class Recovery:
         self._db_retry_pause = RETRY_FIRST
         self._sweep_at: float | None = None
         self._sweeping = False
+        self._check_at: float | None = None  # set once the database is ready
+        self._checking = False
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
@@ -143,7 +154,7 @@ class Recovery:
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
-            self._sweep_at = self._clock.monotonic()
+            self._sweep_at = self._check_at = self._clock.monotonic()
 
         self._control.run(self._read_rows, done)
 
@@ -228,9 +239,14 @@ class Recovery:
     # -- the sweep --------------------------------------------------------------------------
 
     def sweep(self, now: float) -> None:
-        """Look for rounds cut short if it is time, and run each found a second time."""
+        """Look for rounds cut short if it is time, and run each found a second time.
+
+        The check of rows and clocks rides on the sweep's wake-ups (every minute).
+        """
         if not self.db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
             return
+        if self._check_at is not None and now >= self._check_at and not self._checking:
+            self._check()
         names = self._leased_names
         self._sweeping = True
 
@@ -248,6 +264,48 @@ class Recovery:
 
         self._control.run(lambda: self._store.find_cut_short(names), done)
 
+    # -- rows and clocks ---------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Recreate missing lease rows; compare this replica's clock with the database's."""
+        self._checking = True
+        clock, store, names = self._clock, self._store, self._leased_names
+
+        def check() -> tuple[list[str], float]:
+            missing = store.missing(names)
+            if missing:
+                store.ensure(missing)
+            before = clock.now()
+            db_now = store.now_ms() / 1000
+            after = clock.now()
+            return missing, (before.timestamp() + after.timestamp()) / 2 - db_now
+
+        def done(result: tuple[list[str], float] | BaseException) -> None:
+            self._checking = False
+            self._check_at = self._clock.monotonic() + CHECK_EVERY
+            if isinstance(result, BaseException):
+                log.warning("checking the lease rows failed: %s", result)
+                return
+            missing, skew = result
+            if missing:
+                log.warning(
+                    "the lease row of %d job(s) was missing, recreated (deleted by hand? a "
+                    "database restored from an older backup?): %s",
+                    len(missing),
+                    ", ".join(repr(name) for name in missing),
+                )
+            if abs(skew) > CLOCK_SKEW_WARNING:
+                log.error(
+                    "this replica's clock is %.1f s %s the database's: replicas' clocks must "
+                    "agree to within a schedule's granularity (is NTP running?); claims of "
+                    "instants more than %g s ahead of the database are refused",
+                    abs(skew),
+                    "ahead of" if skew > 0 else "behind",
+                    lease.CLAIM_AHEAD_LIMIT,
+                )
+
+        self._control.run(check, done)
+
     def _rerun(self, state: JobState, instant: datetime) -> None:
         dispatcher = self._dispatcher
         dispatcher.take(state)
@@ -260,12 +318,7 @@ class Recovery:
                     "job %r: the claim of its second run came back too late to keep: given back",
                     state.job.name,
                 )
-            if (
-                isinstance(result, BaseException)
-                or result is None
-                or dispatcher.draining
-                or late
-            ):
+            if isinstance(result, BaseException) or result is None or dispatcher.draining or late:
                 if isinstance(result, BaseException):
                     log.error("job %r: claiming the second run failed: %s", state.job.name, result)
                 elif result is not None:

@@ -42,6 +42,7 @@ from ._migrate import migrate as migrate
 from ._schema import TABLE_NAME as TABLE_NAME
 from ._schema import VERSION_TABLE as VERSION_TABLE
 from ._schema import metadata as metadata
+from ._store import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
 from ._store import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._store import DEFAULT_TTL as DEFAULT_TTL
 from ._store import Claim as Claim
@@ -54,6 +55,7 @@ from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
 
 __all__ = [
+    "CLAIM_AHEAD_LIMIT",
     "Claim",
     "CutShort",
     "DEFAULT_STATEMENT_TIMEOUT",

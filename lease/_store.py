@@ -75,6 +75,12 @@ DEFAULT_TTL: Final = 15.0
 #: lease is lost after 10 s without one).
 DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 
+#: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
+#: Replicas' clocks must agree to within a schedule's granularity (the seed); one running
+#: further ahead than this would claim instants the others have not reached yet, and
+#: their own claims would then win nothing until real time caught up.
+CLAIM_AHEAD_LIMIT: Final = 5.0
+
 #: Dialect names (``engine.dialect.name``) that can carry leases.
 SUPPORTED_DIALECTS: Final = ("postgresql", "mysql", "mariadb", "sqlite")
 
@@ -223,10 +229,14 @@ class LeaseStore:
             transactions only (see :meth:`_transaction`): statements that jobs run on
             the same engine are never bounded. Whole seconds, rounded up, on
             MariaDB/MySQL; SQLite's bound is the engine's busy timeout instead.
+        claim_ahead: how far, in seconds, an instant may lie past the lease clock's now
+            and still be claimed (:data:`CLAIM_AHEAD_LIMIT`); ``None`` for no limit (a
+            store that claims instants of its own choosing, as tests do).
 
     Raises:
         UnsupportedDatabase: the engine's dialect cannot carry leases.
-        ValueError: ``ttl`` or ``statement_timeout`` is not a positive number of seconds.
+        ValueError: ``ttl`` or ``statement_timeout`` is not a positive number of seconds,
+            or ``claim_ahead`` is negative.
 
     Every method raises :class:`DatabaseUnavailable` when the database cannot be
     reached, drops the connection, or a statement outlives ``statement_timeout``, and
@@ -240,8 +250,11 @@ class LeaseStore:
         clock: Callable[[], datetime] | None = None,
         ttl: float = DEFAULT_TTL,
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+        claim_ahead: float | None = CLAIM_AHEAD_LIMIT,
     ) -> None:
         check_dialect(engine)
+        if claim_ahead is not None and not 0 <= claim_ahead < float("inf"):
+            raise ValueError(f"claim_ahead must be a number of seconds >= 0, not {claim_ahead!r}")
         if not ttl > 0 or ttl == float("inf"):
             raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
         if not statement_timeout > 0 or statement_timeout == float("inf"):
@@ -252,6 +265,7 @@ class LeaseStore:
         self._clock = clock
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
+        self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
 
     @property
     def engine(self) -> Engine:
@@ -309,6 +323,21 @@ class LeaseStore:
         with translate_errors("ensure leases"), self._transaction() as conn:
             conn.execute(stmt, [{"name": name} for name in wanted])
 
+    def missing(self, names: Iterable[str]) -> list[str]:
+        """Return the names, among ``names``, that have no row (in the order given).
+
+        One query reading names only; :meth:`ensure` recreates them.
+        """
+        wanted = _names(names)
+        if not wanted:
+            return []
+        stmt = sa.select(_t.c.name)
+        if len(wanted) <= _IN_LIST_LIMIT:
+            stmt = stmt.where(_t.c.name.in_(wanted))
+        with translate_errors("read lease names"), self._transaction(read=True) as conn:
+            present = set(conn.execute(stmt).scalars())
+        return [name for name in wanted if name not in present]
+
     def read(self, names: Iterable[str]) -> dict[str, LeaseRow]:
         """Read the rows of ``names``, by name; names without a row are left out.
 
@@ -345,11 +374,14 @@ class LeaseStore:
     def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
         """Claim ``instant`` as a first run, for every name whose lease allows it.
 
-        A name is claimed when its lease is free (``expires_ms`` NULL or ``<= now``) and
-        its recorded instant is strictly older than ``instant``. Each claimed row gets
-        ``attempt = 1``, state ``running``, a new random token (one for this call),
-        ``holder`` and ``expires_ms = now + ttl``, and keeps what it held before in
-        ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
+        A name is claimed when its lease is free (``expires_ms`` NULL or ``<= now``), its
+        recorded instant is strictly older than ``instant``, and ``instant`` is no more
+        than ``claim_ahead`` seconds (:data:`CLAIM_AHEAD_LIMIT`) past the lease clock's
+        ``now``: a replica whose clock runs far ahead must not claim instants the others
+        have not reached (its claims win nothing; the others run the instants on time).
+        Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
+        for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
+        before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
 
         Returns:
             One :class:`Claim` per name claimed, in the order of ``names``; with
@@ -366,9 +398,14 @@ class LeaseStore:
             return []
         token = _new_token()
         now = self._now()
+        reached = (
+            sa.true()
+            if self._ahead_ms is None
+            else sa.literal(epoch * 1000 - self._ahead_ms, sa.BigInteger()) <= now
+        )
         stmt = (
             _t.update()
-            .where(_t.c.name.in_(wanted), _t.c.instant < epoch, _is_free(now))
+            .where(_t.c.name.in_(wanted), _t.c.instant < epoch, _is_free(now), reached)
             .ordered_values(
                 # MySQL assigns left to right, each assignment seeing the previous ones:
                 # copy the old values before overwriting them.

@@ -30,7 +30,9 @@ def ms(when: datetime) -> int:
 
 @pytest.fixture
 def store(migrated_engine: sa.Engine, manual_clock: ManualClock) -> lease.LeaseStore:
-    return lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+    """A store on the manual clock, claiming any instant it is given (the tests claim
+    instants ahead of a frozen clock; the limit has tests of its own)."""
+    return lease.LeaseStore(migrated_engine, clock=manual_clock.now, claim_ahead=None)
 
 
 @contextmanager
@@ -199,6 +201,18 @@ class TestClaim:
             lease.LeaseState.NEW,
             1,
         )
+
+    def test_it_refuses_an_instant_more_than_5_s_past_the_lease_clock(
+        self, migrated_engine, manual_clock
+    ):
+        """A replica whose clock runs an hour ahead must not take instants from the rest."""
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        store.ensure(["a"])
+        now = manual_clock.now()
+        assert store.claim(["a"], now + timedelta(hours=1), "fast") == []
+        assert store.claim(["a"], now + timedelta(seconds=6), "fast") == []
+        [claim] = store.claim(["a"], now + timedelta(seconds=lease.CLAIM_AHEAD_LIMIT), "fast")
+        assert claim.instant == now + timedelta(seconds=5)
 
     def test_it_claims_only_names_that_have_a_row(self, store):
         store.ensure(["a"])
@@ -611,7 +625,7 @@ def _race(store: lease.LeaseStore, holder: str, wait: Any) -> list[tuple[int, in
 def _race_in_process(url: str, now: datetime, holder: str, barrier: Any, results: Any) -> None:
     engine = lease.create_engine(url)
     try:
-        store = lease.LeaseStore(engine, clock=lambda: now)
+        store = lease.LeaseStore(engine, clock=lambda: now, claim_ahead=None)
         results.put((holder, _race(store, holder, barrier.wait)))
     except BaseException as exc:
         results.put((holder, repr(exc)))

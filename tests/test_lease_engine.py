@@ -230,6 +230,7 @@ class TestSurface:
     def test_the_public_names_are_pinned(self):
         assert lease.__all__ == sorted(lease.__all__)
         assert lease.__all__ == [
+            "CLAIM_AHEAD_LIMIT",
             "Claim",
             "CutShort",
             "DEFAULT_STATEMENT_TIMEOUT",

@@ -394,6 +394,71 @@ def scenario_catch_up(db: str = "postgres") -> Figures:
         )
 
 
+def scenario_outage(db: str = "postgres", *, everyone: bool = True) -> Figures:
+    """The database unreachable across an instant: every replica's connection reset and
+    refused (``everyone``), or one replica's only.
+
+    Jobs: ``daily``, a daily job whose instant T comes ~22 s into the scenario (its row
+    says it ran yesterday, so the seed's catch-up rule applies), and ``ten``, every 10 s.
+    The cut lasts from T - 4 s to T + 16 s. Everyone cut: once the database answers, T runs
+    exactly once, on one replica, as a catch-up after the outage, and ``ten`` catches up at
+    most its latest missed instant, then goes on. One replica cut: the other runs T on
+    time, and nothing runs it again."""
+    start = wall_now().replace(microsecond=0)
+    instant = start + timedelta(seconds=22)
+    daily = f"{instant.second} {instant.minute} {instant.hour} * * *"
+    jobs = [JobSpec("daily", daily, "work", 0.5), JobSpec("ten", "@every 10s", "work", 0.2)]
+    name = "outage_all" if everyone else "outage_one"
+    with Scenario(name, jobs, db=db) as s:
+        a = s.replica("a", proxy=True)
+        b = s.replica("b", proxy=everyone)
+        s.start()
+        s.wait_start("ten", 15)
+        yesterday = int((instant - timedelta(days=1)).timestamp())
+        s.sql(
+            "UPDATE cronjob_lease SET instant = :instant, state = 'done', attempt = 1"
+            " WHERE name = 'daily'",
+            instant=yesterday,
+        )
+        cut_off = [a, b] if everyone else [a]
+        time.sleep(max(0.0, (instant - timedelta(seconds=4) - wall_now()).total_seconds()))
+        for replica in cut_off:
+            replica.cut("reset")
+        cut_wall = wall_now()
+        time.sleep(max(0.0, (instant + timedelta(seconds=16) - wall_now()).total_seconds()))
+        for replica in cut_off:
+            replica.heal()
+        healed, healed_wall = time.monotonic(), wall_now()
+        ran = s.wait_start("daily", 20)
+        s.wait_start("ten", 15, after=ran["mono"])  # the schedule goes on
+        time.sleep(2.0)
+        assert all(rc == 0 for rc in s.stop().values())
+        rounds = s.rounds()
+        dailies = [r for r in rounds if r.job == "daily"]
+        assert [(r.instant, r.attempt) for r in dailies] == [(instant, 1)], [
+            r.describe() for r in dailies
+        ]
+        outputs = "".join(s.outputs().values())
+        figures: Figures = {}
+        if everyone:
+            assert ran["mono"] >= healed, "the daily round ran while the database was away"
+            assert (
+                f"catching up instant {instant.isoformat()} after the database outage" in outputs
+            )
+            figures["daily_run_after_return_s"] = _round(ran["mono"] - healed)
+            missed = [
+                r for r in rounds if r.job == "ten" and cut_wall < r.instant <= healed_wall
+            ]
+            assert len(missed) <= 1, [r.describe() for r in missed]
+            figures["ten_caught_up"] = [r.instant.isoformat() for r in missed]
+        else:
+            assert ran["pid"] == b.pid
+            figures["daily_started_late_s"] = _round(ran["t"] - instant.timestamp())
+        report = s.check()
+        report.assert_clean()
+        return _finish(s, figures | {"violations": 0})
+
+
 def scenario_garbage_row(db: str = "postgres") -> Figures:
     """Lease rows edited by hand to garbage: logged and skipped; the other jobs go on,
     and the sweep still finds the other jobs' rounds cut short."""
@@ -817,6 +882,8 @@ PARALLEL: dict[str, Callable[[str], Figures]] = {
     "proxy_cut": scenario_proxy_cut,
     "proxy_reset": functools.partial(scenario_proxy_cut, mode="reset"),
     "catch_up": scenario_catch_up,
+    "outage_all": scenario_outage,
+    "outage_one": functools.partial(scenario_outage, everyone=False),
     "garbage_row": scenario_garbage_row,
     "hung_job": scenario_hung_job,
     "base_exception": scenario_base_exception,
@@ -951,6 +1018,18 @@ def test_proxy_reset(launched, db):
 @on(*ALL)
 def test_catch_up(launched, db):
     launched.outcome("catch_up", db)
+
+
+@on("postgres", "mysql", cannot={"sqlite": NO_TCP})
+def test_outage_all(launched, db):
+    """Every replica cut off across a daily job's instant: run once when the database
+    is back (the file-locked SQLite case is in tests/test_outage.py, on a fake clock)."""
+    launched.outcome("outage_all", db)
+
+
+@on("postgres", "mysql", cannot={"sqlite": NO_TCP})
+def test_outage_one(launched, db):
+    launched.outcome("outage_one", db)
 
 
 @on("postgres", "mysql")
