@@ -163,6 +163,7 @@ class TestRenewalUntilTheEndIsOnRecord:
             lease.migrate(engine)
             store = lease.LeaseStore(engine, clock=clock.lease_clock())
             store.ensure(["job"])
+            clock.advance_to(HOUR)
             [claim] = store.claim(["job"], HOUR, "r")
             registry = cronjob.Registry()
             registry.register(lambda ctx: None, "0 0 * * * *", "job")

@@ -398,14 +398,14 @@ def scenario_outage(db: str = "postgres", *, everyone: bool = True) -> Figures:
     """The database unreachable across an instant: every replica's connection reset and
     refused (``everyone``), or one replica's only.
 
-    Jobs: ``daily``, a daily job whose instant T comes ~22 s into the scenario (its row
+    Jobs: ``daily``, a daily job whose instant T comes ~45 s into the scenario (its row
     says it ran yesterday, so the seed's catch-up rule applies), and ``ten``, every 10 s.
     The cut lasts from T - 4 s to T + 16 s. Everyone cut: once the database answers, T runs
     exactly once, on one replica, as a catch-up after the outage, and ``ten`` catches up at
     most its latest missed instant, then goes on. One replica cut: the other runs T on
     time, and nothing runs it again."""
     start = wall_now().replace(microsecond=0)
-    instant = start + timedelta(seconds=22)
+    instant = start + timedelta(seconds=45)  # room for the replicas to start under load
     daily = f"{instant.second} {instant.minute} {instant.hour} * * *"
     jobs = [JobSpec("daily", daily, "work", 0.5), JobSpec("ten", "@every 10s", "work", 0.2)]
     name = "outage_all" if everyone else "outage_one"
@@ -420,6 +420,7 @@ def scenario_outage(db: str = "postgres", *, everyone: bool = True) -> Figures:
             " WHERE name = 'daily'",
             instant=yesterday,
         )
+        assert wall_now() < instant - timedelta(seconds=5), "the replicas took too long to start"
         cut_off = [a, b] if everyone else [a]
         time.sleep(max(0.0, (instant - timedelta(seconds=4) - wall_now()).total_seconds()))
         for replica in cut_off:
