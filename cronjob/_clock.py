@@ -90,6 +90,16 @@ class Clock(ABC):
         """Suspend the calling task for ``seconds`` of this clock's time."""
         await self.event().wait_async(max(0.0, seconds))
 
+    @property
+    def in_process(self) -> bool:
+        """Whether every replica whose leases this clock times lives in this process.
+
+        True of a fake clock (lease times follow it, and no other process can share it):
+        the scheduler then sees every write to the lease table and skips the sweeps that
+        nothing could have changed. False of the system clock.
+        """
+        return False
+
     def lease_clock(self) -> Callable[[], datetime] | None:
         """Return the clock lease times follow, or ``None`` for the database's own clock.
 

@@ -78,6 +78,11 @@ class FakeClock(Clock):
         with self._cond:
             return (self._now - self._start).total_seconds()
 
+    @property
+    def in_process(self) -> bool:
+        """True: every replica on a fake clock runs in this process (see :class:`Clock`)."""
+        return True
+
     def lease_clock(self) -> Callable[[], datetime]:
         """Lease times follow the fake time itself, which :meth:`step_wall` leaves alone."""
         return self._time

@@ -13,7 +13,11 @@ The seed's rules, as this part applies them:
   claim itself decides which replica, so replicas recovering together run it once.
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that the seed says run a second time (attempt 2); each is claimed with its
-  own statement, so two replicas never both run it.
+  own statement, so two replicas never both run it. On a fake clock (every replica in
+  this process, see :attr:`Clock.in_process`) a sweep that found nothing is not
+  repeated until a lease write or the expiry of a lease held now could change what it
+  finds; it then resumes on its 15 s grid, so tests see the same sweeps at the same
+  fake times, without a statement per replica per idle 15 s.
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
@@ -26,6 +30,7 @@ Dispatcher thread only; the statements run on the control thread.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -82,6 +87,7 @@ class Recovery:
         replica_id: str,
         migrate: Callable[[], None],
         describe_database: Callable[[], str],
+        post: Callable[[Callable[[], None]], object],
     ) -> None:
         self._clock = clock
         self._store = store
@@ -102,6 +108,13 @@ class Recovery:
         self._sweeping = False
         self._check_at: float | None = None  # set once the database is ready
         self._checking = False
+        # Idle sweeps skipped on an in-process clock: lease writes seen, and whether the
+        # sweep waits for one (or for the next expiry) before it runs again.
+        self._post = post
+        self._writes = 0
+        self._suspended = False
+        self._last_sweep: float | None = None
+        self._unwatch = store.watch(self._on_write) if clock.in_process else None
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
@@ -220,8 +233,19 @@ class Recovery:
         """
         latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
         owed: dict[datetime, list[JobState]] = {}
+        ahead = now + timedelta(seconds=lease.CLAIM_AHEAD_LIMIT)
         for state in leased:
             row = rows.get(state.job.name)
+            if row is not None and row.instant is not None and row.instant > ahead:
+                log.warning(
+                    "job %r: its lease row records instant %s as claimed, later than this "
+                    "replica's clock (%s): it runs nothing before then. A replica's clock "
+                    "runs ahead, or the rows were left by an earlier run (a test's fake "
+                    "clock that ran later?)",
+                    state.job.name,
+                    row.instant.isoformat(),
+                    now.isoformat(),
+                )
             if row is None or row.instant is None or state.busy:
                 continue  # never ran: it starts with its next instant
             instant = state.job.schedule.prev(latest)
@@ -249,20 +273,56 @@ class Recovery:
             self._check()
         names = self._leased_names
         self._sweeping = True
+        writes = self._writes
 
-        def done(result: list[lease.CutShort] | BaseException) -> None:
+        def done(result: lease.Survey | BaseException) -> None:
             self._sweeping = False
-            self._sweep_at = self._clock.monotonic() + SWEEP_EVERY
+            self._last_sweep = mono = self._clock.monotonic()
+            self._sweep_at = mono + SWEEP_EVERY
             if isinstance(result, BaseException):
                 log.warning("sweep for rounds cut short failed: %s", result)
                 return
-            for found in result:
+            for found in result.cut_short:
                 state = self._dispatcher.states.get(found.name)
                 if state is None or state.busy or self._dispatcher.draining:
                     continue
-                self._rerun(state, found.instant)
+                self._rerun(state, found.instant, given_back=found.given_back)
+            if self._unwatch is not None and not result.cut_short and self._writes == writes:
+                self._suspend(result.next_expiry)
 
-        self._control.run(lambda: self._store.find_cut_short(names), done)
+        self._control.run(lambda: self._store.survey(names), done)
+
+    def _suspend(self, next_expiry: datetime | None) -> None:
+        """Sweep next when the earliest held lease expires (on the 15 s grid), or after a
+        write: nothing else can change what the sweep finds (in-process clocks only)."""
+        self._suspended = True
+        if next_expiry is None:
+            self._sweep_at = None
+            return
+        until = next_expiry.timestamp() - self._store.now_ms() / 1000  # on the lease clock
+        self._sweep_at = self._on_grid(self._clock.monotonic() + max(0.0, until))
+
+    def _on_write(self) -> None:
+        """A lease write in this process (any thread): a suspended sweep resumes."""
+        self._writes += 1
+        if self._suspended:
+            self._post(self._resume)
+
+    def _resume(self) -> None:
+        if self._suspended:
+            self._suspended = False
+            self._sweep_at = self._on_grid(self._clock.monotonic())
+
+    def _on_grid(self, mono: float) -> float:
+        """The first time at or after ``mono`` that a sweep every 15 s would run."""
+        last = self._last_sweep if self._last_sweep is not None else mono
+        steps = max(1, math.ceil((mono - last) / SWEEP_EVERY))
+        return last + steps * SWEEP_EVERY
+
+    def close(self) -> None:
+        """Stop watching the lease writes (the scheduler stopped)."""
+        if self._unwatch is not None:
+            self._unwatch()
 
     # -- rows and clocks ---------------------------------------------------------------------
 
@@ -306,7 +366,7 @@ class Recovery:
 
         self._control.run(check, done)
 
-    def _rerun(self, state: JobState, instant: datetime) -> None:
+    def _rerun(self, state: JobState, instant: datetime, *, given_back: bool) -> None:
         dispatcher = self._dispatcher
         dispatcher.take(state)
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
@@ -326,9 +386,13 @@ class Recovery:
                 dispatcher.schedule_after(state, issued)
                 return
             log.info(
-                "job %r: running the round of %s a second time (it was cut short)",
+                "job %r: running the round of %s a second time (%s)",
                 state.job.name,
                 instant.isoformat(),
+                "it was cut short"
+                if given_back
+                else "its lease expired: the first round died with its process or lost "
+                "the database",
             )
             dispatcher.start_round(
                 state,

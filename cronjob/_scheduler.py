@@ -213,6 +213,7 @@ class Scheduler:
             replica_id=self.replica_id,
             migrate=self._migrate,
             describe_database=self._describe_database,
+            post=inbox.post,
         )
         recovery.first_migration()
         dispatcher.runner = runner = self._runner = RoundRunner(
@@ -325,6 +326,8 @@ class Scheduler:
         self._teardown()
 
     def _teardown(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.recovery.close()
         if self._control is not None:
             # Statements already queued finish (a drain's give-backs among them), unless
             # the database hangs: then the process is not held hostage.

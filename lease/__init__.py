@@ -50,6 +50,7 @@ from ._store import CutShort as CutShort
 from ._store import LeaseRow as LeaseRow
 from ._store import LeaseState as LeaseState
 from ._store import LeaseStore as LeaseStore
+from ._store import Survey as Survey
 from ._store import check_dialect as check_dialect
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
@@ -68,6 +69,7 @@ __all__ = [
     "LeaseStore",
     "MigrationFailed",
     "MigrationRequired",
+    "Survey",
     "TABLE_NAME",
     "UnsupportedDatabase",
     "VERSION_TABLE",

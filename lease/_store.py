@@ -33,6 +33,7 @@ import enum
 import logging
 import math
 import secrets
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -74,6 +75,10 @@ DEFAULT_TTL: Final = 15.0
 #: cannot hold the scheduler's control thread while renewals fall due (every 5 s; a
 #: lease is lost after 10 s without one).
 DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
+
+#: Callbacks told of each write to a database, by database (see LeaseStore.watch).
+_WATCHERS: dict[str, list[Callable[[], None]]] = {}
+_WATCH_LOCK = threading.Lock()
 
 #: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
 #: Replicas' clocks must agree to within a schedule's granularity (the seed); one running
@@ -153,6 +158,20 @@ class CutShort:
 
     name: str
     instant: datetime
+    #: ``True`` if its holder gave the lease back (state ``cut``); ``False`` if the lease
+    #: expired under a round still marked running (its holder died or lost the database).
+    given_back: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Survey:
+    """What :meth:`LeaseStore.survey` found: the rounds cut short, and when the next one
+    may appear without another write (the earliest expiry of a lease held now)."""
+
+    cut_short: list[CutShort]
+    #: The earliest ``expires_ms`` of a first round still held, as a lease-clock time;
+    #: ``None`` if no such lease is held.
+    next_expiry: datetime | None
 
 
 def check_dialect(bind: Engine | Connection | Dialect) -> None:
@@ -262,6 +281,8 @@ class LeaseStore:
                 f"statement_timeout must be a positive number of seconds, not {statement_timeout!r}"
             )
         self._engine = engine
+        # Who else writes this database in this process (see watch): the URL names it.
+        self._key = engine.url.render_as_string(hide_password=True)
         self._clock = clock
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
@@ -589,20 +610,32 @@ class LeaseStore:
         Returns:
             The rounds, sorted by name.
         """
+        return self.survey(names).cut_short
+
+    def survey(self, names: Iterable[str]) -> Survey:
+        """:meth:`find_cut_short`, and the earliest expiry of a first round's lease still
+        held (the next moment a round of ``names`` may be found cut short without any
+        write before it). One query, whatever the number of names."""
         wanted = _names(names)
         if not wanted:
-            return []
-        stmt = sa.select(_t.c.name, _t.c.instant).where(
-            _t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _is_free(self._now())
-        )
+            return Survey(cut_short=[], next_expiry=None)
+        now = self._now()
+        stmt = sa.select(
+            _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
+        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED))
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
         with translate_errors("find rounds cut short"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).all()
         wanted_set = set(wanted)
         found: list[CutShort] = []
-        for name, epoch in rows:
+        next_ms: int | None = None
+        for name, epoch, state, expires_ms, free in rows:
             if name not in wanted_set:
+                continue
+            if not free:
+                if _is_int(expires_ms) and (next_ms is None or expires_ms < next_ms):
+                    next_ms = expires_ms
                 continue
             try:
                 if not _is_int(epoch) or epoch < 0:
@@ -612,8 +645,31 @@ class LeaseStore:
                 # One row edited to garbage must not fail the sweep of every other job.
                 logger.warning("lease row %r is malformed (instant %r); skipped", name, epoch)
                 continue
-            found.append(CutShort(name=name, instant=instant))
-        return sorted(found, key=lambda cut: cut.name)
+            given_back = state == LeaseState.CUT.value
+            found.append(CutShort(name=name, instant=instant, given_back=given_back))
+        return Survey(
+            cut_short=sorted(found, key=lambda cut: cut.name),
+            next_expiry=None if next_ms is None else _EPOCH + next_ms * _MS,
+        )
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` after each write transaction that any store of this process
+        sends to this store's database (in the writing thread). Returns the function that
+        stops it.
+
+        For a scheduler on a fake clock, where every replica lives in this process: a
+        sweep that found nothing need not run again until something was written or a
+        held lease expires.
+        """
+        key = self._key
+        with _WATCH_LOCK:
+            _WATCHERS.setdefault(key, []).append(callback)
+
+        def stop() -> None:
+            with _WATCH_LOCK, contextlib.suppress(ValueError):
+                _WATCHERS.get(key, []).remove(callback)
+
+        return stop
 
     def holds(self, connection: Connection, name: str, token: int) -> bool:
         """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
@@ -665,6 +721,18 @@ class LeaseStore:
         A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
+        try:
+            with self._bounded(read=read) as conn:
+                yield conn
+        finally:
+            if not read:  # tell the watchers, whatever came of it (see watch)
+                with _WATCH_LOCK:
+                    watchers = list(_WATCHERS.get(self._key, ()))
+                for watcher in watchers:
+                    watcher()
+
+    @contextlib.contextmanager
+    def _bounded(self, *, read: bool) -> Iterator[Connection]:
         conn = self._engine.connect()
         if read:
             # A read needs no write lock: on an engine from lease.create_engine, its

@@ -447,9 +447,38 @@ class TestFindCutShort:
             found = store.find_cut_short(names)
         assert found == [
             lease.CutShort(name="crashed", instant=T0),
-            lease.CutShort(name="given-back", instant=T0),
+            lease.CutShort(name="given-back", instant=T0, given_back=True),
         ]
         assert len(statements) == 1
+
+    def test_a_survey_names_the_earliest_expiry_of_a_lease_still_held(
+        self, store, manual_clock
+    ):
+        store.ensure(["a", "b", "c"])
+        store.claim(["a"], T0, "r1")
+        manual_clock.advance(5)
+        store.claim(["b"], T0, "r1")
+        survey = store.survey(["a", "b", "c"])
+        assert survey.cut_short == []
+        assert survey.next_expiry == T0 + timedelta(seconds=15)
+        manual_clock.advance(10)  # a's lease expired: found; b's is the next to expire
+        survey = store.survey(["a", "b", "c"])
+        assert survey.cut_short == [lease.CutShort(name="a", instant=T0, given_back=False)]
+        assert survey.next_expiry == T0 + timedelta(seconds=20)
+
+    def test_watchers_hear_of_every_write_to_the_database_in_this_process(
+        self, store, migrated_engine
+    ):
+        heard: list[str] = []
+        other = lease.LeaseStore(migrated_engine, claim_ahead=None)  # another replica's
+        stop = other.watch(lambda: heard.append("write"))
+        store.ensure(["a"])
+        store.read(["a"])  # a read is not a write
+        store.claim(["a"], T0, "r1")
+        assert heard == ["write", "write"]
+        stop()
+        store.claim(["a"], T1, "r1")
+        assert heard == ["write", "write"]
 
     def test_it_ignores_a_running_round_until_its_lease_expires(self, store, manual_clock):
         """A running round is cut short at now == expires_ms, not a millisecond earlier."""
@@ -599,7 +628,8 @@ class TestDatabaseClock:
         assert store.renew([("a", claim.token)], "r1") == {"a"}
         assert store.find_cut_short(["a"]) == []
         assert store.give_back("a", claim.token)
-        assert store.find_cut_short(["a"]) == [lease.CutShort(name="a", instant=T0)]
+        cut = lease.CutShort(name="a", instant=T0, given_back=True)
+        assert store.find_cut_short(["a"]) == [cut]
 
     def test_a_store_refuses_a_ttl_that_is_not_positive(self, migrated_engine):
         with pytest.raises(ValueError, match=r"^ttl must be a positive number of seconds"):

@@ -243,6 +243,7 @@ class TestSurface:
             "LeaseStore",
             "MigrationFailed",
             "MigrationRequired",
+            "Survey",
             "TABLE_NAME",
             "UnsupportedDatabase",
             "VERSION_TABLE",

@@ -78,3 +78,23 @@ class TestClockFarAhead:
             clock.advance(30)
         assert instants.seen == []  # its instants lie an hour past the database's now
         assert "this replica's clock is 3600.0 s ahead of the database's" in caplog.text
+
+
+class TestRowsFromALaterRun:
+    def test_rows_claimed_later_than_the_clock_are_named_at_start(self, db_url, caplog):
+        """An earlier test's fake clock ran later: this one would silently run nothing."""
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        later = FakeClock(START + timedelta(days=1))
+        with cronjob.Scheduler(db_url, registry=registry, clock=later, replica_id="a"):
+            later.advance(3600)
+        clock = FakeClock(START)
+        with (
+            caplog.at_level(logging.WARNING, logger="cronjob"),
+            cronjob.Scheduler(db_url, registry=registry, clock=clock, replica_id="a"),
+        ):
+            clock.advance(0)
+        assert (
+            "job 'hourly': its lease row records instant 2026-03-03T10:00:00+00:00 as claimed, "
+            "later than this replica's clock (2026-03-02T09:00:00+00:00)" in caplog.text
+        )

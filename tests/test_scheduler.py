@@ -339,17 +339,17 @@ class TestSecondRun:
         registry = Registry()
         registry.register(recorder.lasting(100), "*/20 * * * * *", "often")
         a = replicas(registry, "a")
-        replicas(registry, "b")
+        b = replicas(registry, "b")
         clock.advance(20)  # a or b claims 09:00:20
         [first] = recorder.rounds
-        assert first.replica == "a"  # a started first, so its timer fires first
+        runner, other = (a, b) if first.replica == "a" else (b, a)
         clock.advance(1)
-        crash(a)  # the lease (claimed 09:00:20, never renewed) lives until 09:00:35
+        crash(runner)  # the lease (claimed 09:00:20, never renewed) lives until 09:00:35
         with caplog.at_level(logging.WARNING, logger="cronjob"):
-            clock.advance(40)  # b claims 09:00:40 before its sweep at 09:00:45 finds 09:00:20
+            clock.advance(40)  # other claims 09:00:40 before a sweep at 09:00:45 finds :20
         assert [(r.instant, r.attempt, r.replica) for r in recorder.rounds] == [
-            (at(seconds=20), 1, "a"),
-            (at(seconds=40), 1, "b"),
+            (at(seconds=20), 1, runner.replica_id),
+            (at(seconds=40), 1, other.replica_id),
         ]
         assert any(
             "unfinished round of 2026-03-02T09:00:20+00:00" in r.getMessage()
