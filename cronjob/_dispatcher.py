@@ -25,7 +25,7 @@ from ._control import Control, Inbox
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper
 from ._recovery import Recovery
-from ._runner import RoundRunner
+from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
 
 __all__ = ["Dispatcher"]
@@ -257,8 +257,18 @@ class Dispatcher:
         self.runs.add(run)
         if token is not None:
             self.keeper.hold(run, now)
-        if not self.runner.submit(run):
+        started = self.runner.submit(run)
+        if started is not Start.STARTED:
+            run.ended = True  # it never runs: the keeper's deadlines for it are void
             self._forget(run)
+        if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
+            if state.run is run:
+                state.run = None
+            if token is not None:
+                self._control.run(
+                    lambda: self._store.give_back(state.job.name, token), lambda _result: None
+                )
+            self.schedule_after(state, instant)
 
     def round_ended(self, run: Run, ended: datetime) -> None:
         """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant."""
