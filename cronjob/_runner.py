@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import enum
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -215,7 +216,7 @@ class RoundRunner:
                     error: BaseException | None = None
                     try:
                         run.ctx.check()  # cancelled before it could start: cut short
-                        run.state.job.fn(run.ctx)
+                        _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
                     except BaseException as exc:  # the worker's top: every outcome is recorded
                         error = exc
                     self._end_round(run, error, scope)
@@ -420,3 +421,23 @@ async def _settle_tasks() -> None:
     if others:
         await asyncio.wait(others, timeout=TASK_SETTLE_SECONDS)
 
+
+def _not_awaitable(name: str, result: object) -> None:
+    """Fail a sync job's round that handed back an awaitable instead of doing its work.
+
+    A callable that returns a coroutine (``lambda ctx: work(ctx)`` around an ``async
+    def``) is not recognised as async, so it runs on a worker thread and its work would
+    never happen. The coroutine is closed (no "never awaited" warning) and the round fails.
+
+    Raises:
+        TypeError: ``result`` is awaitable.
+    """
+    if not inspect.isawaitable(result):
+        return
+    if inspect.iscoroutine(result):
+        result.close()
+    raise TypeError(
+        f"job {name!r} returned {type(result).__name__} {result!r} instead of doing its "
+        "work: it ran on a worker thread and nothing awaited it; register an `async def` "
+        "function (or an object whose `__call__` is `async def`) to run it on the loop"
+    )

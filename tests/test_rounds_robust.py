@@ -10,9 +10,12 @@ that hands back a coroutine. Nothing sleeps in real time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -231,3 +234,43 @@ class TestWorkersNeverDie:
         assert lease_row(db_url, "tick").instant == at(3)  # each instant was claimed, ended
         assert lease_row(db_url, "tick").state is lease.LeaseState.DONE
         assert scheduler.drain(timeout=1)
+
+
+class TestCoroutineFromASyncJob:
+    """Item 13: a sync callable that returns a coroutine fails loudly, never "ran"."""
+
+    def test_a_lambda_returning_a_coroutine_fails_the_round(
+        self, db_url, replicas, clock, rounds, caplog
+    ):
+        async def body(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+
+        registry = Registry()
+        registry.register(lambda ctx: body(ctx), "0 * * * * *", "wrapped")
+        replicas(registry, "a")
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            clock.advance_to(at(1, 5))
+            gc.collect()
+        assert rounds.of("wrapped") == []  # the coroutine never ran
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+        failed = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info]
+        assert any(
+            "job 'wrapped'" in r.getMessage()
+            and "register an `async def` function" in str(r.exc_info[1])
+            for r in failed
+        )
+        assert not any("ran to its end" in r.getMessage() for r in caplog.records)
+
+    def test_a_sync_job_returning_a_future_fails_the_round(self, replicas, clock, caplog):
+        loop = asyncio.new_event_loop()
+        try:
+            registry = Registry()
+            registry.register(lambda ctx: loop.create_future(), "0 * * * * *", "future")
+            replicas(registry, "a")
+            with caplog.at_level(logging.INFO, logger="cronjob"):
+                clock.advance_to(at(1, 5))
+        finally:
+            loop.close()
+        assert any(r.levelno == logging.ERROR for r in caplog.records)
+        assert not any("ran to its end" in r.getMessage() for r in caplog.records)
