@@ -76,6 +76,8 @@ class Dispatcher:
         self._seq = itertools.count()
         #: The rounds in flight on this replica.
         self.runs: set[Run] = set()
+        #: Sync leased jobs in claims not answered yet (they take worker threads soon).
+        self._claiming_sync = 0
         #: A drain began: no new rounds start.
         self.draining = False
         #: Set once draining and no round is in flight (any thread may wait on it).
@@ -152,6 +154,8 @@ class Dispatcher:
         state.generation += 1
 
     def _fire_due(self, now: datetime) -> None:
+        # Counted before this wake's rounds start: rounds of one instant share the threads.
+        saturated = bool(self._heap) and self._heap[0].when <= now and self._workers_saturated()
         due: dict[datetime, list[JobState]] = {}
         while self._heap and self._heap[0].when <= now:
             entry = heapq.heappop(self._heap)
@@ -173,7 +177,41 @@ class Dispatcher:
             else:
                 due.setdefault(entry.when, []).append(state)
         for instant, states in due.items():
-            self.claim(instant, states)
+            if saturated:
+                states = self._refuse_sync(instant, states)
+            if states:
+                self.claim(instant, states)
+
+    # -- worker threads -------------------------------------------------------------------
+
+    def _workers_saturated(self) -> bool:
+        """Whether every worker thread is taken by a sync round in flight (or being claimed).
+
+        A sync round holds a thread from its start until its end, leased or per-instance;
+        async rounds run on the loop and take none.
+        """
+        in_flight = sum(1 for run in self.runs if not run.ended and not run.state.job.is_async)
+        return in_flight + self._claiming_sync >= self.runner.max_workers
+
+    def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
+        """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
+
+        Claimed now they would only wait in the queue, holding (and renewing) leases that
+        keep every other replica from running them. Left unclaimed, another replica's
+        claim of the same instant takes them.
+        """
+        refused = [state for state in states if not state.job.is_async]
+        if refused:
+            log.warning(
+                "instant %s of job(s) %s not claimed on this replica: all %d worker "
+                "thread(s) are busy (another replica may run it)",
+                instant.isoformat(),
+                ", ".join(repr(state.job.name) for state in refused),
+                self.runner.max_workers,
+            )
+            for state in refused:
+                self.schedule_after(state, instant)
+        return [state for state in states if state.job.is_async]
 
     # -- claims ---------------------------------------------------------------------------
 
@@ -188,8 +226,11 @@ class Dispatcher:
         names = [state.job.name for state in states]
         issued = self._clock.now()
         catch_up = reason is not Reason.SCHEDULE
+        sync = sum(1 for state in states if not state.job.is_async)
+        self._claiming_sync += sync
 
         def done(result: list[lease.Claim] | BaseException) -> None:
+            self._claiming_sync -= sync
             won: dict[str, lease.Claim] = {}
             if isinstance(result, BaseException):
                 log.error(

@@ -236,6 +236,79 @@ class TestWorkersNeverDie:
         assert scheduler.drain(timeout=1)
 
 
+class TestSaturatedWorkers:
+    """Item 7b: a replica whose worker threads are all busy claims no sync job."""
+
+    def test_a_saturated_replica_leaves_the_instant_unclaimed_and_says_so(
+        self, db_url, replicas, clock, rounds, caplog
+    ):
+        def hung(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+            clock.sleep(300)  # ignores its cancellation
+
+        registry = Registry()
+        registry.register(hung, "30 0 9 * * *", "hung")
+        registry.register(rounds.record, "0 * * * * *", "tick")
+        replicas(registry, "a", max_workers=1)
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            clock.advance_to(at(1, 5))
+        assert rounds.of("hung") == [(at(0, 30), 1, "a")]
+        row = lease_row(db_url, "tick")
+        assert row.instant is None  # 09:01 was not claimed: nothing holds it
+        assert any(
+            "'tick'" in r.getMessage() and "all 1 worker thread(s) are busy" in r.getMessage()
+            for r in caplog.records
+        )
+        clock.advance_to(at(6, 5))  # "hung" ended at 09:05:30: 09:06 runs
+        assert rounds.of("tick") == [(at(6), 1, "a")]
+
+    def test_another_replica_runs_what_a_saturated_one_does_not_claim(
+        self, replicas, clock, rounds
+    ):
+        def hung(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+            clock.sleep(300)
+
+        busy = Registry()
+        busy.register(hung, "30 0 9 * * *", "hung")
+        busy.register(rounds.record, "0 * * * * *", "tick")
+        free = Registry()
+        free.register(rounds.record, "0 * * * * *", "tick")
+        replicas(busy, "a", max_workers=1)
+        # b starts after a's last wake before 09:01, so a's timer fires first and claims first.
+        clock.advance_to(at(0, 57))  # "hung" holds a's only thread until 09:05:30
+        replicas(free, "b")
+        clock.advance_to(at(5, 45))  # past the end of "hung", so that a can drain
+        assert rounds.of("tick") == [(at(m), 1, "b") for m in range(1, 6)]
+
+    def test_per_instance_and_async_rounds(self, db_url, replicas, clock, rounds):
+        """A per-instance round is never refused but takes a slot; async rounds take none."""
+
+        def hung(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+            clock.sleep(300)
+
+        async def tick_async(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+
+        registry = Registry()
+        registry.register_per_instance(hung, "30 0 9 * * *", "local-hung")
+        registry.register_per_instance(rounds.record, "0 * * * * *", "local")
+        registry.register(rounds.record, "0 * * * * *", "tick")
+        registry.register(tick_async, "0 * * * * *", "tick-async")
+        replicas(registry, "a", max_workers=1)
+        clock.advance_to(at(2, 5))
+        assert rounds.of("local-hung") == [(at(0, 30), 1, "a")]
+        assert rounds.of("tick") == []  # every thread is taken by the per-instance round
+        assert lease_row(db_url, "tick").instant is None  # and no instant was claimed
+        assert rounds.of("tick-async") == [(at(1), 1, "a"), (at(2), 1, "a")]
+        clock.advance_to(at(6, 5))
+        # The per-instance rounds of 09:01..09:05 queued behind "local-hung" and ran
+        # (late) once it ended; none was refused.
+        assert [i for i, _, _ in rounds.of("local")][:1] == [at(1)]
+        assert (at(6), 1, "a") in rounds.of("tick")
+
+
 class TestCoroutineFromASyncJob:
     """Item 13: a sync callable that returns a coroutine fails loudly, never "ran"."""
 
