@@ -26,7 +26,7 @@ from ._control import Control, Inbox
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, too_late
 from ._recovery import Recovery
-from ._runner import RoundRunner
+from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
 
 __all__ = ["Dispatcher"]
@@ -77,6 +77,8 @@ class Dispatcher:
         self._seq = itertools.count()
         #: The rounds in flight on this replica.
         self.runs: set[Run] = set()
+        #: Sync leased jobs in claims not answered yet (they take worker threads soon).
+        self._claiming_sync = 0
         #: A drain began: no new rounds start.
         self.draining = False
         #: Set once draining and no round is in flight (any thread may wait on it).
@@ -180,6 +182,8 @@ class Dispatcher:
         state.generation += 1
 
     def _fire_due(self, now: datetime, mono: float) -> None:
+        # Counted before this wake's rounds start: rounds of one instant share the threads.
+        saturated = bool(self._heap) and self._heap[0].when <= now and self._workers_saturated()
         due: dict[datetime, list[JobState]] = {}
         while self._heap and self._heap[0].when <= now:
             entry = heapq.heappop(self._heap)
@@ -206,7 +210,41 @@ class Dispatcher:
             else:
                 due.setdefault(entry.when, []).append(state)
         for instant, states in due.items():
-            self.claim(instant, states)
+            if saturated:
+                states = self._refuse_sync(instant, states)
+            if states:
+                self.claim(instant, states)
+
+    # -- worker threads -------------------------------------------------------------------
+
+    def _workers_saturated(self) -> bool:
+        """Whether every worker thread is taken by a sync round in flight (or being claimed).
+
+        A sync round holds a thread from its start until its end, leased or per-instance;
+        async rounds run on the loop and take none.
+        """
+        in_flight = sum(1 for run in self.runs if not run.ended and not run.state.job.is_async)
+        return in_flight + self._claiming_sync >= self.runner.max_workers
+
+    def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
+        """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
+
+        Claimed now they would only wait in the queue, holding (and renewing) leases that
+        keep every other replica from running them. Left unclaimed, another replica's
+        claim of the same instant takes them.
+        """
+        refused = [state for state in states if not state.job.is_async]
+        if refused:
+            log.warning(
+                "instant %s of job(s) %s not claimed on this replica: all %d worker "
+                "thread(s) are busy (another replica may run it)",
+                instant.isoformat(),
+                ", ".join(repr(state.job.name) for state in refused),
+                self.runner.max_workers,
+            )
+            for state in refused:
+                self.schedule_after(state, instant)
+        return [state for state in states if state.job.is_async]
 
     # -- claims ---------------------------------------------------------------------------
 
@@ -221,8 +259,11 @@ class Dispatcher:
         names = [state.job.name for state in states]
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
         catch_up = reason is not Reason.SCHEDULE
+        sync = sum(1 for state in states if not state.job.is_async)
+        self._claiming_sync += sync
 
         def done(result: list[lease.Claim] | BaseException) -> None:
+            self._claiming_sync -= sync
             won: dict[str, lease.Claim] = {}
             if isinstance(result, BaseException):
                 log.error(
@@ -318,8 +359,18 @@ class Dispatcher:
         self.runs.add(run)
         if token is not None:
             self.keeper.hold(run, claimed_at)
-        if not self.runner.submit(run):
+        started = self.runner.submit(run)
+        if started is not Start.STARTED:
+            run.ended = True  # it never runs
             self._forget(run)
+        if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
+            if state.run is run:
+                state.run = None
+            if token is not None:
+                self._control.run(
+                    lambda: self._store.give_back(state.job.name, token), lambda _result: None
+                )
+            self.schedule_after(state, instant)
 
     def post_round_ended(self, run: Run, ended: datetime) -> None:
         """Tell the dispatcher thread that ``run`` ended (from the round's thread)."""

@@ -300,7 +300,7 @@ class Recovery:
             self._sweep_at = None
             return
         until = next_expiry.timestamp() - self._store.now_ms() / 1000  # on the lease clock
-        self._sweep_at = self._on_grid(self._clock.monotonic() + max(0.0, until))
+        self._sweep_at = self._on_grid(self._clock.monotonic() + max(0.0, until), strictly=False)
 
     def _on_write(self) -> None:
         """A lease write in this process (any thread): a suspended sweep resumes."""
@@ -311,13 +311,16 @@ class Recovery:
     def _resume(self) -> None:
         if self._suspended:
             self._suspended = False
-            self._sweep_at = self._on_grid(self._clock.monotonic())
+            self._sweep_at = self._on_grid(self._clock.monotonic(), strictly=True)
 
-    def _on_grid(self, mono: float) -> float:
-        """The first time at or after ``mono`` that a sweep every 15 s would run."""
+    def _on_grid(self, mono: float, *, strictly: bool) -> float:
+        """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s
+        would run. After a write, strictly: a sweep due at that very moment would have
+        been sent before it."""
         last = self._last_sweep if self._last_sweep is not None else mono
-        steps = max(1, math.ceil((mono - last) / SWEEP_EVERY))
-        return last + steps * SWEEP_EVERY
+        gap = (mono - last) / SWEEP_EVERY
+        steps = math.floor(gap) + 1 if strictly else math.ceil(gap)
+        return last + max(1, steps) * SWEEP_EVERY
 
     def close(self) -> None:
         """Stop watching the lease writes (the scheduler stopped)."""

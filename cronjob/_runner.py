@@ -16,6 +16,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import enum
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -30,18 +32,30 @@ from ._finisher import Finisher
 from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
-from ._workers import Workers
+from ._workers import NoWorkerThread, Workers, WorkersClosed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from sqlalchemy import Connection, Engine
 
-__all__ = ["RoundRunner"]
+__all__ = ["RoundRunner", "Start"]
 
 log = logging.getLogger("cronjob")
 
 #: Real seconds a stopping scheduler gives its async rounds to finish their bookkeeping.
 TASK_SETTLE_SECONDS = 2.0
+
+
+class Start(enum.Enum):
+    """What became of a round handed to :meth:`RoundRunner.submit`."""
+
+    #: It runs, or waits in the queue for a worker thread (counted, its lease renewed).
+    STARTED = "started"
+    #: The runner was shut down meanwhile: the round will not run.
+    SHUT_DOWN = "shut down"
+    #: No worker thread could be started and none is alive: the round will not run,
+    #: and its lease should be given back so that the sweep runs it again.
+    NO_THREAD = "no thread"
 
 
 class RoundRunner:
@@ -83,12 +97,20 @@ class RoundRunner:
         self._flags = flags
         self._ended = ended
         self._tracer_provider = tracer_provider
-        self._workers = Workers(max_workers, "cronjob-round")
+        # A round queued behind busy threads does not hold a fake clock's time.
+        self._workers = Workers(
+            max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
+        )
         self._finisher = Finisher(store)  # ends of rounds that end together: batched
         self._loop_thread: threading.Thread | None = None
         self._loop = loop
         if needs_loop and loop is None:
             self._loop = self._start_loop()
+
+    @property
+    def max_workers(self) -> int:
+        """The worker threads for sync rounds."""
+        return self._workers.max_workers
 
     # -- starting -------------------------------------------------------------------------
 
@@ -119,8 +141,15 @@ class RoundRunner:
         run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
         return run
 
-    def submit(self, run: Run) -> bool:
-        """Start ``run`` on a worker thread or the loop; ``False`` if shut down meanwhile."""
+    def submit(self, run: Run) -> Start:
+        """Start ``run`` on a worker thread or the loop.
+
+        Returns:
+            :attr:`Start.STARTED` if it runs or waits for a busy worker thread;
+            :attr:`Start.SHUT_DOWN` if the runner was shut down meanwhile;
+            :attr:`Start.NO_THREAD` (logged) if no thread could be started and none is
+            alive: the round will never run, and the caller hands its lease back.
+        """
         self._clock._work_started()
         try:
             if run.state.job.is_async:
@@ -128,10 +157,20 @@ class RoundRunner:
                 asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
             else:
                 self._workers.submit(lambda: self._round_sync(run))
-        except RuntimeError:  # executor or loop shut down meanwhile
+        except NoWorkerThread as exc:
             self._clock._work_finished()
-            return False
-        return True
+            log.error(
+                "job %r: the round of %s is not started: no worker thread could be started (%s)%s",
+                run.ctx.name,
+                run.ctx.instant.isoformat(),
+                exc.__cause__ or exc,
+                "; its lease is given back, so it runs again" if run.token is not None else "",
+            )
+            return Start.NO_THREAD
+        except (WorkersClosed, RuntimeError):  # executor or loop shut down meanwhile
+            self._clock._work_finished()
+            return Start.SHUT_DOWN
+        return Start.STARTED
 
     def cancel(self, run: Run, cause: LeaseLost | Shutdown) -> None:
         """Cancel ``run``'s round; an async round's task is cancelled too.
@@ -171,39 +210,91 @@ class RoundRunner:
             yield scope
 
     def _round_sync(self, run: Run) -> None:
-        with self._round_context(run) as scope:
-            error: BaseException | None = None
-            try:
-                run.ctx.check()  # cancelled before it could start: cut short
-                run.state.job.fn(run.ctx)
-            except BaseException as exc:  # the worker's top: every outcome is recorded
-                error = exc
-            self._end_round(run, error, scope)
+        try:
+            with self._round_context(run) as scope:
+                try:
+                    error: BaseException | None = None
+                    try:
+                        run.ctx.check()  # cancelled before it could start: cut short
+                        _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
+                    except BaseException as exc:  # the worker's top: every outcome is recorded
+                        error = exc
+                    self._end_round(run, error, scope)
+                finally:
+                    # Still counted as running: the round queued for this thread is
+                    # counted before this one stops being.
+                    self._workers.hand_over()
+        except Exception as exc:  # the round's unit of work failed to open or to close
+            self._bookkeeping_failed(run, exc, self._workers.hand_over)
 
     async def _round_async(self, run: Run) -> None:
         run.task = asyncio.current_task()
-        with self._round_context(run) as scope:
-            error: BaseException | None = None
+        try:
+            with self._round_context(run) as scope:
+                error: BaseException | None = None
+                try:
+                    run.ctx.check()  # cancelled before it could start: cut short
+                    await run.state.job.fn(run.ctx)
+                except BaseException as exc:  # includes the task's own cancellation
+                    error = exc
+                await asyncio.to_thread(self._end_round, run, error, scope)
+        except Exception as exc:  # the round's unit of work failed to open or to close
+            await asyncio.to_thread(self._bookkeeping_failed, run, exc)
+
+    def _bookkeeping_failed(
+        self, run: Run, exc: Exception, hand_over: Callable[[], None] = lambda: None
+    ) -> None:
+        """The round's unit of work (its span) failed around the job: log; end it if open.
+
+        Raised on the way in (the job did not run), the round fails and its end is
+        recorded and posted like any other, so the job keeps its schedule. Raised on the
+        way out, the end is already settled.
+        """
+        name = run.ctx.name
+        if run.ended:
+            log.error("job %r: its round's bookkeeping failed after its end", name, exc_info=exc)
+            return
+        log.error(
+            "job %r: opening its round's unit of work failed: the job did not run",
+            name,
+            exc_info=exc,
+        )
+        self._clock._work_started()
+        with self._clock._tracked():
             try:
-                run.ctx.check()  # cancelled before it could start: cut short
-                await run.state.job.fn(run.ctx)
-            except BaseException as exc:  # includes the task's own cancellation
-                error = exc
-            await asyncio.to_thread(self._end_round, run, error, scope)
+                self._end_round(run, exc, None)
+            finally:
+                hand_over()
 
     # -- ending ---------------------------------------------------------------------------
 
-    def _end_round(self, run: Run, error: BaseException | None, scope: RoundScope) -> None:
+    def _end_round(self, run: Run, error: BaseException | None, scope: RoundScope | None) -> None:
         """Record how the round ended, log it, and hand the job back to the dispatcher.
 
         Runs in the round's own context, so the log lines and the finish statement carry
-        the round's trace id.
+        the round's trace id. Whatever the bookkeeping raises, the end is handed back
+        (the dispatcher then schedules the job's next instant), then it propagates.
         """
         ended = self._clock.now()
         run.ended = True
+        handed = False
+        try:
+            handed = self._settle_end(run, error, scope, ended)
+        finally:
+            if not handed:
+                self._ended(run, ended)
+
+    def _settle_end(
+        self, run: Run, error: BaseException | None, scope: RoundScope | None, ended: datetime
+    ) -> bool:
+        """Classify, record and log the end; ``True`` once the finisher took it over."""
         ctx = run.ctx
         outcome = classify(error)
-        scope.outcome(outcome, error)
+        if scope is not None:
+            try:
+                scope.outcome(outcome, error)
+            except Exception:  # tracing must not keep the end from its record
+                log.exception("job %r: putting the outcome on its round's span failed", ctx.name)
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
         # A round that ran to its end has its end written by the finisher, in a batch
         # with the others ending now; the worker is free for the next round at once.
@@ -231,10 +322,10 @@ class RoundRunner:
                 log.info("round of %s cut short (%s)", where, cause)
         if later:
             self._finish_later(run, ended, where)
-            return
+            return True
         if not recorded and run.token is not None and not self._flags.crashed:
             log.warning("round of %s: its end is not on record (the lease is gone)", where)
-        self._ended(run, ended)
+        return False
 
     def _records_end(self, run: Run) -> bool:
         return run.token is not None and not self._flags.crashed and run.lost_at is None
@@ -329,3 +420,24 @@ async def _settle_tasks() -> None:
     others = [task for task in asyncio.all_tasks() if task is not current]
     if others:
         await asyncio.wait(others, timeout=TASK_SETTLE_SECONDS)
+
+
+def _not_awaitable(name: str, result: object) -> None:
+    """Fail a sync job's round that handed back an awaitable instead of doing its work.
+
+    A callable that returns a coroutine (``lambda ctx: work(ctx)`` around an ``async
+    def``) is not recognised as async, so it runs on a worker thread and its work would
+    never happen. The coroutine is closed (no "never awaited" warning) and the round fails.
+
+    Raises:
+        TypeError: ``result`` is awaitable.
+    """
+    if not inspect.isawaitable(result):
+        return
+    if inspect.iscoroutine(result):
+        result.close()
+    raise TypeError(
+        f"job {name!r} returned {type(result).__name__} {result!r} instead of doing its "
+        "work: it ran on a worker thread and nothing awaited it; register an `async def` "
+        "function (or an object whose `__call__` is `async def`) to run it on the loop"
+    )

@@ -3,15 +3,51 @@
 Not :class:`concurrent.futures.ThreadPoolExecutor`: the interpreter joins its threads at
 exit, so one job that ignores its cancellation would keep the process from ever exiting
 after a drain. These threads are daemons: the process ends when it means to.
+
+Two promises the executor does not make:
+
+- **A worker never dies of its work.** Whatever a work item raises is logged and the
+  thread takes the next one; otherwise a job whose failure cannot even be printed would
+  take a thread with it, and once all were gone queued rounds would wait forever.
+- **Work that cannot get a thread is never run later unaccounted.** When starting a
+  thread fails (the OS limit: ``RuntimeError: can't start new thread``) and other
+  threads are alive, the work stays queued for the first of them to free up, and the
+  failure is logged; when no thread is alive to run it, the work is withdrawn and
+  :class:`NoWorkerThread` tells the caller, distinct from :class:`WorkersClosed`.
+
+Work accounting for a fake clock: a work item queued while every thread is busy is
+*parked* (the ``park`` hook uncounts it), so a queued round behind a job waiting on the
+clock does not keep fake time from moving; it is counted again (``unpark``) when a thread
+is about to take it, before the thread's previous item stops being counted
+(:meth:`Workers.hand_over`), so there is no moment when the pool looks idle.
 """
 
 from __future__ import annotations
 
-import queue
+import collections
+import logging
 import threading
 from collections.abc import Callable
 
-__all__ = ["Workers"]
+__all__ = ["NoWorkerThread", "Workers", "WorkersClosed"]
+
+log = logging.getLogger("cronjob")
+
+
+class WorkersClosed(RuntimeError):
+    """Raised when work is submitted to a pool that has been shut down."""
+
+
+class NoWorkerThread(Exception):
+    """Raised when work cannot run because no thread could be started and none is alive.
+
+    The work was withdrawn: it will never run. Not a :class:`RuntimeError`, so it is
+    never mistaken for a pool that was shut down.
+    """
+
+
+def _nothing() -> None:
+    pass
 
 
 class Workers:
@@ -20,37 +56,99 @@ class Workers:
     Args:
         max_workers: The most threads that run submitted work at once.
         name: Prefix of the threads' names.
+        park: Called (under the pool's lock) when a submitted item is queued with no
+            thread free to take it; its work accounting is suspended.
+        unpark: Called (under the pool's lock) when a parked item is about to be taken.
     """
 
-    def __init__(self, max_workers: int, name: str) -> None:
+    def __init__(
+        self,
+        max_workers: int,
+        name: str,
+        *,
+        park: Callable[[], None] = _nothing,
+        unpark: Callable[[], None] = _nothing,
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self._max = max_workers
         self._name = name
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._park = park
+        self._unpark = unpark
+        self._cond = threading.Condition()
+        self._pending: collections.deque[Callable[[], None]] = collections.deque()
         self._threads: list[threading.Thread] = []
+        #: Threads waiting for work.
         self._idle = 0
-        self._waiting = 0
+        #: Threads started that have not yet looked for work.
+        self._starting = 0
+        #: Queued items whose accounting is suspended (no thread was free for them).
+        self._parked = 0
         self._closed = False
+
+    @property
+    def max_workers(self) -> int:
+        """The most threads that run submitted work at once."""
+        return self._max
 
     def submit(self, work: Callable[[], None]) -> None:
         """Queue ``work`` to run on a worker thread.
 
+        If no thread is free and the pool may grow, a thread is started. If that fails
+        while other threads are alive, ``work`` waits for one of them (logged). If it
+        fails and none is alive, ``work`` is withdrawn.
+
         Raises:
-            RuntimeError: the pool has been shut down.
+            WorkersClosed: the pool has been shut down.
+            NoWorkerThread: no thread could be started and none is alive; ``work`` will
+                not run.
         """
-        with self._lock:
+        with self._cond:
             if self._closed:
-                raise RuntimeError(f"{self._name}: the worker pool is shut down")
-            self._queue.put(work)
-            self._waiting += 1
-            if self._waiting > self._idle and len(self._threads) < self._max:
+                raise WorkersClosed(f"{self._name}: the worker pool is shut down")
+            self._pending.append(work)
+            takers = self._idle + self._starting
+            if len(self._pending) - self._parked <= takers:
+                self._cond.notify()
+                return
+            if len(self._threads) < self._max:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
                 )
-                self._threads.append(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # the OS refuses another thread
+                    self._threads = [t for t in self._threads if t.is_alive()]
+                    if not self._threads:
+                        self._pending.remove(work)
+                        raise NoWorkerThread(
+                            f"{self._name}: no worker thread could be started ({exc}) "
+                            "and none is running"
+                        ) from exc
+                    log.error(
+                        "%s: starting a worker thread failed (%s): the work waits for one of "
+                        "the %d running",
+                        self._name,
+                        exc,
+                        len(self._threads),
+                    )
+                else:
+                    self._threads.append(thread)
+                    self._starting += 1
+                    return
+            self._parked += 1
+            self._park()
+
+    def hand_over(self) -> None:
+        """Count the item this worker thread takes next, before its current one ends.
+
+        Called by a work item, on its worker thread, just before it stops counting
+        itself: a parked item waiting for this thread is counted from now on.
+        """
+        with self._cond:
+            if self._pending and self._parked > len(self._pending) - 1:
+                self._parked -= 1
+                self._unpark()
 
     def shutdown(self, *, wait: float | None = None) -> bool:
         """Refuse new work; let queued work finish; stop the threads once idle.
@@ -62,11 +160,10 @@ class Workers:
             ``True`` if every thread ended within ``wait`` (always ``True`` when not
             waiting and nothing is running).
         """
-        with self._lock:
+        with self._cond:
             self._closed = True
             threads = list(self._threads)
-        for _ in threads:
-            self._queue.put(None)
+            self._cond.notify_all()
         if wait is None:
             return not any(thread.is_alive() for thread in threads)
         for thread in threads:
@@ -75,14 +172,23 @@ class Workers:
         return not any(t.is_alive() for t in threads if t is not threading.current_thread())
 
     def _work(self) -> None:
+        starting = True
         while True:
-            with self._lock:
-                self._idle += 1
-            work = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-            if work is None:
-                return
-            with self._lock:
-                self._waiting -= 1
-            work()
+            with self._cond:
+                if starting:
+                    self._starting -= 1
+                    starting = False
+                while not self._pending and not self._closed:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                if not self._pending:
+                    return  # closed, and nothing left to do
+                work = self._pending.popleft()
+                if self._parked > len(self._pending):  # not counted by hand_over
+                    self._parked -= 1
+                    self._unpark()
+            try:
+                work()
+            except Exception:  # a worker never dies of its work: the next item waits
+                log.exception("%s: a work item raised; the worker goes on", self._name)

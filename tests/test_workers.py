@@ -1,0 +1,70 @@
+"""The worker pool: threads that never die of their work, and work never run unaccounted."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cronjob._workers import NoWorkerThread, Workers, WorkersClosed
+
+
+@pytest.fixture
+def refuse_threads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """While ``[0]`` is true, starting a ``pool-*`` thread fails as the OS limit does."""
+    refusing = [False]
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if refusing[0] and self.name.startswith("pool"):
+            raise RuntimeError("can't start new thread")
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return refusing
+
+
+class TestWorkers:
+    def test_work_that_no_thread_can_run_is_withdrawn_and_the_caller_told(self, refuse_threads):
+        pool = Workers(2, "pool")
+        ran: list[str] = []
+        refuse_threads[0] = True
+        with pytest.raises(NoWorkerThread, match=r"^pool: no worker thread could be started"):
+            pool.submit(lambda: ran.append("late"))
+        refuse_threads[0] = False
+        done = threading.Event()
+        pool.submit(done.set)
+        assert done.wait(10)
+        assert pool.shutdown(wait=10)
+        assert ran == []  # the withdrawn work never ran
+
+    def test_work_without_a_new_thread_waits_for_a_running_one(self, refuse_threads, caplog):
+        pool = Workers(2, "pool")
+        release, done = threading.Event(), threading.Event()
+        pool.submit(lambda: release.wait(10))
+        refuse_threads[0] = True
+        pool.submit(done.set)  # no second thread: it waits for the first
+        assert "can't start new thread" in caplog.text
+        assert not done.is_set()
+        release.set()
+        assert done.wait(10)
+        assert pool.shutdown(wait=10)
+
+    def test_a_worker_survives_its_work_raising(self):
+        pool = Workers(1, "pool")
+        done = threading.Event()
+
+        def bad() -> None:
+            raise RuntimeError("boom")
+
+        pool.submit(bad)
+        pool.submit(done.set)
+        assert done.wait(10)
+        assert pool.shutdown(wait=10)
+
+    def test_submit_after_shutdown_raises_workers_closed(self):
+        pool = Workers(1, "pool")
+        pool.shutdown()
+        with pytest.raises(WorkersClosed, match=r"^pool: the worker pool is shut down$"):
+            pool.submit(lambda: None)
+        assert not issubclass(NoWorkerThread, RuntimeError)
