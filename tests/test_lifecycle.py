@@ -166,6 +166,30 @@ class TestRunCommand:
         )
         assert "Traceback" not in done.stderr
 
+    def test_a_module_that_fails_to_import_says_so_first_then_shows_the_traceback(
+        self, tmp_path
+    ):
+        (tmp_path / "brokenjobs.py").write_text("raise RuntimeError('no config')\n")
+        done = run_cli("run", "brokenjobs", cwd=tmp_path)
+        assert done.returncode == 2
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "cronjob: error: cannot import job module 'brokenjobs': RuntimeError: no config"
+        )
+        assert lines[1] == "Traceback (most recent call last):"
+        assert lines[-1] == "RuntimeError: no config"
+
+    def test_a_module_importing_something_missing_says_so_first(self, tmp_path):
+        (tmp_path / "jobs.py").write_text("import no_such_dependency\n")
+        done = run_cli("run", "jobs", cwd=tmp_path)
+        assert done.returncode == 2
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "cronjob: error: cannot import job module 'jobs': "
+            "No module named 'no_such_dependency'"
+        )
+        assert lines[1] == "Traceback (most recent call last):"
+
     def test_a_job_refused_at_registration_fails_the_start(self, tmp_path):
         (tmp_path / "badjobs.py").write_text(
             "import cronjob\ncronjob.register(print, '0 * * * *', 'five')\n"
