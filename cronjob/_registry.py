@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from inspect import Parameter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import lease
@@ -131,8 +133,9 @@ class Registry:
                     f"cannot register job {name!r}: the scheduler {self._frozen_by} has "
                     "already started with this registry; register jobs at import time"
                 )
-            if name in self._jobs:
-                raise RegistrationError(f"job {name!r} is already registered")
+            taken = self._jobs.get(name)
+            if taken is not None:
+                raise RegistrationError(_taken_message(name, taken.fn, fn))
             self._jobs[name] = job
 
     def _freeze(self, by: str) -> tuple[Job, ...]:
@@ -174,11 +177,56 @@ def _check_fn(fn: object, name: str) -> None:
         return
     try:
         signature.bind(object())
-    except TypeError as exc:
-        raise RegistrationError(
-            f"job {name!r}: {getattr(fn, '__qualname__', fn)!r} must accept the round "
-            f"as its one positional argument ({exc})"
-        ) from None
+    except TypeError:
+        pass
+    else:
+        return
+    parameters = signature.parameters.values()
+    positional = (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD)
+    if not any(p.kind in (*positional, Parameter.VAR_POSITIONAL) for p in parameters):
+        problem = "takes no arguments: too few"
+    else:
+        required = [
+            p.name
+            for p in parameters
+            if p.default is Parameter.empty
+            and p.kind not in (Parameter.VAR_POSITIONAL, Parameter.VAR_KEYWORD)
+        ]
+        problem = f"requires {len(required)} arguments ({', '.join(required)}): too many"
+    raise RegistrationError(
+        f"job {name!r}: {_describe(fn)} {problem}; a job must accept the round as its one "
+        "positional argument, e.g. def job(ctx): ..."
+    )
+
+
+def _origin(fn: object) -> tuple[str, str]:
+    """Return the module and qualified name of ``fn``, as far as they can be told."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not hasattr(fn, "__qualname__"):
+        fn = type(fn)  # a callable instance: name its class
+    return getattr(fn, "__module__", None) or "?", getattr(fn, "__qualname__", repr(fn))
+
+
+def _describe(fn: object) -> str:
+    """Name ``fn`` as ``module.qualname``."""
+    return ".".join(_origin(fn))
+
+
+def _taken_message(name: str, first: object, second: object) -> str:
+    """Say who took ``name`` first, and spot a module imported under a second name."""
+    message = f"job name {name!r} is already taken by {_describe(first)}"
+    first_module, second_module = _origin(first)[0], _origin(second)[0]
+    first_file = getattr(sys.modules.get(first_module), "__file__", None)
+    second_file = getattr(sys.modules.get(second_module), "__file__", None)
+    if first_module != second_module and first_file is not None and first_file == second_file:
+        # One file run as two modules (`app.jobs` and `jobs`, when both the project and
+        # the package are on sys.path) registers every job twice.
+        message += (
+            f": {first_file} was imported twice, as {first_module} and as {second_module}; "
+            "import it under one name"
+        )
+    return message
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

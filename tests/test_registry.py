@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+import sys
 
 import pytest
 
@@ -16,6 +18,14 @@ def job(ctx: cronjob.Round) -> None:
 
 
 async def async_job(ctx: cronjob.Round) -> None:
+    pass
+
+
+def no_args() -> None:
+    pass
+
+
+def two_args(ctx: cronjob.Round, extra: int) -> None:
     pass
 
 
@@ -137,25 +147,82 @@ class TestRefusals:
         registry.register(job, "@hourly", name)
         assert [j.name for j in registry.jobs] == [name]
 
-    def test_it_refuses_a_name_already_taken(self):
+    def test_it_refuses_a_name_already_taken_naming_who_took_it(self):
         registry = Registry()
         registry.register(job, "@hourly", "report")
-        with pytest.raises(RegistrationError, match=r"^job 'report' is already registered$"):
-            registry.register_per_instance(job, "@daily", "report")
+        with pytest.raises(
+            RegistrationError,
+            match="^" + re.escape(f"job name 'report' is already taken by {__name__}.job") + "$",
+        ):
+            registry.register_per_instance(async_job, "@daily", "report")
         assert len(registry) == 1
+
+    def test_a_module_imported_under_two_names_is_named_in_the_refusal(
+        self, tmp_path, monkeypatch
+    ):
+        """`app.jobs` and `jobs` are one file run twice: the second registers everything again."""
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__init__.py").write_text("")
+        (tmp_path / "holder.py").write_text("import cronjob\nregistry = cronjob.Registry()\n")
+        jobs = tmp_path / "app" / "jobs.py"
+        jobs.write_text(
+            "from holder import registry\n"
+            "def digest(ctx):\n    pass\n"
+            "registry.register(digest, '@daily', 'digest')\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.syspath_prepend(str(tmp_path / "app"))
+        for module in ("holder", "app", "app.jobs", "jobs"):
+            monkeypatch.delitem(sys.modules, module, raising=False)
+        importlib.import_module("app.jobs")
+        message = (
+            f"job name 'digest' is already taken by app.jobs.digest: {jobs} was imported twice, "
+            "as app.jobs and as jobs; import it under one name"
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            importlib.import_module("jobs")
+        for module in ("holder", "app", "app.jobs", "jobs"):
+            sys.modules.pop(module, None)
 
     def test_it_refuses_something_not_callable(self):
         with pytest.raises(RegistrationError, match=r"^job 'x': 'nope' is not callable$"):
             Registry().register("nope", "@hourly", "x")  # type: ignore[arg-type]
 
-    def test_it_refuses_a_function_that_cannot_take_the_round(self):
-        def no_args() -> None:
+    def test_a_function_without_a_parameter_is_refused_for_too_few_arguments(self):
+        message = (
+            f"job 'x': {__name__}.no_args takes no arguments: too few; a job must "
+            "accept the round as its one positional argument, e.g. def job(ctx): ..."
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register(no_args, "@hourly", "x")
+
+    def test_a_function_needing_more_is_refused_for_too_many_arguments(self):
+        message = (
+            f"job 'x': {__name__}.two_args requires 2 arguments (ctx, extra): too "
+            "many; a job must accept the round as its one positional argument, e.g. "
+            "def job(ctx): ..."
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register(two_args, "@hourly", "x")
+
+    def test_a_required_keyword_only_argument_is_too_many(self):
+        def keyword(ctx, *, extra):
             pass
 
-        with pytest.raises(
-            RegistrationError, match=r"^job 'x': .*no_args' must accept the round as its one"
-        ):
-            Registry().register(no_args, "@hourly", "x")
+        with pytest.raises(RegistrationError, match=r"requires 2 arguments \(ctx, extra\)"):
+            Registry().register(keyword, "@hourly", "x")
+
+    @pytest.mark.parametrize(
+        "fn",
+        [
+            lambda ctx, extra=1: None,
+            lambda *args: None,
+            lambda ctx, **kwargs: None,
+            functools.partial(lambda a, ctx: None, 1),
+        ],
+    )
+    def test_extra_parameters_with_defaults_are_accepted(self, fn):
+        Registry().register(fn, "@hourly", "x")
 
     def test_a_bad_spec_names_the_job(self):
         with pytest.raises(ScheduleError, match=r"^job 'report': "):
