@@ -19,7 +19,15 @@ from ._schedule import Schedule, parse
 if TYPE_CHECKING:
     from ._round import Round
 
-__all__ = ["Job", "Registry", "default_registry", "register", "register_per_instance"]
+__all__ = [
+    "Job",
+    "Registry",
+    "default_registry",
+    "job",
+    "job_per_instance",
+    "register",
+    "register_per_instance",
+]
 
 #: The longest job name: the name is the lease row's key.
 MAX_NAME_LENGTH = 200
@@ -41,6 +49,11 @@ class Job:
         is_async: calling ``fn`` returns a coroutine (it runs on an asyncio loop): a
             coroutine function, an object whose ``__call__`` is one, or a
             :func:`functools.partial` of either.
+        run_at_start: also run once when the replica starts, besides the schedule's
+            instants. Per-instance jobs only: a leased job's start-up run is its catch-up.
+
+    Raises:
+        RegistrationError: ``run_at_start`` on a leased job.
     """
 
     name: str
@@ -48,6 +61,23 @@ class Job:
     schedule: Schedule
     leased: bool
     is_async: bool
+    run_at_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_at_start, bool):
+            raise RegistrationError(
+                f"job {self.name!r}: run_at_start must be True or False, "
+                f"got {self.run_at_start!r}"
+            )
+        if self.run_at_start and self.leased:
+            # Every replica starts: a leased job run at each start would run once per
+            # replica, the very thing a lease is for. What a leased job owes at start is
+            # the catch-up of its latest missed instant.
+            raise RegistrationError(
+                f"job {self.name!r}: run_at_start is for per-instance jobs (every replica "
+                "runs it as it starts); a leased job catches up its latest missed instant "
+                "at start instead"
+            )
 
 
 class Registry:
@@ -76,7 +106,7 @@ class Registry:
         with self._lock:
             return tuple(self._jobs.values())
 
-    def register(self, fn: F, spec: str, name: str) -> F:
+    def register(self, fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
         """Register ``fn`` to run on ``spec``, once per instant across all replicas.
 
         Args:
@@ -89,29 +119,76 @@ class Registry:
                 no whitespace at either end, no NUL character or lone surrogate (text
                 some database cannot store).
 
+            run_at_start: Refused (:class:`RegistrationError`) when true: it is for
+                per-instance jobs; a leased job catches up its latest missed instant at
+                start instead.
+
         Returns:
             ``fn`` unchanged.
 
         Raises:
             ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
             RegistrationError: no name, a name already taken or that some database
-                cannot store, or ``fn`` not callable with one argument.
+                cannot store, ``fn`` not callable with one argument, or ``run_at_start``.
             RuntimeError: a scheduler running this registry has already started.
         """
-        self._add(fn, spec, name, leased=True)
+        self._add(fn, spec, name, leased=True, run_at_start=run_at_start)
         return fn
 
-    def register_per_instance(self, fn: F, spec: str, name: str) -> F:
+    def register_per_instance(
+        self, fn: F, spec: str, name: str, *, run_at_start: bool = False
+    ) -> F:
         """Register ``fn`` to run on ``spec`` on every replica, without a lease.
 
         For work that belongs to the process (a local cache, a local directory). Such a
-        job never catches up an instant and never runs a round a second time. Arguments,
-        return value and errors are as for :meth:`register`.
+        job never catches up an instant and never runs a round a second time. With
+        ``run_at_start=True`` it also runs once as the replica starts (warming a cache
+        before the first instant). Other arguments, return value and errors are as for
+        :meth:`register`.
         """
-        self._add(fn, spec, name, leased=False)
+        self._add(fn, spec, name, leased=False, run_at_start=run_at_start)
         return fn
 
-    def _add(self, fn: Callable[..., Any], spec: str, name: str, *, leased: bool) -> None:
+    def job(self, spec: str, *, name: str) -> Callable[[F], F]:
+        """Decorate a function to :meth:`register` it: ``@registry.job(spec, name="...")``.
+
+        The decorator form of :meth:`register`, for code that reads better with the
+        schedule above the function. The name is required, as for :meth:`register`:
+        it is the lease's key, so renaming a function must not rename its job.
+
+        Returns:
+            A decorator that registers the function and returns it unchanged; errors are
+            those of :meth:`register`, raised when the decorated ``def`` runs.
+        """
+
+        def decorate(fn: F) -> F:
+            return self.register(fn, spec, name)
+
+        return decorate
+
+    def job_per_instance(
+        self, spec: str, *, name: str, run_at_start: bool = False
+    ) -> Callable[[F], F]:
+        """Decorate a function to :meth:`register_per_instance` it.
+
+        ``@registry.job_per_instance("@every 1h", name="clear-tmp", run_at_start=True)``;
+        see :meth:`job`.
+        """
+
+        def decorate(fn: F) -> F:
+            return self.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+
+        return decorate
+
+    def _add(
+        self,
+        fn: Callable[..., Any],
+        spec: str,
+        name: str,
+        *,
+        leased: bool,
+        run_at_start: bool,
+    ) -> None:
         _check_name(name)
         _check_fn(fn, name)
         try:
@@ -126,6 +203,7 @@ class Registry:
             schedule=schedule,
             leased=leased,
             is_async=_is_async(fn),
+            run_at_start=run_at_start,
         )
         with self._lock:
             if self._frozen_by is not None:
@@ -251,14 +329,30 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 default_registry = Registry()
 
 
-def register(fn: F, spec: str, name: str) -> F:
+def register(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
     """Register ``fn`` in the default registry; see :meth:`Registry.register`."""
-    return default_registry.register(fn, spec, name)
+    return default_registry.register(fn, spec, name, run_at_start=run_at_start)
 
 
-def register_per_instance(fn: F, spec: str, name: str) -> F:
+def register_per_instance(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
     """Register a per-instance job in the default registry.
 
     See :meth:`Registry.register_per_instance`.
     """
-    return default_registry.register_per_instance(fn, spec, name)
+    return default_registry.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+
+
+def job(spec: str, *, name: str) -> Callable[[F], F]:
+    """Register the decorated function in the default registry: ``@cronjob.job(spec, name=...)``.
+
+    The decorator form of :func:`register`; see :meth:`Registry.job`.
+    """
+    return default_registry.job(spec, name=name)
+
+
+def job_per_instance(spec: str, *, name: str, run_at_start: bool = False) -> Callable[[F], F]:
+    """Register the decorated function as a per-instance job in the default registry.
+
+    The decorator form of :func:`register_per_instance`; see :meth:`Registry.job`.
+    """
+    return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start)

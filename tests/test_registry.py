@@ -251,3 +251,119 @@ class TestRefusals:
         with pytest.raises(RuntimeError, match=r"^cannot register job 'b': the scheduler "):
             registry.register(job, "@hourly", "b")
         assert [j.name for j in registry.jobs] == ["a"]
+
+
+class TestRunAtStart:
+    def test_a_per_instance_job_keeps_the_flag_on_its_frozen_spec(self):
+        registry = Registry()
+        registry.register_per_instance(job, "@every 1h", "warm", run_at_start=True)
+        registry.register_per_instance(job, "@every 1h", "plain")
+        assert [(j.name, j.run_at_start) for j in registry.jobs] == [
+            ("warm", True),
+            ("plain", False),
+        ]
+
+    def test_a_leased_job_is_refused_run_at_start(self):
+        message = (
+            "job 'digest': run_at_start is for per-instance jobs (every replica runs it as "
+            "it starts); a leased job catches up its latest missed instant at start instead"
+        )
+        registry = Registry()
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            registry.register(job, "@daily", "digest", run_at_start=True)
+        assert len(registry) == 0
+        registry.register(job, "@daily", "digest", run_at_start=False)
+        assert registry.jobs[0].run_at_start is False
+
+    def test_run_at_start_must_be_a_bool(self):
+        with pytest.raises(
+            RegistrationError, match=r"^job 'warm': run_at_start must be True or False, got 'yes'$"
+        ):
+            Registry().register_per_instance(job, "@hourly", "warm", run_at_start="yes")  # type: ignore[arg-type]
+
+    def test_the_module_level_function_passes_it_on(self):
+        from cronjob._registry import default_registry
+
+        cronjob.register_per_instance(job, "@hourly", "test-run-at-start", run_at_start=True)
+        try:
+            assert default_registry.jobs[-1].run_at_start is True
+        finally:
+            default_registry._jobs.pop("test-run-at-start")
+
+
+class TestDecorators:
+    def test_job_registers_a_leased_job_and_returns_the_function_unchanged(self):
+        registry = Registry()
+
+        @registry.job("0 0 9 * * *", name="digest")
+        def digest(ctx: cronjob.Round) -> None:
+            pass
+
+        assert digest.__name__ == "digest" and callable(digest)
+        (registered,) = registry.jobs
+        assert registered.fn is digest
+        assert (registered.name, registered.leased, registered.run_at_start) == (
+            "digest",
+            True,
+            False,
+        )
+        assert registered.schedule == cronjob.parse("0 0 9 * * *")
+
+    def test_job_per_instance_registers_a_per_instance_job(self):
+        registry = Registry()
+
+        @registry.job_per_instance("@every 1h", name="clear-tmp", run_at_start=True)
+        async def clear_tmp(ctx: cronjob.Round) -> None:
+            pass
+
+        (registered,) = registry.jobs
+        assert registered.fn is clear_tmp
+        assert (registered.leased, registered.is_async, registered.run_at_start) == (
+            False,
+            True,
+            True,
+        )
+
+    def test_the_name_is_required(self):
+        registry = Registry()
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'name'"):
+            registry.job("@hourly")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 were given"):
+            registry.job("@hourly", "digest")  # type: ignore[misc]
+
+    def test_a_bad_job_fails_where_it_is_defined(self):
+        registry = Registry()
+        with pytest.raises(ScheduleError, match=r"^job 'digest': '0 9 \* \* \*' has 5 fields"):
+
+            @registry.job("0 9 * * *", name="digest")
+            def digest(ctx: cronjob.Round) -> None:
+                pass
+
+        with pytest.raises(RegistrationError, match=r"^job 'x': .* takes no arguments: too few"):
+
+            @registry.job_per_instance("@hourly", name="x")
+            def no_round() -> None:
+                pass
+
+        assert len(registry) == 0
+
+    def test_the_module_level_decorators_use_the_default_registry(self):
+        from cronjob._registry import default_registry
+
+        @cronjob.job("@daily", name="test-decorator-leased")
+        def leased(ctx: cronjob.Round) -> None:
+            pass
+
+        @cronjob.job_per_instance("@daily", name="test-decorator-local", run_at_start=True)
+        def local(ctx: cronjob.Round) -> None:
+            pass
+
+        try:
+            by_name = {j.name: j for j in default_registry.jobs}
+            assert by_name["test-decorator-leased"].fn is leased
+            assert by_name["test-decorator-leased"].leased
+            assert by_name["test-decorator-local"].fn is local
+            assert by_name["test-decorator-local"].run_at_start
+        finally:
+            default_registry._jobs.pop("test-decorator-leased")
+            default_registry._jobs.pop("test-decorator-local")
