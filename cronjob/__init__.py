@@ -5,7 +5,8 @@ application's own SQL database.
 Layout, one private module per concern:
 
 - ``_schedule``: :func:`parse` and :class:`Schedule` (cron grammar, ``@every``, DST rule).
-- ``_registry``: :func:`register`, :func:`register_per_instance`, :class:`Registry`.
+- ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
+  :func:`job` and :func:`job_per_instance`, :class:`Registry`.
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
 - ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
   the lifecycle (start, drain, stop).
@@ -56,6 +57,8 @@ from ._exceptions import Shutdown as Shutdown
 from ._lifespan import lifespan as lifespan
 from ._registry import Job as Job
 from ._registry import Registry as Registry
+from ._registry import job as job
+from ._registry import job_per_instance as job_per_instance
 from ._registry import register as register
 from ._registry import register_per_instance as register_per_instance
 from ._round import Outcome as Outcome
@@ -78,6 +81,8 @@ __all__ = [
     "Scheduler",
     "Shutdown",
     "SystemClock",
+    "job",
+    "job_per_instance",
     "lifespan",
     "parse",
     "register",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from inspect import Parameter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import lease
@@ -17,7 +19,15 @@ from ._schedule import Schedule, parse
 if TYPE_CHECKING:
     from ._round import Round
 
-__all__ = ["Job", "Registry", "default_registry", "register", "register_per_instance"]
+__all__ = [
+    "Job",
+    "Registry",
+    "default_registry",
+    "job",
+    "job_per_instance",
+    "register",
+    "register_per_instance",
+]
 
 #: The longest job name: the name is the lease row's key.
 MAX_NAME_LENGTH = 200
@@ -39,6 +49,11 @@ class Job:
         is_async: calling ``fn`` returns a coroutine (it runs on an asyncio loop): a
             coroutine function, an object whose ``__call__`` is one, or a
             :func:`functools.partial` of either.
+        run_at_start: also run once when the replica starts, besides the schedule's
+            instants. Per-instance jobs only: a leased job's start-up run is its catch-up.
+
+    Raises:
+        RegistrationError: ``run_at_start`` on a leased job.
     """
 
     name: str
@@ -46,6 +61,23 @@ class Job:
     schedule: Schedule
     leased: bool
     is_async: bool
+    run_at_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_at_start, bool):
+            raise RegistrationError(
+                f"job {self.name!r}: run_at_start must be True or False, "
+                f"got {self.run_at_start!r}"
+            )
+        if self.run_at_start and self.leased:
+            # Every replica starts: a leased job run at each start would run once per
+            # replica, the very thing a lease is for. What a leased job owes at start is
+            # the catch-up of its latest missed instant.
+            raise RegistrationError(
+                f"job {self.name!r}: run_at_start is for per-instance jobs (every replica "
+                "runs it as it starts); a leased job catches up its latest missed instant "
+                "at start instead"
+            )
 
 
 class Registry:
@@ -74,7 +106,7 @@ class Registry:
         with self._lock:
             return tuple(self._jobs.values())
 
-    def register(self, fn: F, spec: str, name: str) -> F:
+    def register(self, fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
         """Register ``fn`` to run on ``spec``, once per instant across all replicas.
 
         Args:
@@ -87,29 +119,76 @@ class Registry:
                 no whitespace at either end, no NUL character or lone surrogate (text
                 some database cannot store).
 
+            run_at_start: Refused (:class:`RegistrationError`) when true: it is for
+                per-instance jobs; a leased job catches up its latest missed instant at
+                start instead.
+
         Returns:
             ``fn`` unchanged.
 
         Raises:
             ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
             RegistrationError: no name, a name already taken or that some database
-                cannot store, or ``fn`` not callable with one argument.
+                cannot store, ``fn`` not callable with one argument, or ``run_at_start``.
             RuntimeError: a scheduler running this registry has already started.
         """
-        self._add(fn, spec, name, leased=True)
+        self._add(fn, spec, name, leased=True, run_at_start=run_at_start)
         return fn
 
-    def register_per_instance(self, fn: F, spec: str, name: str) -> F:
+    def register_per_instance(
+        self, fn: F, spec: str, name: str, *, run_at_start: bool = False
+    ) -> F:
         """Register ``fn`` to run on ``spec`` on every replica, without a lease.
 
         For work that belongs to the process (a local cache, a local directory). Such a
-        job never catches up an instant and never runs a round a second time. Arguments,
-        return value and errors are as for :meth:`register`.
+        job never catches up an instant and never runs a round a second time. With
+        ``run_at_start=True`` it also runs once as the replica starts (warming a cache
+        before the first instant). Other arguments, return value and errors are as for
+        :meth:`register`.
         """
-        self._add(fn, spec, name, leased=False)
+        self._add(fn, spec, name, leased=False, run_at_start=run_at_start)
         return fn
 
-    def _add(self, fn: Callable[..., Any], spec: str, name: str, *, leased: bool) -> None:
+    def job(self, spec: str, *, name: str) -> Callable[[F], F]:
+        """Decorate a function to :meth:`register` it: ``@registry.job(spec, name="...")``.
+
+        The decorator form of :meth:`register`, for code that reads better with the
+        schedule above the function. The name is required, as for :meth:`register`:
+        it is the lease's key, so renaming a function must not rename its job.
+
+        Returns:
+            A decorator that registers the function and returns it unchanged; errors are
+            those of :meth:`register`, raised when the decorated ``def`` runs.
+        """
+
+        def decorate(fn: F) -> F:
+            return self.register(fn, spec, name)
+
+        return decorate
+
+    def job_per_instance(
+        self, spec: str, *, name: str, run_at_start: bool = False
+    ) -> Callable[[F], F]:
+        """Decorate a function to :meth:`register_per_instance` it.
+
+        ``@registry.job_per_instance("@every 1h", name="clear-tmp", run_at_start=True)``;
+        see :meth:`job`.
+        """
+
+        def decorate(fn: F) -> F:
+            return self.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+
+        return decorate
+
+    def _add(
+        self,
+        fn: Callable[..., Any],
+        spec: str,
+        name: str,
+        *,
+        leased: bool,
+        run_at_start: bool,
+    ) -> None:
         _check_name(name)
         _check_fn(fn, name)
         try:
@@ -124,6 +203,7 @@ class Registry:
             schedule=schedule,
             leased=leased,
             is_async=_is_async(fn),
+            run_at_start=run_at_start,
         )
         with self._lock:
             if self._frozen_by is not None:
@@ -131,8 +211,9 @@ class Registry:
                     f"cannot register job {name!r}: the scheduler {self._frozen_by} has "
                     "already started with this registry; register jobs at import time"
                 )
-            if name in self._jobs:
-                raise RegistrationError(f"job {name!r} is already registered")
+            taken = self._jobs.get(name)
+            if taken is not None:
+                raise RegistrationError(_taken_message(name, taken.fn, fn))
             self._jobs[name] = job
 
     def _freeze(self, by: str) -> tuple[Job, ...]:
@@ -174,11 +255,56 @@ def _check_fn(fn: object, name: str) -> None:
         return
     try:
         signature.bind(object())
-    except TypeError as exc:
-        raise RegistrationError(
-            f"job {name!r}: {getattr(fn, '__qualname__', fn)!r} must accept the round "
-            f"as its one positional argument ({exc})"
-        ) from None
+    except TypeError:
+        pass
+    else:
+        return
+    parameters = signature.parameters.values()
+    positional = (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD)
+    if not any(p.kind in (*positional, Parameter.VAR_POSITIONAL) for p in parameters):
+        problem = "takes no arguments: too few"
+    else:
+        required = [
+            p.name
+            for p in parameters
+            if p.default is Parameter.empty
+            and p.kind not in (Parameter.VAR_POSITIONAL, Parameter.VAR_KEYWORD)
+        ]
+        problem = f"requires {len(required)} arguments ({', '.join(required)}): too many"
+    raise RegistrationError(
+        f"job {name!r}: {_describe(fn)} {problem}; a job must accept the round as its one "
+        "positional argument, e.g. def job(ctx): ..."
+    )
+
+
+def _origin(fn: object) -> tuple[str, str]:
+    """Return the module and qualified name of ``fn``, as far as they can be told."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not hasattr(fn, "__qualname__"):
+        fn = type(fn)  # a callable instance: name its class
+    return getattr(fn, "__module__", None) or "?", getattr(fn, "__qualname__", repr(fn))
+
+
+def _describe(fn: object) -> str:
+    """Name ``fn`` as ``module.qualname``."""
+    return ".".join(_origin(fn))
+
+
+def _taken_message(name: str, first: object, second: object) -> str:
+    """Say who took ``name`` first, and spot a module imported under a second name."""
+    message = f"job name {name!r} is already taken by {_describe(first)}"
+    first_module, second_module = _origin(first)[0], _origin(second)[0]
+    first_file = getattr(sys.modules.get(first_module), "__file__", None)
+    second_file = getattr(sys.modules.get(second_module), "__file__", None)
+    if first_module != second_module and first_file is not None and first_file == second_file:
+        # One file run as two modules (`app.jobs` and `jobs`, when both the project and
+        # the package are on sys.path) registers every job twice.
+        message += (
+            f": {first_file} was imported twice, as {first_module} and as {second_module}; "
+            "import it under one name"
+        )
+    return message
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -203,14 +329,30 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 default_registry = Registry()
 
 
-def register(fn: F, spec: str, name: str) -> F:
+def register(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
     """Register ``fn`` in the default registry; see :meth:`Registry.register`."""
-    return default_registry.register(fn, spec, name)
+    return default_registry.register(fn, spec, name, run_at_start=run_at_start)
 
 
-def register_per_instance(fn: F, spec: str, name: str) -> F:
+def register_per_instance(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
     """Register a per-instance job in the default registry.
 
     See :meth:`Registry.register_per_instance`.
     """
-    return default_registry.register_per_instance(fn, spec, name)
+    return default_registry.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+
+
+def job(spec: str, *, name: str) -> Callable[[F], F]:
+    """Register the decorated function in the default registry: ``@cronjob.job(spec, name=...)``.
+
+    The decorator form of :func:`register`; see :meth:`Registry.job`.
+    """
+    return default_registry.job(spec, name=name)
+
+
+def job_per_instance(spec: str, *, name: str, run_at_start: bool = False) -> Callable[[F], F]:
+    """Register the decorated function as a per-instance job in the default registry.
+
+    The decorator form of :func:`register_per_instance`; see :meth:`Registry.job`.
+    """
+    return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start)

@@ -51,6 +51,17 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def _fail_with_traceback(message: str) -> int:
+    """Fail with ``message``, then the traceback of the exception being handled.
+
+    The one clear line comes first: it is what a reader (or ``head``) sees, and the
+    traceback below it is the detail.
+    """
+    status = _fail(message)
+    traceback.print_exc()
+    return status
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run ``cronjob run [--database-url URL] MODULE...``; return the exit status."""
     _configure_logging()
@@ -63,11 +74,12 @@ def run_command(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             if exc.name is not None and (module == exc.name or module.startswith(f"{exc.name}.")):
                 return _fail(f"no module named {module!r} (searched the working directory first)")
-            traceback.print_exc()  # the module exists but imports something missing
-            return _fail(f"cannot import job module {module!r}: {exc}")
+            # The module exists but imports something missing.
+            return _fail_with_traceback(f"cannot import job module {module!r}: {exc}")
         except Exception as exc:
-            traceback.print_exc()
-            return _fail(f"cannot import job module {module!r}: {type(exc).__name__}: {exc}")
+            return _fail_with_traceback(
+                f"cannot import job module {module!r}: {type(exc).__name__}: {exc}"
+            )
 
     database = resolve_database(args.database_url)
     try:

@@ -185,9 +185,18 @@ class Scheduler:
             self._started = True
         jobs = self._registry._freeze(by=repr(self.replica_id))
         if not jobs:
-            log.info("no jobs registered: the scheduler starts nothing")
+            log.warning("no jobs registered: the scheduler starts nothing")
             self._flags.stopped = True
             return
+        if self._database == f"sqlite:///{DEFAULT_SQLITE_FILE}":  # nothing named: one per host
+            log.warning(
+                "database: the embedded default, %s in the working directory: replicas on other "
+                "hosts will not coordinate with this one and will each run every job; in "
+                "production set $%s (or --database-url, or Scheduler(database)) to the database "
+                "all replicas share",
+                DEFAULT_SQLITE_FILE,
+                DATABASE_ENV,
+            )
         self._jobs = len(jobs)
         leased = sum(job.leased for job in jobs)
         engine, store = self._connect(check_dialect=leased > 0)

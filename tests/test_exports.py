@@ -24,6 +24,8 @@ SURFACE = {
         "Scheduler",
         "Shutdown",
         "SystemClock",
+        "job",
+        "job_per_instance",
         "lifespan",
         "parse",
         "register",

@@ -46,6 +46,82 @@ class TestLifespan:
         assert seen == [(START + timedelta(hours=1), True), (START + timedelta(hours=2), True)]
 
 
+DEFAULT_DATABASE_WARNING = (
+    "database: the embedded default, cronjob.sqlite in the working directory: replicas on "
+    "other hosts will not coordinate with this one and will each run every job; in "
+    "production set $CRONJOB_DATABASE_URL (or --database-url, or Scheduler(database)) to the "
+    "database all replicas share"
+)
+
+
+def warnings_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+class TestDefaultDatabase:
+    """Without a URL, each host gets a lease table of its own: the start says so, once."""
+
+    @pytest.fixture(autouse=True)
+    def no_url(self, tmp_path, monkeypatch):
+        monkeypatch.delenv("CRONJOB_DATABASE_URL", raising=False)
+        monkeypatch.chdir(tmp_path)
+
+    @staticmethod
+    def registry() -> cronjob.Registry:
+        registry = cronjob.Registry()
+        registry.register(print, "@hourly", "hourly")
+        return registry
+
+    def test_the_embedded_default_warns_once_at_start(self, tmp_path, caplog):
+        clock = FakeClock(START)
+        with caplog.at_level(logging.INFO, logger="cronjob"):
+            scheduler = cronjob.Scheduler(registry=self.registry(), clock=clock)
+            assert warnings_logged(caplog) == []  # built, not started: nothing said yet
+            with scheduler:
+                clock.advance(2 * 3600)  # rounds run; the warning is not repeated
+        assert warnings_logged(caplog) == [DEFAULT_DATABASE_WARNING]
+        assert (tmp_path / "cronjob.sqlite").exists()
+
+    def test_the_lifespan_on_the_default_warns_too(self, caplog):
+        lifespan = cronjob.lifespan(registry=self.registry(), clock=FakeClock(START))
+
+        async def serve() -> None:
+            async with lifespan(object()):
+                pass
+
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            asyncio.run(serve())
+        assert warnings_logged(caplog) == [DEFAULT_DATABASE_WARNING]
+
+    def test_a_database_named_in_the_environment_does_not_warn(self, tmp_path, monkeypatch, caplog):
+        monkeypatch.setenv("CRONJOB_DATABASE_URL", f"sqlite:///{tmp_path / 'shared.sqlite'}")
+        with (
+            caplog.at_level(logging.WARNING, logger="cronjob"),
+            cronjob.Scheduler(registry=self.registry(), clock=FakeClock(START)),
+        ):
+            pass
+        assert warnings_logged(caplog) == []
+        assert not (tmp_path / "cronjob.sqlite").exists()
+
+    def test_a_database_passed_in_does_not_warn(self, tmp_path, caplog):
+        url = f"sqlite:///{tmp_path / 'app.sqlite'}"
+        with (
+            caplog.at_level(logging.WARNING, logger="cronjob"),
+            cronjob.Scheduler(url, registry=self.registry(), clock=FakeClock(START)),
+        ):
+            pass
+        assert warnings_logged(caplog) == []
+
+    def test_no_jobs_is_a_warning_and_opens_no_database(self, tmp_path, caplog):
+        with (
+            caplog.at_level(logging.WARNING, logger="cronjob"),
+            cronjob.Scheduler(registry=cronjob.Registry(), clock=FakeClock(START)),
+        ):
+            pass
+        assert warnings_logged(caplog) == ["no jobs registered: the scheduler starts nothing"]
+        assert not (tmp_path / "cronjob.sqlite").exists()
+
+
 class TestDatabaseAway:
     def test_a_database_down_at_start_is_retried_and_per_instance_jobs_run(self, caplog):
         clock = FakeClock(START)
@@ -89,6 +165,30 @@ class TestRunCommand:
             "cronjob: error: no module named 'no_such_jobs' (searched the working directory first)"
         )
         assert "Traceback" not in done.stderr
+
+    def test_a_module_that_fails_to_import_says_so_first_then_shows_the_traceback(
+        self, tmp_path
+    ):
+        (tmp_path / "brokenjobs.py").write_text("raise RuntimeError('no config')\n")
+        done = run_cli("run", "brokenjobs", cwd=tmp_path)
+        assert done.returncode == 2
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "cronjob: error: cannot import job module 'brokenjobs': RuntimeError: no config"
+        )
+        assert lines[1] == "Traceback (most recent call last):"
+        assert lines[-1] == "RuntimeError: no config"
+
+    def test_a_module_importing_something_missing_says_so_first(self, tmp_path):
+        (tmp_path / "jobs.py").write_text("import no_such_dependency\n")
+        done = run_cli("run", "jobs", cwd=tmp_path)
+        assert done.returncode == 2
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "cronjob: error: cannot import job module 'jobs': "
+            "No module named 'no_such_dependency'"
+        )
+        assert lines[1] == "Traceback (most recent call last):"
 
     def test_a_job_refused_at_registration_fails_the_start(self, tmp_path):
         (tmp_path / "badjobs.py").write_text(
@@ -142,6 +242,7 @@ class TestRunCommand:
         assert process.wait(timeout=30) == 0
         reader.join(5)
         assert any("SIGTERM received: draining" in line for line in lines)
+        assert sum(DEFAULT_DATABASE_WARNING in line for line in lines) == 1
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default
 
 

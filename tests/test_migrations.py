@@ -188,7 +188,7 @@ def _build_wheel(out: Path) -> Path:
         check=True,
         capture_output=True,
     )
-    (wheel,) = out.glob("cronjob-*.whl")
+    (wheel,) = out.glob("cronjob_lease-*.whl")
     return wheel
 
 
@@ -199,6 +199,15 @@ def test_an_installed_wheel_migrates_with_its_packaged_migrations(tmp_path):
     assert "lease/_migrations/env.py" in names
     assert any(n.startswith("lease/_migrations/versions/0001_") for n in names)
     assert not any(n.startswith("alembic/") for n in names), "alembic/ would shadow the library"
+    # The distribution is cronjob-lease (PyPI's `cronjob` is another project); the README
+    # names the three import packages it installs.
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {
+        "cronjob",
+        "lease",
+        "execctx",
+    }
+    metadata = zipfile.ZipFile(wheel).read("cronjob_lease-0.1.0.dist-info/METADATA").decode()
+    assert "\nName: cronjob-lease\n" in metadata
 
     # A fresh environment holding only the wheel; its dependencies (SQLAlchemy, alembic...)
     # are borrowed from this one through a .pth line, appended after its own packages.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,42 @@ def test_the_readme_example_runs(code, expected, tmp_path, monkeypatch):
 
 def test_the_readme_has_runnable_examples():
     assert len(examples()) >= 6
+
+
+def test_every_install_line_installs_this_distribution():
+    """`pip install cronjob` fetches an unrelated project: every line names ours."""
+    repo = README.parent
+    name = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "cronjob-lease"
+    lines = [
+        line.split("#")[0].split()
+        for doc in [README, *sorted((repo / "docs").glob("*.md"))]
+        for line in doc.read_text().splitlines()
+        if line.startswith("pip install ")
+    ]
+    assert len(lines) == 3
+    for words in lines:
+        (target,) = words[2:]
+        assert re.fullmatch(rf"'?{re.escape(name)}(\[\w+\])?'?", target), words
+
+
+def test_the_docs_cite_only_files_in_the_repository():
+    repo = README.parent
+    for doc in [README, *sorted((repo / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        assert "SPEC.md" not in text, doc.name
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "#")):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            assert path.is_relative_to(repo) and path.exists(), (doc.name, target)
+
+
+def test_the_readme_lists_every_scheduler_argument():
+    import inspect
+
+    import cronjob
+
+    text = README.read_text()
+    for name in inspect.signature(cronjob.Scheduler).parameters:
+        assert f"| `{name}` |" in text, name

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+import sys
 
 import pytest
 
@@ -16,6 +18,14 @@ def job(ctx: cronjob.Round) -> None:
 
 
 async def async_job(ctx: cronjob.Round) -> None:
+    pass
+
+
+def no_args() -> None:
+    pass
+
+
+def two_args(ctx: cronjob.Round, extra: int) -> None:
     pass
 
 
@@ -137,25 +147,82 @@ class TestRefusals:
         registry.register(job, "@hourly", name)
         assert [j.name for j in registry.jobs] == [name]
 
-    def test_it_refuses_a_name_already_taken(self):
+    def test_it_refuses_a_name_already_taken_naming_who_took_it(self):
         registry = Registry()
         registry.register(job, "@hourly", "report")
-        with pytest.raises(RegistrationError, match=r"^job 'report' is already registered$"):
-            registry.register_per_instance(job, "@daily", "report")
+        with pytest.raises(
+            RegistrationError,
+            match="^" + re.escape(f"job name 'report' is already taken by {__name__}.job") + "$",
+        ):
+            registry.register_per_instance(async_job, "@daily", "report")
         assert len(registry) == 1
+
+    def test_a_module_imported_under_two_names_is_named_in_the_refusal(
+        self, tmp_path, monkeypatch
+    ):
+        """`app.jobs` and `jobs` are one file run twice: the second registers everything again."""
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__init__.py").write_text("")
+        (tmp_path / "holder.py").write_text("import cronjob\nregistry = cronjob.Registry()\n")
+        jobs = tmp_path / "app" / "jobs.py"
+        jobs.write_text(
+            "from holder import registry\n"
+            "def digest(ctx):\n    pass\n"
+            "registry.register(digest, '@daily', 'digest')\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.syspath_prepend(str(tmp_path / "app"))
+        for module in ("holder", "app", "app.jobs", "jobs"):
+            monkeypatch.delitem(sys.modules, module, raising=False)
+        importlib.import_module("app.jobs")
+        message = (
+            f"job name 'digest' is already taken by app.jobs.digest: {jobs} was imported twice, "
+            "as app.jobs and as jobs; import it under one name"
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            importlib.import_module("jobs")
+        for module in ("holder", "app", "app.jobs", "jobs"):
+            sys.modules.pop(module, None)
 
     def test_it_refuses_something_not_callable(self):
         with pytest.raises(RegistrationError, match=r"^job 'x': 'nope' is not callable$"):
             Registry().register("nope", "@hourly", "x")  # type: ignore[arg-type]
 
-    def test_it_refuses_a_function_that_cannot_take_the_round(self):
-        def no_args() -> None:
+    def test_a_function_without_a_parameter_is_refused_for_too_few_arguments(self):
+        message = (
+            f"job 'x': {__name__}.no_args takes no arguments: too few; a job must "
+            "accept the round as its one positional argument, e.g. def job(ctx): ..."
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register(no_args, "@hourly", "x")
+
+    def test_a_function_needing_more_is_refused_for_too_many_arguments(self):
+        message = (
+            f"job 'x': {__name__}.two_args requires 2 arguments (ctx, extra): too "
+            "many; a job must accept the round as its one positional argument, e.g. "
+            "def job(ctx): ..."
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register(two_args, "@hourly", "x")
+
+    def test_a_required_keyword_only_argument_is_too_many(self):
+        def keyword(ctx, *, extra):
             pass
 
-        with pytest.raises(
-            RegistrationError, match=r"^job 'x': .*no_args' must accept the round as its one"
-        ):
-            Registry().register(no_args, "@hourly", "x")
+        with pytest.raises(RegistrationError, match=r"requires 2 arguments \(ctx, extra\)"):
+            Registry().register(keyword, "@hourly", "x")
+
+    @pytest.mark.parametrize(
+        "fn",
+        [
+            lambda ctx, extra=1: None,
+            lambda *args: None,
+            lambda ctx, **kwargs: None,
+            functools.partial(lambda a, ctx: None, 1),
+        ],
+    )
+    def test_extra_parameters_with_defaults_are_accepted(self, fn):
+        Registry().register(fn, "@hourly", "x")
 
     def test_a_bad_spec_names_the_job(self):
         with pytest.raises(ScheduleError, match=r"^job 'report': "):
@@ -184,3 +251,119 @@ class TestRefusals:
         with pytest.raises(RuntimeError, match=r"^cannot register job 'b': the scheduler "):
             registry.register(job, "@hourly", "b")
         assert [j.name for j in registry.jobs] == ["a"]
+
+
+class TestRunAtStart:
+    def test_a_per_instance_job_keeps_the_flag_on_its_frozen_spec(self):
+        registry = Registry()
+        registry.register_per_instance(job, "@every 1h", "warm", run_at_start=True)
+        registry.register_per_instance(job, "@every 1h", "plain")
+        assert [(j.name, j.run_at_start) for j in registry.jobs] == [
+            ("warm", True),
+            ("plain", False),
+        ]
+
+    def test_a_leased_job_is_refused_run_at_start(self):
+        message = (
+            "job 'digest': run_at_start is for per-instance jobs (every replica runs it as "
+            "it starts); a leased job catches up its latest missed instant at start instead"
+        )
+        registry = Registry()
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            registry.register(job, "@daily", "digest", run_at_start=True)
+        assert len(registry) == 0
+        registry.register(job, "@daily", "digest", run_at_start=False)
+        assert registry.jobs[0].run_at_start is False
+
+    def test_run_at_start_must_be_a_bool(self):
+        with pytest.raises(
+            RegistrationError, match=r"^job 'warm': run_at_start must be True or False, got 'yes'$"
+        ):
+            Registry().register_per_instance(job, "@hourly", "warm", run_at_start="yes")  # type: ignore[arg-type]
+
+    def test_the_module_level_function_passes_it_on(self):
+        from cronjob._registry import default_registry
+
+        cronjob.register_per_instance(job, "@hourly", "test-run-at-start", run_at_start=True)
+        try:
+            assert default_registry.jobs[-1].run_at_start is True
+        finally:
+            default_registry._jobs.pop("test-run-at-start")
+
+
+class TestDecorators:
+    def test_job_registers_a_leased_job_and_returns_the_function_unchanged(self):
+        registry = Registry()
+
+        @registry.job("0 0 9 * * *", name="digest")
+        def digest(ctx: cronjob.Round) -> None:
+            pass
+
+        assert digest.__name__ == "digest" and callable(digest)
+        (registered,) = registry.jobs
+        assert registered.fn is digest
+        assert (registered.name, registered.leased, registered.run_at_start) == (
+            "digest",
+            True,
+            False,
+        )
+        assert registered.schedule == cronjob.parse("0 0 9 * * *")
+
+    def test_job_per_instance_registers_a_per_instance_job(self):
+        registry = Registry()
+
+        @registry.job_per_instance("@every 1h", name="clear-tmp", run_at_start=True)
+        async def clear_tmp(ctx: cronjob.Round) -> None:
+            pass
+
+        (registered,) = registry.jobs
+        assert registered.fn is clear_tmp
+        assert (registered.leased, registered.is_async, registered.run_at_start) == (
+            False,
+            True,
+            True,
+        )
+
+    def test_the_name_is_required(self):
+        registry = Registry()
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'name'"):
+            registry.job("@hourly")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 were given"):
+            registry.job("@hourly", "digest")  # type: ignore[misc]
+
+    def test_a_bad_job_fails_where_it_is_defined(self):
+        registry = Registry()
+        with pytest.raises(ScheduleError, match=r"^job 'digest': '0 9 \* \* \*' has 5 fields"):
+
+            @registry.job("0 9 * * *", name="digest")
+            def digest(ctx: cronjob.Round) -> None:
+                pass
+
+        with pytest.raises(RegistrationError, match=r"^job 'x': .* takes no arguments: too few"):
+
+            @registry.job_per_instance("@hourly", name="x")
+            def no_round() -> None:
+                pass
+
+        assert len(registry) == 0
+
+    def test_the_module_level_decorators_use_the_default_registry(self):
+        from cronjob._registry import default_registry
+
+        @cronjob.job("@daily", name="test-decorator-leased")
+        def leased(ctx: cronjob.Round) -> None:
+            pass
+
+        @cronjob.job_per_instance("@daily", name="test-decorator-local", run_at_start=True)
+        def local(ctx: cronjob.Round) -> None:
+            pass
+
+        try:
+            by_name = {j.name: j for j in default_registry.jobs}
+            assert by_name["test-decorator-leased"].fn is leased
+            assert by_name["test-decorator-leased"].leased
+            assert by_name["test-decorator-local"].fn is local
+            assert by_name["test-decorator-local"].run_at_start
+        finally:
+            default_registry._jobs.pop("test-decorator-leased")
+            default_registry._jobs.pop("test-decorator-local")
