@@ -236,6 +236,7 @@ class TestSurface:
             "DEFAULT_STATEMENT_TIMEOUT",
             "DEFAULT_TTL",
             "DatabaseError",
+            "DatabaseRefused",
             "DatabaseUnavailable",
             "LeaseError",
             "LeaseRow",
