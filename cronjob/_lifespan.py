@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ._scheduler import Scheduler
 
-__all__ = ["lifespan"]
+__all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
+
+#: Where :func:`lifespan` puts the scheduler on the application: ``app.state.<this>``.
+APP_STATE_ATTRIBUTE = "cronjob_scheduler"
 
 
 def lifespan(
@@ -21,16 +23,25 @@ def lifespan(
     those of :class:`Scheduler`; async jobs run on the application's own event loop, sync
     jobs in the scheduler's worker threads. Start-up and drain run in a thread so the
     loop keeps serving meanwhile.
+
+    Each start of the application builds a new scheduler (two ``TestClient(app)`` blocks,
+    two ``asyncio.run``: each on its own loop), and puts it on ``app.state.cronjob_scheduler``
+    when the application has a ``state`` (for a readiness probe: ``.ready``). Inside a
+    lifespan of your own, use ``async with cronjob.Scheduler(...) as scheduler:`` instead.
+
+    Raises (on entering):
+        lease.DatabaseRefused: as :meth:`Scheduler.start`; the application does not start.
     """
 
     @contextlib.asynccontextmanager
     async def _lifespan(app: Any) -> AsyncIterator[None]:
-        options.setdefault("loop", asyncio.get_running_loop())
-        scheduler = Scheduler(database, **options)
-        await asyncio.to_thread(scheduler.start)
-        try:
+        # A new scheduler, and the running loop, on every start: the options are the
+        # caller's and never changed here (an earlier version kept the first start's
+        # loop in them, and the second start ran its rounds on that closed loop).
+        async with Scheduler(database, **options) as scheduler:
+            state = getattr(app, "state", None)
+            if state is not None:
+                setattr(state, APP_STATE_ATTRIBUTE, scheduler)
             yield
-        finally:
-            await asyncio.to_thread(scheduler.stop)
 
     return _lifespan

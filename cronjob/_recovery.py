@@ -3,7 +3,9 @@
 The seed's rules, as this part applies them:
 
 - **Database down at start**: retried with back-off (1 s doubling to 30 s), logged.
-  Per-instance jobs run meanwhile; leased instants that come due are skipped.
+  Per-instance jobs run meanwhile; leased instants that come due are skipped. A
+  database that refuses (:class:`lease.DatabaseRefused`: no such database, credentials,
+  a privilege) is not down: the start fails on it.
 - **Catch-up**: once the database is reached, each leased job whose most recent instant
   (within the last 24 h, measured on that instant) was not claimed and not overrun runs
   it once, on one replica.
@@ -99,8 +101,10 @@ class Recovery:
         # The leased jobs, fixed at start: the sweep and catch-up read their rows.
         self._leased = [s for s in dispatcher.states.values() if s.job.leased]
         self._leased_names = [state.job.name for state in self._leased]
-        #: The tables are at head and the database answered.
+        #: The tables are at head and the database answered (read from any thread).
         self.db_ready = False
+        #: Why the database was not reached at start, while it is not (any thread reads).
+        self.database_error: str | None = None
         # Local timers, on the clock's monotonic time.
         self._db_retry_at: float | None = None
         self._db_retry_pause = RETRY_FIRST
@@ -123,10 +127,18 @@ class Recovery:
     # -- reaching the database --------------------------------------------------------------
 
     def first_migration(self) -> None:
-        """Bring the tables to head now (the caller's thread); retry later if it is down."""
+        """Bring the tables to head now (the caller's thread); retry later if it is down.
+
+        Raises:
+            lease.DatabaseRefused: the server answered and refused (no such database,
+                credentials, a privilege): waiting will not heal it, so the start fails.
+        """
         try:
             self._migrate()
+        except lease.DatabaseRefused:
+            raise
         except lease.DatabaseUnavailable as exc:
+            self.database_error = str(exc)
             log.warning(
                 "database %s unavailable at start (%s); retrying in the background",
                 self._describe_database(),
@@ -137,19 +149,37 @@ class Recovery:
             self.db_ready = True
 
     def retry_database(self, now: float) -> None:
-        """Try to reach the database again if it is down and the pause has passed."""
+        """Try to reach the database again if it is down and the pause has passed.
+
+        A server that was down at start and now answers with a refusal is not going to
+        heal by waiting either, but the start has returned: it is logged as an error and
+        still retried (someone may create the database or fix the grant), with back-off.
+        """
         if self._db_retry_at is None or now < self._db_retry_at:
             return
         self._db_retry_at = None
 
         def done(result: BaseException | None) -> None:
             if isinstance(result, BaseException):
+                self.database_error = str(result)
                 pause = self._db_retry_pause
                 self._db_retry_pause = min(pause * 2, RETRY_LONGEST)
-                log.warning("database still unavailable (%s); next attempt in %gs", result, pause)
+                if isinstance(result, lease.DatabaseRefused):
+                    log.error(
+                        "database %s refuses this replica (%s): waiting will not fix it, "
+                        "check the URL, the credentials and the grants; next attempt in %gs",
+                        self._describe_database(),
+                        result,
+                        pause,
+                    )
+                else:
+                    log.warning(
+                        "database still unavailable (%s); next attempt in %gs", result, pause
+                    )
                 self._db_retry_at = self._clock.monotonic() + pause
                 return
             log.info("database %s reached", self._describe_database())
+            self.database_error = None
             self.db_ready = True
             self.on_database_ready()
 

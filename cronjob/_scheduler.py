@@ -28,7 +28,7 @@ from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, exit_process
 from ._recovery import Recovery
-from ._registry import Registry, default_registry
+from ._registry import Job, Registry, default_registry
 from ._runner import RoundRunner
 from ._state import Flags, JobState
 
@@ -82,13 +82,17 @@ class Scheduler:
             tests pass a recorder and find the scheduler crashed.
         sql_comments: Annotate each statement a round runs on the scheduler's engine with
             the job name and trace id (see :mod:`execctx`).
-        loop: An asyncio loop to run async jobs on (``cronjob.lifespan`` passes the app's);
-            by default the scheduler runs its own in a thread when it has async jobs.
+        loop: An asyncio loop to run async jobs on. ``async with`` (and so
+            ``cronjob.lifespan``) uses the loop that enters it; otherwise, by default, the
+            scheduler runs its own in a thread when it has async jobs.
         tracer_provider: Where the rounds' spans go; by default OpenTelemetry's global
             provider (no spans are recorded unless an SDK is configured).
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
-    stops it on exit.
+    stops it on exit. ``async with Scheduler(...)`` does the same from a coroutine (start
+    and stop run in a thread, so the loop keeps serving) and runs async jobs on that
+    loop: the way to run it inside an application's own ASGI lifespan. A scheduler starts
+    once; build a new one to start again.
     """
 
     def __init__(
@@ -124,6 +128,9 @@ class Scheduler:
 
         self._lock = threading.Lock()
         self._started = False
+        self._start_done = False  # start() returned normally
+        self._stopping = False  # drain() or stop() was called
+        self._recovery: Recovery | None = None
         self._flags = Flags()
         self._engine: Engine | None = None
         self._owns_engine = False
@@ -149,6 +156,32 @@ class Scheduler:
         return self._flags.crashed
 
     @property
+    def ready(self) -> bool:
+        """Whether this replica is up: started, and its database reached with the lease
+        tables at head; ``False`` before :meth:`start`, while a database that was down at
+        start has not been reached yet, once a drain or stop began, and after a crash.
+
+        For a readiness probe; safe to read from any thread. A scheduler with no jobs is
+        ready once started (it needs no database). An outage *after* start does not
+        clear it: rounds then follow the lease rules, and the replica catches up.
+        """
+        if not self._start_done or self._stopping or self._flags.crashed:
+            return False
+        if self._jobs == 0:
+            return True
+        recovery = self._recovery
+        return recovery is not None and recovery.db_ready and not self._flags.stopped
+
+    @property
+    def database_error(self) -> str | None:
+        """Why the database has not been reached since start (password hidden), or
+        ``None``. Safe to read from any thread."""
+        recovery = self._recovery
+        if recovery is None or recovery.db_ready:
+            return None
+        return recovery.database_error
+
+    @property
     def engine(self) -> Engine | None:
         """The engine the scheduler uses, once started (``None`` with no jobs)."""
         return self._engine
@@ -167,14 +200,32 @@ class Scheduler:
     ) -> None:
         self.stop()
 
+    async def __aenter__(self) -> Self:
+        if self._given_loop is None:
+            self._given_loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
     def start(self) -> None:
         """Check the database, bring the tables to head, start the loops.
 
         A registry with no jobs opens no connection and starts nothing. A database that
         is down is retried in the background with back-off (and logged); per-instance jobs
-        run meanwhile.
+        run meanwhile (:attr:`ready` tells when it is reached). A failed start leaves
+        nothing running and the engine it created disposed.
 
         Raises:
+            lease.DatabaseRefused: the server answered and refused: the database does not
+                exist, the credentials were refused, or a privilege is missing (waiting
+                would not heal it, so it is not retried).
             lease.UnsupportedDatabase: the database cannot carry leases.
             lease.MigrationRequired: ``auto_migrate=False`` and the tables are not at head.
             RuntimeError: the scheduler was already started.
@@ -187,6 +238,7 @@ class Scheduler:
         if not jobs:
             log.warning("no jobs registered: the scheduler starts nothing")
             self._flags.stopped = True
+            self._start_done = True
             return
         if self._database == f"sqlite:///{DEFAULT_SQLITE_FILE}":  # nothing named: one per host
             log.warning(
@@ -198,6 +250,14 @@ class Scheduler:
                 DATABASE_ENV,
             )
         self._jobs = len(jobs)
+        try:
+            self._start(jobs)
+        except BaseException:
+            self._abandon_start()
+            raise
+        self._start_done = True
+
+    def _start(self, jobs: tuple[Job, ...]) -> None:
         leased = sum(job.leased for job in jobs)
         engine, store = self._connect(check_dialect=leased > 0)
         clock, flags = self._clock, self._flags
@@ -224,6 +284,7 @@ class Scheduler:
             describe_database=self._describe_database,
             post=inbox.post,
         )
+        self._recovery = recovery
         recovery.first_migration()
         dispatcher.runner = runner = self._runner = RoundRunner(
             clock=clock,
@@ -278,6 +339,7 @@ class Scheduler:
         Returns:
             ``True`` if every round ended within the timeout.
         """
+        self._stopping = True
         dispatcher, inbox = self._dispatcher, self._inbox
         if dispatcher is None or inbox is None or self._flags.crashed:
             return True
@@ -306,6 +368,7 @@ class Scheduler:
         forced exit) until the rounds end, then stop themselves. A process that exits
         ends them with it, and the leases expire as a killed process's do.
         """
+        self._stopping = True
         if self._flags.stopped:
             return
         if not self._flags.crashed:
@@ -321,6 +384,14 @@ class Scheduler:
             for run in list(self._dispatcher.runs):
                 run.ctx._cancel(Shutdown(f"job {run.ctx.name!r}: the replica crashed"))
         self._shutdown()
+
+    def _abandon_start(self) -> None:
+        """Undo a start that raised before the dispatcher thread ran: nothing stays."""
+        self._flags.stopped = True
+        if self._control is not None:
+            self._control.shutdown(wait=0)
+        if self._engine is not None and self._owns_engine:
+            self._engine.dispose()
 
     def _shutdown(self) -> None:
         self._flags.stopped = True

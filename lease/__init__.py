@@ -31,6 +31,7 @@ from __future__ import annotations
 from ._engine import create_engine as create_engine
 from ._engine import redact as redact
 from ._exceptions import DatabaseError as DatabaseError
+from ._exceptions import DatabaseRefused as DatabaseRefused
 from ._exceptions import DatabaseUnavailable as DatabaseUnavailable
 from ._exceptions import LeaseError as LeaseError
 from ._exceptions import MigrationFailed as MigrationFailed
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
     "DEFAULT_TTL",
     "DatabaseError",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "LeaseError",
     "LeaseRow",

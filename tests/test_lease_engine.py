@@ -216,6 +216,8 @@ class TestExceptions:
     def test_the_tree_has_one_root_and_the_fitting_builtins(self):
         assert issubclass(lease.DatabaseUnavailable, lease.LeaseError)
         assert issubclass(lease.DatabaseUnavailable, ConnectionError)
+        # A refusal fails a start, but a running replica treats it as an outage.
+        assert issubclass(lease.DatabaseRefused, lease.DatabaseUnavailable)
         for leaf in (
             lease.DatabaseError,
             lease.UnsupportedDatabase,
@@ -236,6 +238,7 @@ class TestSurface:
             "DEFAULT_STATEMENT_TIMEOUT",
             "DEFAULT_TTL",
             "DatabaseError",
+            "DatabaseRefused",
             "DatabaseUnavailable",
             "LeaseError",
             "LeaseRow",

@@ -12,10 +12,14 @@ import textwrap
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 import cronjob
+import lease
 from cronjob.testing import FakeClock
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -44,6 +48,111 @@ class TestLifespan:
 
         asyncio.run(serve())
         assert seen == [(START + timedelta(hours=1), True), (START + timedelta(hours=2), True)]
+
+    def test_the_same_lifespan_started_twice_runs_rounds_on_each_start(self, tmp_path):
+        """Two ``asyncio.run`` (two ``with TestClient(app)``): each start its own loop."""
+        clock = FakeClock(START)
+        seen: list[tuple[datetime, asyncio.AbstractEventLoop]] = []
+        fatal: list[str] = []
+
+        async def job(ctx: cronjob.Round) -> None:
+            seen.append((ctx.instant, asyncio.get_running_loop()))
+
+        registry = cronjob.Registry()
+        registry.register(job, "0 0 * * * *", "hourly")
+        lifespan = cronjob.lifespan(
+            f"sqlite:///{tmp_path / 'app.sqlite'}",
+            registry=registry,
+            clock=clock,
+            on_fatal=fatal.append,
+        )
+        loops: list[asyncio.AbstractEventLoop] = []
+
+        async def serve() -> None:
+            loops.append(asyncio.get_running_loop())
+            async with lifespan(object()):
+                await asyncio.to_thread(clock.advance, 3600)
+
+        asyncio.run(serve())
+        asyncio.run(serve())
+        assert seen == [
+            (START + timedelta(hours=1), loops[0]),
+            (START + timedelta(hours=2), loops[1]),
+        ]
+        assert fatal == []
+
+    def test_the_lifespan_puts_its_scheduler_on_app_state(self, tmp_path):
+        clock = FakeClock(START)
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        app = SimpleNamespace(state=SimpleNamespace())
+        lifespan = cronjob.lifespan(
+            f"sqlite:///{tmp_path / 'app.sqlite'}", registry=registry, clock=clock
+        )
+        states: list[bool] = []
+
+        async def serve() -> cronjob.Scheduler:
+            async with lifespan(app):
+                scheduler = app.state.cronjob_scheduler
+                states.append(scheduler.ready)
+            return scheduler
+
+        scheduler = asyncio.run(serve())
+        assert isinstance(scheduler, cronjob.Scheduler)
+        assert states == [True]
+        assert not scheduler.ready  # stopped with the app
+
+    def test_async_with_a_scheduler_composes_inside_an_apps_own_lifespan(self, tmp_path):
+        """``async with Scheduler(...)``: async jobs run on the loop that entered it."""
+        clock = FakeClock(START)
+        seen: list[bool] = []
+
+        async def job(ctx: cronjob.Round) -> None:
+            seen.append(asyncio.get_running_loop() is app_loop)
+
+        registry = cronjob.Registry()
+        registry.register(job, "0 0 * * * *", "hourly")
+
+        async def serve() -> None:
+            nonlocal app_loop
+            app_loop = asyncio.get_running_loop()
+            url = f"sqlite:///{tmp_path / 'app.sqlite'}"
+            async with cronjob.Scheduler(url, registry=registry, clock=clock) as scheduler:
+                assert scheduler.ready
+                await asyncio.to_thread(clock.advance, 3600)
+
+        app_loop: asyncio.AbstractEventLoop | None = None
+        asyncio.run(serve())
+        assert seen == [True]
+
+
+class TestReadiness:
+    def test_a_scheduler_is_ready_once_its_tables_are_at_head_and_until_it_stops(self, db_url):
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        scheduler = cronjob.Scheduler(db_url, registry=registry, clock=FakeClock(START))
+        assert not scheduler.ready
+        with scheduler:
+            assert scheduler.ready
+            assert scheduler.database_error is None
+        assert not scheduler.ready
+
+    def test_a_replica_that_has_not_reached_its_database_is_not_ready(self):
+        clock = FakeClock(START)
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "@every 60s", "shared")
+        url = "postgresql+psycopg://app:s3cret@127.0.0.1:1/none"  # nothing listens there
+        with cronjob.Scheduler(url, registry=registry, clock=clock) as scheduler:
+            clock.advance(60)
+            assert not scheduler.ready
+            error = scheduler.database_error
+            assert error is not None and "Connection refused" in error
+            assert "s3cret" not in error
+
+    def test_a_scheduler_with_no_jobs_is_ready_without_a_database(self):
+        url = "postgresql+psycopg://app@127.0.0.1:1/none"
+        with cronjob.Scheduler(url, registry=cronjob.Registry()) as scheduler:
+            assert scheduler.ready
 
 
 DEFAULT_DATABASE_WARNING = (
@@ -146,6 +255,113 @@ class TestDatabaseAway:
         assert not any("s3cret" in m for m in messages)
 
 
+def _with_database(url: str, database: str) -> str:
+    return sa.make_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+def _with_user(url: str, user: str, password: str | None = None) -> str:
+    return (
+        sa.make_url(url).set(username=user, password=password).render_as_string(hide_password=False)
+    )
+
+
+def _admin(url: str, *statements: str) -> None:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
+def _start_refused(url: str) -> lease.DatabaseRefused:
+    """Start a scheduler with one leased job on ``url``; return what start() raised."""
+    registry = cronjob.Registry()
+    registry.register(lambda ctx: None, "@every 60s", "shared")
+    scheduler = cronjob.Scheduler(url, registry=registry, clock=FakeClock(START))
+    threads = threading.active_count()
+    with pytest.raises(lease.DatabaseRefused) as caught:
+        scheduler.start()
+    assert threading.active_count() == threads  # nothing left running
+    assert not scheduler.ready
+    scheduler.stop()  # harmless after a failed start
+    assert isinstance(caught.value, lease.LeaseError)
+    return caught.value
+
+
+class TestDatabaseRefused:
+    """A database that will not heal by waiting fails the start; one that is down does not."""
+
+    @pytest.mark.postgres
+    def test_postgres_a_database_that_does_not_exist(self, postgres_url):
+        error = _start_refused(_with_database(postgres_url, "cronjob_no_such_db"))
+        assert str(error).startswith("migrate the lease tables: the database does not exist: ")
+        assert 'database "cronjob_no_such_db" does not exist' in str(error)
+
+    @pytest.mark.postgres
+    def test_postgres_an_unknown_role(self, postgres_url):
+        # The test server trusts 127.0.0.1, so a wrong password is not checked there; an
+        # unknown role is refused the same way (28000), as a wrong password is (28P01).
+        error = _start_refused(_with_user(postgres_url, "cronjob_no_such_role", "s3cret"))
+        assert str(error).startswith("migrate the lease tables: the credentials were refused: ")
+        assert "s3cret" not in str(error)
+
+    @pytest.mark.postgres
+    def test_postgres_a_role_without_create_rights(self, postgres_url):
+        schema = sa.make_url(postgres_url).query["options"].split("=", 1)[1]
+        _admin(
+            postgres_url,
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cronjob_noperm')"
+            " THEN CREATE ROLE cronjob_noperm LOGIN; END IF; END $$",
+            f"GRANT USAGE ON SCHEMA {schema} TO cronjob_noperm",
+        )
+        try:
+            error = _start_refused(_with_user(postgres_url, "cronjob_noperm"))
+        finally:
+            _admin(postgres_url, f"REVOKE ALL ON SCHEMA {schema} FROM cronjob_noperm")
+        assert str(error).startswith("migrate the lease tables: a permission is missing: ")
+        assert "permission denied for schema" in str(error)
+
+    @pytest.mark.mysql
+    def test_mysql_a_database_that_does_not_exist(self, mysql_url):
+        error = _start_refused(_with_database(mysql_url, "cronjob_no_such_db"))
+        assert str(error).startswith("migrate the lease tables: the database does not exist: ")
+        assert "Unknown database 'cronjob_no_such_db'" in str(error)
+
+    @pytest.mark.mysql
+    def test_mysql_an_unknown_user(self, mysql_url):
+        error = _start_refused(_with_user(mysql_url, "cronjob_no_such_user", "s3cret"))
+        assert str(error).startswith("migrate the lease tables: the credentials were refused: ")
+        assert "s3cret" not in str(error)
+
+    @pytest.mark.mysql
+    def test_mysql_a_user_without_create_rights(self, mysql_url):
+        database = sa.make_url(mysql_url).database
+        _admin(
+            mysql_url,
+            "CREATE USER IF NOT EXISTS 'cronjob_noperm'@'127.0.0.1'",
+            f"GRANT SELECT ON {database}.* TO 'cronjob_noperm'@'127.0.0.1'",
+        )
+        try:
+            error = _start_refused(_with_user(mysql_url, "cronjob_noperm"))
+        finally:
+            _admin(mysql_url, f"REVOKE ALL ON {database}.* FROM 'cronjob_noperm'@'127.0.0.1'")
+        assert str(error).startswith("migrate the lease tables: a permission is missing: ")
+        assert "command denied" in str(error)
+
+    def test_sqlite_a_directory_that_does_not_exist(self, tmp_path):
+        error = _start_refused(f"sqlite:///{tmp_path / 'missing' / 'app.sqlite'}")
+        assert str(error).startswith("migrate the lease tables: the SQLite file cannot be opened: ")
+
+    def test_a_server_that_is_down_is_not_refused(self):
+        engine = lease.create_engine("postgresql+psycopg://app:s3cret@127.0.0.1:1/none")
+        with pytest.raises(lease.DatabaseUnavailable) as caught:
+            lease.migrate(engine)
+        engine.dispose()
+        assert not isinstance(caught.value, lease.DatabaseRefused)
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
     return subprocess.run(
         [sys.executable, "-m", "cronjob", *args],
@@ -208,6 +424,33 @@ class TestRunCommand:
         assert done.returncode == 2
         assert done.stderr.startswith("cronjob: error: ")
         assert "pw@" not in done.stderr
+
+    def test_a_sqlite_file_that_cannot_be_opened_is_a_one_line_error(self, tmp_path):
+        (tmp_path / "jobs.py").write_text(
+            "import cronjob\ncronjob.register(print, '@hourly', 'hourly')\n"
+        )
+        url = f"sqlite:///{tmp_path / 'missing' / 'app.sqlite'}"
+        done = run_cli("run", "--database-url", url, "jobs", cwd=tmp_path, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"cronjob: error: database {url}: migrate the lease tables: the SQLite file "
+            "cannot be opened: OperationalError: unable to open database file"
+        )
+        assert "Traceback" not in done.stderr
+
+    @pytest.mark.postgres
+    def test_a_postgres_database_that_does_not_exist_exits_2(self, tmp_path, postgres_url):
+        (tmp_path / "jobs.py").write_text(
+            "import cronjob\ncronjob.register(print, '@hourly', 'hourly')\n"
+        )
+        url = _with_user(_with_database(postgres_url, "cronjob_no_such_db"), "postgres", "s3cret")
+        done = run_cli("run", "--database-url", url, "jobs", cwd=tmp_path, timeout=30)
+        assert done.returncode == 2, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("cronjob: error: database postgresql+psycopg://postgres:***@")
+        assert "the database does not exist: " in last
+        assert "s3cret" not in done.stderr
+        assert "Traceback" not in done.stderr
 
     def test_sigterm_drains_and_exits_0(self, tmp_path):
         (tmp_path / "jobs.py").write_text(
