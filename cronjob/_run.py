@@ -110,4 +110,10 @@ def run_command(args: argparse.Namespace) -> int:
         stop.wait()
     finally:
         scheduler.stop()
+    if scheduler._lingering:
+        # Rounds that ignored the drain still run, their leases kept: ending the process
+        # ends them, and the leases then expire as a killed process's do. End it now
+        # rather than let the interpreter's shutdown wait behind their busy threads.
+        logging.shutdown()
+        os._exit(0)
     return 0

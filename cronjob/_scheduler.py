@@ -151,6 +151,11 @@ class Scheduler:
         return self._clock
 
     @property
+    def _lingering(self) -> bool:
+        """Whether ``stop`` returned with rounds still running, their leases kept."""
+        return self._dispatcher is not None and self._dispatcher.lingering
+
+    @property
     def _crashed(self) -> bool:
         """Whether the scheduler stopped as a killed process would (tests read it)."""
         return self._flags.crashed
