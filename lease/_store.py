@@ -36,7 +36,7 @@ import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -49,6 +49,9 @@ from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._schema import NAME_LENGTH, NEVER, lease_table
 from ._text import check_holder, unstorable
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
@@ -626,8 +629,22 @@ class LeaseStore:
         before it commits (``Round.transaction`` does), which narrows the window in which
         a claim can take the lease to the commit itself.
         """
+        stmt = self._holds_statement(name, token)
+        with translate_errors("check a lease"):
+            return connection.execute(stmt).first() is not None
+
+    async def holds_async(self, connection: AsyncConnection, name: str, token: int) -> bool:
+        """Like :meth:`holds`, on an asyncio connection (``Round.transaction_async``).
+
+        The same statement, awaited: the caller's event loop keeps running meanwhile.
+        """
+        stmt = self._holds_statement(name, token)
+        with translate_errors("check a lease"):
+            return (await connection.execute(stmt)).first() is not None
+
+    def _holds_statement(self, name: str, token: int) -> sa.Select[int]:
         (wanted,) = _names([name])
-        stmt = (
+        return (
             sa.select(sa.literal(1))
             .select_from(_t)
             .where(
@@ -636,8 +653,6 @@ class LeaseStore:
                 _t.c.expires_ms > self._now(),
             )
         )
-        with translate_errors("check a lease"):
-            return connection.execute(stmt).first() is not None
 
     # -- helpers -------------------------------------------------------------------
 
