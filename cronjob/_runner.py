@@ -304,7 +304,7 @@ class RoundRunner:
             if run.ended or not self._store.holds(conn, ctx.name, run.token):
                 raise lease_lost(ctx.name, "the round no longer holds it")
             yield conn
-            if not self._store.holds(conn, ctx.name, run.token):
+            if not self._store.holds(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
     @contextlib.asynccontextmanager
@@ -326,7 +326,7 @@ class RoundRunner:
             if run.ended or not await self._store.holds_async(conn, ctx.name, run.token):
                 raise lease_lost(ctx.name, "the round no longer holds it")
             yield conn
-            if not await self._store.holds_async(conn, ctx.name, run.token):
+            if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
     def _dispose_async_engine(self) -> None:

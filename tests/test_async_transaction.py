@@ -353,3 +353,34 @@ class TestTheLoopKeepsServing:
             advancing.join(PATIENCE)
         assert done.is_set()
         assert written(url) == [7]
+
+
+class TestFencingUnderRepeatableRead:
+    @pytest.mark.mysql
+    def test_a_claim_committed_during_the_transaction_is_seen_before_commit(self, mysql_url, clock):
+        """On an AsyncEngine passed in as it is, at MariaDB's default REPEATABLE READ, a
+        plain read would see the first check's snapshot and let the write commit."""
+        execute(mysql_url, "CREATE TABLE report_out (n INTEGER PRIMARY KEY)")
+        errors: list[BaseException] = []
+
+        async def job(ctx: cronjob.Round) -> None:
+            try:
+                async with ctx.transaction_async() as conn:
+                    await insert(conn, 7)
+                    await ctx.wait_async(2)
+            except cronjob.LeaseLost as exc:
+                errors.append(exc)
+                raise
+
+        engine = create_async_engine(as_async(mysql_url), poolclass=NullPool)
+        registry = Registry()
+        registry.register(job, "0 0 * * * *", "w")
+        with Scheduler(engine, registry=registry, clock=clock, on_fatal=lambda m: None):
+            clock.advance(3600)  # the job waits inside its open transaction
+            execute(mysql_url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'w'")
+            clock.advance(2)
+        assert [str(exc) for exc in errors] == [
+            "job 'w': lease lost: taken before the transaction committed"
+        ]
+        assert written(mysql_url) == []
+        asyncio.run(engine.dispose())
