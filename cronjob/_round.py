@@ -14,6 +14,7 @@ from ._exceptions import Cancelled, LeaseLost
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
     from ._clock import Clock
 
@@ -33,6 +34,10 @@ class Outcome(enum.Enum):
 
 #: Opens the fenced transaction of a round: ``transaction(round)``.
 TransactionFactory = Callable[["Round"], contextlib.AbstractContextManager["Connection"]]
+#: Opens the fenced transaction of an async round: ``transaction_async(round)``.
+AsyncTransactionFactory = Callable[
+    ["Round"], contextlib.AbstractAsyncContextManager["AsyncConnection"]
+]
 
 
 class Round:
@@ -53,6 +58,7 @@ class Round:
         "_event",
         "_lock",
         "_transaction",
+        "_transaction_async",
         "attempt",
         "instant",
         "name",
@@ -70,6 +76,7 @@ class Round:
         trace_id: str,
         clock: Clock,
         transaction: TransactionFactory,
+        transaction_async: AsyncTransactionFactory | None = None,
     ) -> None:
         self.name = name
         self.instant = instant
@@ -81,6 +88,7 @@ class Round:
         self._cause: Cancelled | None = None
         self._lock = threading.Lock()
         self._transaction = transaction
+        self._transaction_async = transaction_async
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""
@@ -141,6 +149,35 @@ class Round:
             leaving the block commits, an exception rolls back.
         """
         return self._transaction(self)
+
+    def transaction_async(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """Like :meth:`transaction`, for an async job: ``async with ctx.transaction_async()``.
+
+        The transaction runs on an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, so the
+        job's event loop keeps serving other tasks while it waits on the database. It is
+        fenced as :meth:`transaction` is: for a leased job it checks, inside itself, that
+        the round still holds its lease when it opens and again just before it commits,
+        and otherwise rolls back and raises :class:`LeaseLost`; a per-instance round gets
+        a plain transaction.
+
+        The engine is the one the scheduler was given, if it was an ``AsyncEngine`` (or an
+        async URL); otherwise one the scheduler creates on the same database with the
+        matching async driver (psycopg's async mode or asyncpg, aiosqlite, aiomysql or
+        asyncmy) and disposes at stop.
+
+        Returns:
+            An async context manager yielding a SQLAlchemy
+            :class:`~sqlalchemy.ext.asyncio.AsyncConnection`; leaving the block commits,
+            an exception rolls back.
+
+        Raises:
+            LeaseLost: the round no longer holds its lease (at the start or at the end).
+            lease.DatabaseError: no async driver for the database is installed (the
+                message names what to install).
+        """
+        if self._transaction_async is None:
+            raise RuntimeError(f"round of job {self.name!r} has no async transactions")
+        return self._transaction_async(self)
 
     # -- used by the scheduler ----------------------------------------------------------
 

@@ -7,7 +7,9 @@ written by the :class:`~cronjob._finisher.Finisher` in a batch with others; a ro
 short gives its lease back at once so another replica can run it a second time. Then the
 end is posted to the dispatcher, which schedules the job's next instant.
 
-The runner also opens a round's fenced transaction (``ctx.transaction()``).
+The runner also opens a round's fenced transaction (``ctx.transaction()`` on the
+scheduler's engine, ``ctx.transaction_async()`` on its async engine) and disposes the
+async engine it was handed to own, on the loop its connections belong to.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import enum
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -37,6 +39,7 @@ from ._workers import NoWorkerThread, Workers, WorkersClosed
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from sqlalchemy import Connection, Engine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["RoundRunner", "Start"]
 
@@ -74,6 +77,9 @@ class RoundRunner:
             ``needs_loop``.
         needs_loop: Some job is async.
         tracer_provider: Where the rounds' spans go.
+        async_engine: The engine of async rounds' fenced transactions, or the error that
+            explains why there is none (raised by ``ctx.transaction_async()``).
+        owns_async_engine: Dispose ``async_engine`` at shutdown (the scheduler made it).
     """
 
     def __init__(
@@ -89,6 +95,8 @@ class RoundRunner:
         loop: asyncio.AbstractEventLoop | None,
         needs_loop: bool,
         tracer_provider: TracerProvider | None,
+        async_engine: AsyncEngine | lease.LeaseError | None = None,
+        owns_async_engine: bool = False,
     ) -> None:
         self._clock = clock
         self._replica_id = replica_id
@@ -97,6 +105,8 @@ class RoundRunner:
         self._flags = flags
         self._ended = ended
         self._tracer_provider = tracer_provider
+        self._async_engine = async_engine
+        self._owns_async_engine = owns_async_engine
         # A round queued behind busy threads does not hold a fake clock's time.
         self._workers = Workers(
             max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
@@ -129,6 +139,11 @@ class RoundRunner:
         def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
             return self._transaction(run)
 
+        def transaction_async(
+            ctx: Round,
+        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+            return self._transaction_async(run)
+
         ctx = Round(
             name=state.job.name,
             instant=instant,
@@ -137,6 +152,7 @@ class RoundRunner:
             trace_id="",  # set by round_scope once the round's span exists
             clock=self._clock,
             transaction=transaction,
+            transaction_async=transaction_async,
         )
         run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
         return run
@@ -379,8 +395,50 @@ class RoundRunner:
             if run.ended or not self._store.holds(conn, ctx.name, run.token):
                 raise lease_lost(ctx.name, "the round no longer holds it")
             yield conn
-            if not self._store.holds(conn, ctx.name, run.token):
+            if not self._store.holds(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
+
+    @contextlib.asynccontextmanager
+    async def _transaction_async(self, run: Run) -> AsyncIterator[AsyncConnection]:
+        """:meth:`_transaction` on the async engine: the same checks, awaited."""
+        ctx = run.ctx
+        if self._flags.crashed:
+            raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+        engine = self._async_engine
+        if engine is None:
+            raise RuntimeError(f"job {ctx.name!r}: the scheduler has no async engine")
+        if isinstance(engine, lease.LeaseError):  # a fresh copy: raised once per call
+            raise type(engine)(f"job {ctx.name!r}: {engine}")
+        if run.token is None:  # a per-instance round: a plain transaction
+            async with engine.begin() as conn:
+                yield conn
+            return
+        async with engine.begin() as conn:
+            if run.ended or not await self._store.holds_async(conn, ctx.name, run.token):
+                raise lease_lost(ctx.name, "the round no longer holds it")
+            yield conn
+            if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
+                raise lease_lost(ctx.name, "taken before the transaction committed")
+
+    def _dispose_async_engine(self) -> None:
+        """Dispose the async engine we own, on the loop whose connections it pools."""
+        engine, loop = self._async_engine, self._loop
+        if not self._owns_async_engine or loop is None or isinstance(engine, lease.LeaseError):
+            return
+        if engine is None or loop.is_closed() or not loop.is_running():
+            return  # nothing to await it on: its connections end with the process
+        try:
+            disposing = asyncio.run_coroutine_threadsafe(engine.dispose(), loop)
+        except RuntimeError:  # closed meanwhile
+            return
+        if _running_loop() is loop:
+            return  # called on the loop itself (blocking it): the disposal runs after
+        try:
+            disposing.result(timeout=TASK_SETTLE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            log.warning("the async engine was not disposed within %gs", TASK_SETTLE_SECONDS)
+        except Exception as exc:  # a connection that fails to close: it is gone anyway
+            log.warning("disposing the async engine failed: %s", exc)
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -396,6 +454,8 @@ class RoundRunner:
             finishing = asyncio.run_coroutine_threadsafe(_settle_tasks(), self._loop)
             with contextlib.suppress(concurrent.futures.TimeoutError):
                 finishing.result(timeout=TASK_SETTLE_SECONDS)
+        self._dispose_async_engine()
+        if self._loop_thread is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=TASK_SETTLE_SECONDS)
 
@@ -412,6 +472,13 @@ class RoundRunner:
         self._loop_thread.start()
         started.wait()
         return loop
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def _settle_tasks() -> None:

@@ -35,6 +35,7 @@ from ._state import Flags, JobState
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["Scheduler", "resolve_database"]
 
@@ -52,7 +53,9 @@ DEFAULT_SQLITE_FILE = "cronjob.sqlite"
 DATABASE_ENV = "CRONJOB_DATABASE_URL"
 
 
-def resolve_database(database: str | Engine | None) -> str | Engine:
+def resolve_database(
+    database: str | Engine | AsyncEngine | None,
+) -> str | Engine | AsyncEngine:
     """Return ``database``, or ``$CRONJOB_DATABASE_URL``, or the embedded SQLite file."""
     if database is not None:
         return database
@@ -64,9 +67,14 @@ class Scheduler:
     job on every replica.
 
     Args:
-        database: A SQLAlchemy URL or :class:`~sqlalchemy.Engine` (an engine passed in is
-            not disposed by the scheduler). ``None`` reads ``$CRONJOB_DATABASE_URL`` and,
+        database: A SQLAlchemy URL, :class:`~sqlalchemy.Engine` or
+            :class:`~sqlalchemy.ext.asyncio.AsyncEngine` (an engine passed in is not
+            disposed by the scheduler). ``None`` reads ``$CRONJOB_DATABASE_URL`` and,
             without it, uses the SQLite file ``cronjob.sqlite`` in the working directory.
+            An ``AsyncEngine`` or an async URL (``postgresql+asyncpg://…``) serves the
+            jobs' ``ctx.transaction_async()``; the lease statements then run on a sync
+            engine the scheduler makes on the same URL with the sync driver (psycopg,
+            sqlite3, PyMySQL) through :func:`lease.create_engine`.
         registry: The jobs to run; ``None`` for the default registry.
         clock: Where time is read and waited on; ``None`` for the system clock. Given a
             fake clock, lease times follow it too; otherwise they are the database's.
@@ -97,7 +105,7 @@ class Scheduler:
 
     def __init__(
         self,
-        database: str | Engine | None = None,
+        database: str | Engine | AsyncEngine | None = None,
         *,
         registry: Registry | None = None,
         clock: Clock | None = None,
@@ -134,6 +142,8 @@ class Scheduler:
         self._flags = Flags()
         self._engine: Engine | None = None
         self._owns_engine = False
+        self._async_engine: AsyncEngine | lease.LeaseError | None = None
+        self._owns_async_engine = False
         self._jobs = 0
         # The parts, built at start (none with no jobs).
         self._inbox: Inbox | None = None
@@ -264,7 +274,9 @@ class Scheduler:
 
     def _start(self, jobs: tuple[Job, ...]) -> None:
         leased = sum(job.leased for job in jobs)
-        engine, store = self._connect(check_dialect=leased > 0)
+        engine, store = self._connect(
+            check_dialect=leased > 0, async_jobs=any(job.is_async for job in jobs)
+        )
         clock, flags = self._clock, self._flags
 
         inbox = self._inbox = Inbox(clock)
@@ -302,6 +314,8 @@ class Scheduler:
             loop=self._given_loop,
             needs_loop=any(job.is_async for job in jobs),
             tracer_provider=self._tracer_provider,
+            async_engine=self._async_engine,
+            owns_async_engine=self._owns_async_engine,
         )
         dispatcher.keeper = LeaseKeeper(
             clock=clock,
@@ -428,15 +442,51 @@ class Scheduler:
 
     # -- database -------------------------------------------------------------------------
 
-    def _connect(self, *, check_dialect: bool) -> tuple[Engine, lease.LeaseStore]:
-        if isinstance(self._database, str):
-            engine = lease.create_engine(self._database)
+    def _connect(
+        self, *, check_dialect: bool, async_jobs: bool = False
+    ) -> tuple[Engine, lease.LeaseStore]:
+        """Make or take the engines; return the lease statements' engine and its store.
+
+        The lease statements always run synchronously (on the control thread). Given an
+        ``AsyncEngine`` or an async URL, they run on a sync engine made by
+        :func:`lease.create_engine` on the same URL with the sync driver, and the async
+        engine serves ``ctx.transaction_async()``. Given a sync URL or engine and async
+        jobs, ``transaction_async`` gets an async engine made by
+        :func:`lease.create_async_engine` with the matching async driver, or, with none
+        installed, the error naming what to install (the jobs that never call it run).
+        """
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        database = self._database
+        async_engine: AsyncEngine | lease.LeaseError | None = None
+        if isinstance(database, AsyncEngine):
+            engine = lease.create_engine(lease.sync_url(database.url))
+            self._owns_engine = True
+            async_engine = database
+        elif isinstance(database, str) and lease.is_async_url(database):
+            engine = lease.create_engine(lease.sync_url(database))
+            self._owns_engine = True
+            if async_jobs:
+                async_engine = lease.create_async_engine(database)
+                self._owns_async_engine = True
+        elif isinstance(database, str):
+            engine = lease.create_engine(database)
             self._owns_engine = True
         else:
-            engine = self._database
+            engine = database
         self._engine = engine
+        if async_engine is None and async_jobs:
+            try:
+                async_engine = lease.create_async_engine(lease.async_url(engine.url))
+                self._owns_async_engine = True
+            except lease.DatabaseError as exc:
+                log.info("ctx.transaction_async() is unavailable: %s", exc)
+                async_engine = exc
+        self._async_engine = async_engine
         if self._sql_comments:
             instrument(engine)
+            if isinstance(async_engine, AsyncEngine):
+                instrument(async_engine.sync_engine)
         store = lease.LeaseStore(engine, clock=self._clock.lease_clock())
         if check_dialect:
             store.check_dialect()

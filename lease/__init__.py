@@ -21,15 +21,20 @@ outcomes — nothing about what the holder runs.
 #   _schema      the MetaData and the cronjob_lease table
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: every statement on the table, on the lease clock
-#   _engine      engines suited to leases (SQLite's single connection), URL redaction
+#   _engine      engines suited to leases (SQLite's single connection), their async
+#                counterparts and driver swaps, URL redaction
 #   _migrate     alembic migrations to head, under a lock
 # The migrations themselves live in the repository's top-level alembic/ directory and
 # ship in the wheel as lease/_migrations.
 
 from __future__ import annotations
 
+from ._engine import async_url as async_url
+from ._engine import create_async_engine as create_async_engine
 from ._engine import create_engine as create_engine
+from ._engine import is_async_url as is_async_url
 from ._engine import redact as redact
+from ._engine import sync_url as sync_url
 from ._exceptions import DatabaseError as DatabaseError
 from ._exceptions import DatabaseRefused as DatabaseRefused
 from ._exceptions import DatabaseUnavailable as DatabaseUnavailable
@@ -75,14 +80,18 @@ __all__ = [
     "TABLE_NAME",
     "UnsupportedDatabase",
     "VERSION_TABLE",
+    "async_url",
     "check_dialect",
     "check_holder",
+    "create_async_engine",
     "create_engine",
     "current_revision",
     "head_revision",
+    "is_async_url",
     "metadata",
     "migrate",
     "redact",
+    "sync_url",
     "unstorable",
 ]
 

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 import sqlite3
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
-from ._exceptions import UnsupportedDatabase, translate_errors
+from ._exceptions import DatabaseError, UnsupportedDatabase, translate_errors
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT",
+    "async_url",
+    "create_async_engine",
     "create_engine",
+    "is_async_url",
     "is_sqlite_memory",
     "redact",
     "refuse_sqlite_memory",
+    "sync_url",
 ]
 
 #: How long, in seconds, a SQLite writer waits for another process's write lock
@@ -57,6 +65,34 @@ MYSQL_SOCKET_OPTIONS: tuple[tuple[int, str, int], ...] = (
 #: query sets ``connect_timeout``.
 MYSQL_CONNECT_TIMEOUT = POSTGRES_CONNECT_DEFAULTS["connect_timeout"]
 
+#: The sync driver that runs the lease statements for each async driver (URL driver
+#: names). ``postgresql+psycopg`` on an AsyncEngine is psycopg's async mode.
+SYNC_DRIVERS = {
+    "asyncpg": "psycopg",
+    "psycopg_async": "psycopg",
+    "psycopg": "psycopg",
+    "aiosqlite": "pysqlite",
+    "aiomysql": "pymysql",
+    "asyncmy": "pymysql",
+}
+
+#: The async drivers tried, in order, for a database named by a sync URL, as
+#: ``(URL driver name, module it needs)``; the first installed one is used.
+ASYNC_DRIVERS = {
+    "postgresql": (("psycopg_async", "psycopg"), ("asyncpg", "asyncpg")),
+    "sqlite": (("aiosqlite", "aiosqlite"),),
+    "mysql": (("aiomysql", "aiomysql"), ("asyncmy", "asyncmy")),
+    "mariadb": (("aiomysql", "aiomysql"), ("asyncmy", "asyncmy")),
+}
+
+#: What to install for the async drivers of each database (the extras of ``cronjob``).
+ASYNC_EXTRAS = {
+    "postgresql": "cronjob[postgres-async] (psycopg and greenlet), or asyncpg and greenlet",
+    "sqlite": "cronjob[sqlite-async] (aiosqlite and greenlet)",
+    "mysql": "cronjob[mysql-async] (aiomysql and greenlet)",
+    "mariadb": "cronjob[mysql-async] (aiomysql and greenlet)",
+}
+
 #: Execution option naming how a SQLite transaction of an engine made here begins:
 #: "IMMEDIATE" (the default: takes the write lock at BEGIN) or "DEFERRED" (for reads).
 SQLITE_BEGIN_OPTION = "lease_sqlite_begin"
@@ -91,34 +127,147 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     with translate_errors("create engine"):
         parsed = sa.make_url(url)
     refuse_sqlite_memory(url)
-    if parsed.get_backend_name() != "sqlite":
-        options: dict[str, Any] = {"pool_pre_ping": True}
-        if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
-            options["isolation_level"] = "READ COMMITTED"
-        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "psycopg":
-            options["connect_args"] = {
-                key: value
-                for key, value in POSTGRES_CONNECT_DEFAULTS.items()
-                if key not in parsed.query
-            }
-        pymysql = (
-            parsed.get_backend_name() in ("mysql", "mariadb")
-            and parsed.get_driver_name() == "pymysql"
-        )
-        if pymysql and "connect_timeout" not in parsed.query:
-            options["connect_args"] = {"connect_timeout": MYSQL_CONNECT_TIMEOUT}
-        with translate_errors("create engine"):
-            engine = sa.create_engine(parsed, **(options | kwargs))
-        if pymysql:
-            event.listen(engine, "connect", _set_mysql_socket_options)
-        return engine
-    connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
-    connect_args |= kwargs.pop("connect_args", {})
-    options = {"pool_size": 1, "max_overflow": 0}
-    with translate_errors("create engine"):
-        engine = sa.create_engine(parsed, connect_args=connect_args, **(options | kwargs))
-    _install_sqlite_recipe(engine)
+    with translate_errors("create engine"):  # the driver's name loads the dialect
+        options, kwargs = _engine_options(parsed, kwargs)
+        engine = sa.create_engine(parsed, **(options | kwargs))
+    _configure(engine, parsed)
     return engine
+
+
+def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` with the settings of
+    :func:`create_engine`, for jobs' ``transaction_async``.
+
+    The same settings as a sync engine get, where the async driver has them: SQLite's
+    WAL journal, busy timeout and ``BEGIN IMMEDIATE`` (aiosqlite; a pool of several
+    connections, each waiting on the file lock in the driver's thread, not on the loop);
+    ``pool_pre_ping`` and ``READ COMMITTED`` on the servers; the libpq keepalives and
+    TCP user timeout with psycopg's async mode. asyncpg, aiomysql and asyncmy get no
+    keepalive settings (they have no such options).
+
+    Raises:
+        DatabaseError: the URL does not parse, names no installed dialect, or its driver
+            (or greenlet, which SQLAlchemy's asyncio support needs) is not installed.
+        UnsupportedDatabase: the URL names an in-memory SQLite database.
+    """
+    from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+
+    with translate_errors("create engine"):
+        parsed = sa.make_url(url)
+    refuse_sqlite_memory(url)
+    _require_async_support(parsed)
+    with translate_errors("create engine"):
+        options, kwargs = _engine_options(parsed, kwargs)
+    if parsed.get_backend_name() == "sqlite":
+        # Several connections, unlike the sync engine's one: async jobs run side by
+        # side on one loop, and each waits for the file lock in aiosqlite's thread.
+        options.pop("pool_size")
+        options.pop("max_overflow")
+        options["connect_args"].pop("check_same_thread")
+    with translate_errors("create engine"):
+        engine = sa_create_async_engine(parsed, **(options | kwargs))
+    _configure(engine.sync_engine, parsed)
+    return engine
+
+
+def is_async_url(url: str | URL) -> bool:
+    """Tell whether ``url`` names an asyncio driver (``postgresql+asyncpg``, ...).
+
+    Raises:
+        DatabaseError: the URL does not parse or names no installed dialect.
+    """
+    with translate_errors("read the database URL"):
+        return bool(sa.make_url(url).get_dialect().is_async)
+
+
+def sync_url(url: str | URL) -> URL:
+    """Return ``url`` (an async driver's) with the sync driver the lease statements use.
+
+    ``postgresql+asyncpg`` and ``postgresql+psycopg_async`` become ``postgresql+psycopg``,
+    ``sqlite+aiosqlite`` becomes ``sqlite+pysqlite``, ``mysql+aiomysql`` and
+    ``mysql+asyncmy`` become ``mysql+pymysql`` (``mariadb+`` alike). Everything else in
+    the URL (credentials, host, database, query) is kept.
+
+    Raises:
+        DatabaseError: no sync driver is known for the URL's driver.
+    """
+    with translate_errors("read the database URL"):
+        parsed = sa.make_url(url)
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    sync = SYNC_DRIVERS.get(driver)
+    if sync is None:
+        raise DatabaseError(
+            f"no sync driver is known for {backend}+{driver} to run the lease statements; "
+            f"use one of {', '.join(sorted(SYNC_DRIVERS))}"
+        )
+    return parsed.set(drivername=f"{backend}+{sync}")
+
+
+def async_url(url: str | URL) -> URL:
+    """Return ``url`` (a sync driver's) with the first installed async driver.
+
+    PostgreSQL: psycopg's async mode, else asyncpg; SQLite: aiosqlite; MariaDB/MySQL:
+    aiomysql, else asyncmy. A URL that already names an async driver is returned as is.
+
+    Raises:
+        DatabaseError: none of the database's async drivers, or greenlet, is installed
+            (the message says what to install), or the URL does not parse.
+    """
+    with translate_errors("read the database URL"):
+        parsed = sa.make_url(url)
+        if parsed.get_dialect().is_async:
+            return parsed
+    backend = parsed.get_backend_name()
+    candidates = ASYNC_DRIVERS.get(backend, ())
+    for driver, module in candidates:
+        if importlib.util.find_spec(module) is not None:
+            found = parsed.set(drivername=f"{backend}+{driver}")
+            _require_async_support(found)
+            return found
+    if not candidates:
+        raise DatabaseError(f"no async driver is known for the {backend!r} database")
+    raise DatabaseError(
+        f"an async transaction on {backend} needs an async driver: install {ASYNC_EXTRAS[backend]}"
+    )
+
+
+def _require_async_support(parsed: URL) -> None:
+    # Without greenlet, SQLAlchemy fails only at the first statement, from deep inside.
+    if importlib.util.find_spec("greenlet") is None:
+        backend = parsed.get_backend_name()
+        extra = ASYNC_EXTRAS.get(backend, "greenlet")
+        raise DatabaseError(
+            f"SQLAlchemy's asyncio support needs greenlet, which is not installed: install {extra}"
+        )
+
+
+def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The engine options for ``parsed``, and the caller's ``kwargs`` left to merge last."""
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend == "sqlite":
+        connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
+        kwargs = dict(kwargs)
+        connect_args |= kwargs.pop("connect_args", {})
+        return {"pool_size": 1, "max_overflow": 0, "connect_args": connect_args}, kwargs
+    options: dict[str, Any] = {"pool_pre_ping": True}
+    if backend in ("postgresql", "mysql", "mariadb"):
+        options["isolation_level"] = "READ COMMITTED"
+    if backend == "postgresql" and driver in ("psycopg", "psycopg_async"):
+        defaults = POSTGRES_CONNECT_DEFAULTS.items()
+        options["connect_args"] = {k: v for k, v in defaults if k not in parsed.query}
+    mysql = backend in ("mysql", "mariadb") and driver in ("pymysql", "aiomysql")
+    if mysql and "connect_timeout" not in parsed.query:
+        options["connect_args"] = {"connect_timeout": MYSQL_CONNECT_TIMEOUT}
+    return options, kwargs
+
+
+def _configure(engine: Engine, parsed: URL) -> None:
+    """Install the per-connection settings of :func:`create_engine` on ``engine``."""
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend == "sqlite":
+        _install_sqlite_recipe(engine)
+    elif backend in ("mysql", "mariadb") and driver == "pymysql":
+        event.listen(engine, "connect", _set_mysql_socket_options)
 
 
 def is_sqlite_memory(url: str | URL) -> bool:

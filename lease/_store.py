@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -50,6 +50,9 @@ from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._schema import NAME_LENGTH, NEVER, lease_table
 from ._text import check_holder, unstorable
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
@@ -671,7 +674,9 @@ class LeaseStore:
 
         return stop
 
-    def holds(self, connection: Connection, name: str, token: int) -> bool:
+    def holds(
+        self, connection: Connection, name: str, token: int, *, final: bool = False
+    ) -> bool:
         """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
 
         True when the row still has ``token`` and ``expires_ms > now``. The row is read
@@ -681,7 +686,31 @@ class LeaseStore:
         replica lose its lease. Callers check when their transaction opens and again just
         before it commits (``Round.transaction`` does), which narrows the window in which
         a claim can take the lease to the commit itself.
+
+        ``final=True`` marks that last check: on MariaDB/MySQL it is a locking read
+        (``LOCK IN SHARE MODE``), held only until the commit that follows at once,
+        because a plain read in a ``REPEATABLE READ`` transaction (those servers'
+        default, on an engine you pass in) would see the snapshot of the first check and
+        miss a claim committed since.
         """
+        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        with translate_errors("check a lease"):
+            return connection.execute(stmt).first() is not None
+
+    async def holds_async(
+        self, connection: AsyncConnection, name: str, token: int, *, final: bool = False
+    ) -> bool:
+        """Like :meth:`holds`, on an asyncio connection (``Round.transaction_async``).
+
+        The same statement, awaited: the caller's event loop keeps running meanwhile.
+        """
+        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        with translate_errors("check a lease"):
+            return (await connection.execute(stmt)).first() is not None
+
+    def _holds_statement(
+        self, name: str, token: int, dialect: Dialect, *, final: bool
+    ) -> sa.Select[int]:
         (wanted,) = _names([name])
         stmt = (
             sa.select(sa.literal(1))
@@ -692,8 +721,9 @@ class LeaseStore:
                 _t.c.expires_ms > self._now(),
             )
         )
-        with translate_errors("check a lease"):
-            return connection.execute(stmt).first() is not None
+        if final and dialect.name in ("mysql", "mariadb"):
+            stmt = stmt.with_for_update(read=True)
+        return stmt
 
     # -- helpers -------------------------------------------------------------------
 

@@ -250,14 +250,18 @@ class TestSurface:
             "TABLE_NAME",
             "UnsupportedDatabase",
             "VERSION_TABLE",
+            "async_url",
             "check_dialect",
             "check_holder",
+            "create_async_engine",
             "create_engine",
             "current_revision",
             "head_revision",
+            "is_async_url",
             "metadata",
             "migrate",
             "redact",
+            "sync_url",
             "unstorable",
         ]
 
