@@ -395,6 +395,8 @@ class RoundRunner:
             if run.ended or not self._store.holds(conn, ctx.name, run.token):
                 raise lease_lost(ctx.name, "the round no longer holds it")
             yield conn
+            if self._flags.crashed:  # as a killed process's would, the transaction dies
+                raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
             if not self._store.holds(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
@@ -417,6 +419,8 @@ class RoundRunner:
             if run.ended or not await self._store.holds_async(conn, ctx.name, run.token):
                 raise lease_lost(ctx.name, "the round no longer holds it")
             yield conn
+            if self._flags.crashed:
+                raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
             if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 

@@ -25,7 +25,7 @@ from cronjob._control import Control, Inbox
 from cronjob._keeper import EXIT_LEASE_LOST, LeaseKeeper
 from cronjob._round import Round
 from cronjob._state import Flags, JobState, Reason, Run
-from cronjob.testing import FakeClock
+from cronjob.testing import FakeClock, crash
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -281,3 +281,41 @@ exit_process("job 'x': the round is still running 5 s after its lease was lost")
 """
         done = subprocess.run([sys.executable, "-c", script], timeout=30, capture_output=True)
         assert done.returncode == EXIT_LEASE_LOST
+
+
+class TestCrash:
+    def test_a_fenced_transaction_open_when_the_replica_crashes_does_not_commit(
+        self, db_url, clock
+    ):
+        """``testing.crash`` stops a replica as a killed process: its open work dies."""
+        engine = sa.create_engine(db_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE written (n INTEGER)"))
+        outcome: list[str] = []
+
+        def job(ctx: cronjob.Round) -> None:
+            try:
+                with ctx.transaction() as conn:
+                    conn.execute(sa.text("INSERT INTO written (n) VALUES (1)"))
+                    ctx.wait(30)  # the replica crashes meanwhile
+            except cronjob.LeaseLost as exc:
+                outcome.append(str(exc))
+                raise
+
+        registry = cronjob.Registry()
+        registry.register(job, "0 0 * * * *", "writer")
+        scheduler = cronjob.Scheduler(db_url, registry=registry, clock=clock, replica_id="a")
+        scheduler.start()
+        try:
+            clock.advance_to(HOUR + timedelta(seconds=1))
+            crash(scheduler)
+            clock.advance(1)
+        finally:
+            scheduler.stop()
+        try:
+            with engine.connect() as conn:
+                count = conn.execute(sa.text("SELECT count(*) FROM written")).scalar_one()
+        finally:
+            engine.dispose()
+        assert outcome == ["job 'writer': the replica crashed"]
+        assert count == 0
