@@ -181,6 +181,18 @@ class Dispatcher:
         state.busy = True
         state.generation += 1
 
+    def run_at_start(self) -> None:
+        """Run each per-instance job registered with ``run_at_start=True`` once, now (its
+        round's instant is the start, to the second); its schedule resumes after it."""
+        now, mono = self._clock.now(), self._clock.monotonic()
+        for state in self.states.values():
+            if state.job.run_at_start and not state.busy:
+                self.take(state)
+                instant = now.replace(microsecond=0)
+                self.start_round(
+                    state, instant, attempt=1, token=None, claimed_at=mono, reason=Reason.START
+                )
+
     def _fire_due(self, now: datetime, mono: float) -> None:
         # Counted before this wake's rounds start: rounds of one instant share the threads.
         saturated = bool(self._heap) and self._heap[0].when <= now and self._workers_saturated()

@@ -330,6 +330,8 @@ class Scheduler:
         now = clock.now()
         for state in states.values():
             dispatcher.schedule_after(state, now)
+        if any(job.run_at_start for job in jobs):
+            inbox.post(dispatcher.run_at_start)  # the dispatcher's first message
         self._dispatcher = dispatcher
         dispatcher.after_lingering = self._teardown
         clock._work_started()

@@ -28,6 +28,8 @@ class Reason(enum.Enum):
     OUTAGE = "catch-up after an outage"
     #: Its first round was cut short (attempt 2).
     RERUN = "re-run"
+    #: A per-instance job registered with ``run_at_start=True``, as its replica starts.
+    START = "start-up"
 
 
 @dataclass(eq=False)

@@ -188,6 +188,28 @@ class TestOncePerInstant:
 
 
 class TestPerInstance:
+    def test_run_at_start_runs_a_per_instance_job_once_as_each_replica_starts(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "@every 3600s", "warm", run_at_start=True)
+        clock.advance(1800)  # 09:30
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(1800)  # 10:00: the schedule, on both
+        starts = [(r.instant, r.replica) for r in recorder.rounds]
+        assert sorted(starts) == [(at(0, 30), "a"), (at(0, 30), "b"), (at(1), "a"), (at(1), "b")]
+
+    def test_without_run_at_start_a_per_instance_job_waits_for_its_instant(
+        self, replicas, clock, recorder
+    ):
+        registry = Registry()
+        registry.register_per_instance(recorder.quick, "@every 3600s", "warm")
+        clock.advance(1800)
+        replicas(registry, "a")
+        clock.advance(1800)
+        assert [r.instant for r in recorder.rounds] == [at(1)]
+
     def test_every_replica_runs_each_instant(self, replicas, clock, recorder):
         registry = Registry()
         registry.register_per_instance(recorder.quick, "*/20 * * * * *", "local")
