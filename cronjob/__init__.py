@@ -57,6 +57,7 @@ from ._exceptions import Shutdown as Shutdown
 from ._lifespan import lifespan as lifespan
 from ._registry import Job as Job
 from ._registry import Registry as Registry
+from ._registry import default_registry as default_registry
 from ._registry import job as job
 from ._registry import job_per_instance as job_per_instance
 from ._registry import register as register
@@ -81,6 +82,7 @@ __all__ = [
     "Scheduler",
     "Shutdown",
     "SystemClock",
+    "default_registry",
     "job",
     "job_per_instance",
     "lifespan",

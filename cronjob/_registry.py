@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from inspect import Parameter
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -215,6 +216,41 @@ class Registry:
             if taken is not None:
                 raise RegistrationError(_taken_message(name, taken.fn, fn))
             self._jobs[name] = job
+
+    def derive(
+        self,
+        *,
+        without: Iterable[str] = (),
+        replace: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> Registry:
+        """Return a new registry with this one's jobs, for a test or another process.
+
+        Args:
+            without: Names of jobs to leave out.
+            replace: Job name to the function that runs instead of the registered one
+                (same name, schedule and kind; checked as at registration).
+
+        Raises:
+            RegistrationError: a name in ``without`` or ``replace`` is not registered.
+        """
+        replace = dict(replace or {})
+        dropped = set(without)
+        jobs = {job.name: job for job in self.jobs}
+        unknown = sorted((dropped | set(replace)) - set(jobs))
+        if unknown:
+            raise RegistrationError(
+                f"cannot derive a registry: no job named {', '.join(map(repr, unknown))}"
+            )
+        derived = Registry()
+        for name, job in jobs.items():
+            if name in dropped:
+                continue
+            fn = replace.get(name, job.fn)
+            if fn is not job.fn:
+                _check_fn(fn, name)
+                job = dataclasses.replace(job, fn=fn, is_async=_is_async(fn))
+            derived._jobs[name] = job
+        return derived
 
     def _freeze(self, by: str) -> tuple[Job, ...]:
         """Refuse further registrations and return the jobs (called at scheduler start)."""

@@ -320,6 +320,15 @@ class RoundRunner:
             log.info("round of %s ran to its end", where)
         elif outcome is Outcome.FAILED:
             log.error("round of %s failed", where, exc_info=error)
+            if ctx.cause is not None and run.token is not None:
+                log.warning(
+                    "round of %s was cancelled (%s) but raised an error of its own instead "
+                    "of the cancellation: it counts as run to its end and will not run again. "
+                    "Let ctx.check() raise, or raise from within an ExceptionGroup with it, "
+                    "to be re-run",
+                    where,
+                    ctx.cause,
+                )
         else:
             cause = ctx.cause or error
             for own in iter_own_errors(error) if error else ():

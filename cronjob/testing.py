@@ -1,8 +1,9 @@
 """Tools for testing code that uses :mod:`cronjob` without waiting for real time.
 
 ``FakeClock`` drives every scheduler that shares it; ``crash`` stops a scheduler as a
-killed process would. A lost lease's forced exit is observed by passing ``on_fatal`` to
-the scheduler::
+killed process would; ``make_round`` builds the round a job receives, to call the job
+itself in a unit test without a scheduler. A lost lease's forced exit is observed by
+passing ``on_fatal`` to the scheduler::
 
     exits = []
     with cronjob.Scheduler(url, registry=reg, clock=clock, on_fatal=exits.append) as s:
@@ -11,10 +12,80 @@ the scheduler::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from ._clock import Clock
+from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
+from ._round import Round
 from ._scheduler import Scheduler
 
-__all__ = ["FakeClock", "crash"]
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = ["FakeClock", "crash", "make_round"]
+
+
+def make_round(
+    name: str,
+    instant: datetime,
+    *,
+    engine: Engine | AsyncEngine | None = None,
+    attempt: int = 1,
+    replica: str = "test",
+    clock: Clock | None = None,
+    cancelled: Cancelled | None = None,
+) -> Round:
+    """Build the round a job receives, to call the job directly in a unit test.
+
+    ``ctx.transaction()`` (or ``ctx.transaction_async()`` with an ``AsyncEngine``) is a
+    plain transaction on ``engine``: no lease, so no fencing. ``ctx.wait`` runs on
+    ``clock`` (a ``FakeClock`` starting at ``instant`` by default). ``cancelled`` (a
+    :class:`~cronjob.Shutdown` or :class:`~cronjob.LeaseLost`) cancels the round up
+    front, to test what the job does then.
+
+    Raises:
+        ValueError: ``instant`` is naive.
+    """
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError(f"make_round needs an aware instant, got naive {instant!r}")
+    instant = instant.astimezone(UTC)
+
+    @contextlib.contextmanager
+    def transaction(ctx: Round) -> Iterator[Connection]:
+        from sqlalchemy import Engine
+
+        if not isinstance(engine, Engine):
+            raise RuntimeError(f"make_round({name!r}) was given no (sync) engine")
+        with engine.begin() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction_async(ctx: Round) -> AsyncIterator[AsyncConnection]:
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        if not isinstance(engine, AsyncEngine):
+            raise RuntimeError(f"make_round({name!r}) was given no AsyncEngine")
+        async with engine.begin() as conn:
+            yield conn
+
+    ctx = Round(
+        name=name,
+        instant=instant,
+        attempt=attempt,
+        replica=replica,
+        trace_id="0" * 32,
+        clock=clock if clock is not None else FakeClock(instant),
+        transaction=transaction,
+        transaction_async=transaction_async,
+    )
+    if cancelled is not None:
+        ctx._cancel(cancelled)
+    return ctx
 
 
 def crash(scheduler: Scheduler) -> None:

@@ -24,6 +24,7 @@ SURFACE = {
         "Scheduler",
         "Shutdown",
         "SystemClock",
+        "default_registry",
         "job",
         "job_per_instance",
         "lifespan",
@@ -31,7 +32,7 @@ SURFACE = {
         "register",
         "register_per_instance",
     ],
-    "cronjob.testing": ["FakeClock", "crash"],
+    "cronjob.testing": ["FakeClock", "crash", "make_round"],
 }
 
 

@@ -277,7 +277,7 @@ class TestOutcomes:
         assert lease_row(url, "grouped").state is lease.LeaseState.CUT
 
     def test_a_cancellation_merely_chained_reads_as_ran_to_its_end(
-        self, url, replicas, clock, recorder
+        self, url, replicas, clock, recorder, caplog
     ):
         def chained(ctx: cronjob.Round) -> None:
             recorder.quick(ctx)
@@ -291,8 +291,16 @@ class TestOutcomes:
         registry.register(chained, "0 0 * * * *", "chained")
         a = replicas(registry, "a")
         clock.advance(3600)
-        a.stop()
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            a.stop()
         assert lease_row(url, "chained").state is lease.LeaseState.DONE
+        warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(
+            "round of job 'chained' instant 2026-03-02T10:00:00+00:00 attempt 1 was cancelled"
+            in r.getMessage()
+            and "will not run again" in r.getMessage()
+            for r in warned
+        )
 
 
 class TestSecondRun:
