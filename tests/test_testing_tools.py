@@ -61,9 +61,10 @@ class TestMakeRound:
         assert done == [False]
 
     def test_a_transaction_without_an_engine_says_so(self):
-        with pytest.raises(RuntimeError, match=r"^make_round\('x'\) was given no \(sync\) engine$"):
-            with make_round("x", NINE).transaction():
-                pass
+        ctx = make_round("x", NINE)
+        message = r"^make_round\('x'\) was given no \(sync\) engine$"
+        with pytest.raises(RuntimeError, match=message), ctx.transaction():
+            pass
 
     def test_a_naive_instant_is_refused(self):
         with pytest.raises(ValueError, match=r"^make_round needs an aware instant"):
