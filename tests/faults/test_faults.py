@@ -275,6 +275,36 @@ def scenario_sigterm(db: str = "postgres") -> Figures:
         )
 
 
+def _lost_then_exit(
+    s: Scenario, process: Any, since: float, what: str
+) -> tuple[float, float]:
+    """Check the rule for a replica cut off at ``since`` (monotonic) while it runs
+    ``polite`` and ``stubborn``: both are cancelled with LeaseLost within 10 s, and the one
+    ignoring it ends the process with status 70 5 s later, and at least half a second
+    before the lease can expire. Returns (loss after ``since``, exit after the loss)."""
+    rc = process.wait(LOST_AFTER + EXIT_AFTER_LOST + 10)
+    assert process.exited is not None
+    assert rc == EXIT_LEASE_LOST, f"exit status {rc}"
+    output = process.output()
+    assert "CRITICAL" in output and "after its lease was lost" in output
+    events = s.events()
+    polite_end = next(
+        e for e in events if e["ev"] == "end" and e["job"] == "polite" and e["pid"] == process.pid
+    )
+    assert polite_end["outcome"] == "cut" and polite_end["cause"] == "LeaseLost"
+    noticed = next(
+        e
+        for e in events
+        if e["ev"] == "cancelled" and e["job"] == "stubborn" and e["pid"] == process.pid
+    )
+    assert noticed["cause"] == "LeaseLost"
+    lost = noticed["mono"] - since
+    assert lost <= LOST_AFTER + 0.5, f"lease lost {lost:.1f}s after {what}"
+    exit_after_lost = process.exited - noticed["mono"]
+    assert EXIT_AFTER_LOST - 0.8 <= exit_after_lost <= EXIT_AFTER_LOST + 1.0
+    return lost, exit_after_lost
+
+
 def scenario_proxy_cut(db: str = "postgres", mode: str = "blackhole") -> Figures:
     """One replica's database connection cut (``mode``: a blackhole in its proxy, or every
     connection reset and new ones refused) while it runs two rounds: one job stops on the
@@ -298,30 +328,9 @@ def scenario_proxy_cut(db: str = "postgres", mode: str = "blackhole") -> Figures
         cut_off.cut(mode)
         cut_at = time.monotonic()
         process = cut_off.current
-        rc = process.wait(LOST_AFTER + EXIT_AFTER_LOST + 10)
+        lost, exit_after_lost = _lost_then_exit(s, process, cut_at, "the cut")
         assert process.exited is not None
         exited = process.exited - cut_at
-        assert rc == EXIT_LEASE_LOST, f"exit status {rc}"
-        output = process.output()
-        assert "CRITICAL" in output and "after its lease was lost" in output
-        events = s.events()
-        polite_end = next(
-            e
-            for e in events
-            if e["ev"] == "end" and e["job"] == "polite" and e["pid"] == process.pid
-        )
-        assert polite_end["outcome"] == "cut" and polite_end["cause"] == "LeaseLost"
-        noticed = next(
-            e
-            for e in events
-            if e["ev"] == "cancelled" and e["job"] == "stubborn" and e["pid"] == process.pid
-        )
-        assert noticed["cause"] == "LeaseLost"
-        lost = noticed["mono"] - cut_at
-        assert lost <= LOST_AFTER + 0.5, f"lease lost {lost:.1f}s after the cut"
-        exit_after_lost = process.exited - noticed["mono"]
-        # 5 s after the loss, and at least half a second before the lease can expire.
-        assert EXIT_AFTER_LOST - 0.8 <= exit_after_lost <= EXIT_AFTER_LOST + 1.0
         # Another replica takes the job over, and only after the process is gone.
         taken = s.wait_start(
             "stubborn", LEASE_TTL + 10, after=stubborn["mono"], exclude_pid=process.pid
@@ -794,28 +803,7 @@ def scenario_file_locked(db: str = "sqlite") -> Figures:
             assert line and line[0] == "locked", line
             locked_at = float(line[1])
             process = locked_out.current
-            rc = process.wait(LOST_AFTER + EXIT_AFTER_LOST + 10)
-            assert process.exited is not None
-            assert rc == EXIT_LEASE_LOST, f"exit status {rc}"
-            output = process.output()
-            assert "CRITICAL" in output and "after its lease was lost" in output
-            events = s.events()
-            polite_end = next(
-                e
-                for e in events
-                if e["ev"] == "end" and e["job"] == "polite" and e["pid"] == process.pid
-            )
-            assert polite_end["outcome"] == "cut" and polite_end["cause"] == "LeaseLost"
-            noticed = next(
-                e
-                for e in events
-                if e["ev"] == "cancelled" and e["job"] == "stubborn" and e["pid"] == process.pid
-            )
-            assert noticed["cause"] == "LeaseLost"
-            lost = noticed["mono"] - locked_at
-            assert lost <= LOST_AFTER + 0.5, f"lease lost {lost:.1f}s after the lock"
-            exit_after_lost = process.exited - noticed["mono"]
-            assert EXIT_AFTER_LOST - 0.8 <= exit_after_lost <= EXIT_AFTER_LOST + 1.0
+            lost, exit_after_lost = _lost_then_exit(s, process, locked_at, "the lock")
             line = holder.stdout.readline().split()
             assert line and line[0] == "released", line
             released_at = float(line[1])
