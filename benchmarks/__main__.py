@@ -1,13 +1,15 @@
 """Run every scenario and print its table: ``python -m benchmarks [--quick]``.
 
 In order: schedule math (``bench_schedule``), lateness and correctness with the peers
-interleaved (``bench_lateness``), scale (``bench_scale``), idle cost (``bench_idle``).
+interleaved (``bench_lateness``), scale (``bench_scale``), idle cost (``bench_idle``), a
+fake day in a user's test (``bench_fakeday``).
 Each also runs alone (``python -m benchmarks.bench_<name> --help``). Results go to
 ``benchmarks/results/*.json``; the peers' virtualenvs to ``benchmarks/.venvs/`` (created
 on first use, from PyPI, pinned in ``benchmarks/peers/requirements.py``).
 
 Flags: ``--quick`` (short windows: 15 s lateness, 20 s scale, 30 s idle; for a smoke
-test, not for the numbers), ``--only NAME[,NAME]`` (schedule, lateness, scale, idle),
+test, not for the numbers), ``--only NAME[,NAME]`` (schedule, lateness, scale, idle,
+fakeday),
 ``--impl`` (schedulers for lateness and idle; default all three).
 """
 
@@ -15,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import bench_idle, bench_lateness, bench_scale, bench_schedule
+from benchmarks import bench_fakeday, bench_idle, bench_lateness, bench_scale, bench_schedule
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="schedule,lateness,scale,idle")
+    parser.add_argument("--only", default="schedule,lateness,scale,idle,fakeday")
     parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -37,6 +39,9 @@ def main() -> None:
     if "idle" in only:
         print("\n== idle cost ==", flush=True)
         bench_idle.main(["--impl", args.impl, *(["--seconds", "30"] if args.quick else [])])
+    if "fakeday" in only:
+        print("\n== a fake day in a test ==", flush=True)
+        bench_fakeday.main(["--hours", "6"] if args.quick else [])
 
 
 if __name__ == "__main__":
