@@ -13,7 +13,9 @@ Layout, one private module per concern:
 - The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
   flight), ``_runner`` (running rounds, recording their ends, the fenced transaction),
   ``_keeper`` (renewal, lease loss, the forced exit), ``_recovery`` (reaching the
-  database, catch-up, the sweep), ``_control`` (the inbox and the control thread),
+  database, catch-up, outages), ``_sweep`` (second runs, the minute check),
+  ``_fencing`` (the fenced transactions), ``_database`` (engines), ``_loop`` (our own
+  asyncio loop), ``_control`` (the inbox and the control thread),
   ``_state`` (the records they share), ``_finisher`` and ``_workers`` (threads).
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``

@@ -1,4 +1,4 @@
-"""Recovery: reaching the database, catch-up, and the sweep that re-runs rounds cut short.
+"""Recovery: reaching the database, catch-up at start-up and after an outage.
 
 The seed's rules, as this part applies them:
 
@@ -13,18 +13,8 @@ The seed's rules, as this part applies them:
   then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
   catch-up rule: the most recent instant each job missed, once, on one replica; the
   claim itself decides which replica, so replicas recovering together run it once.
-- **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
-  cut short that the seed says run a second time (attempt 2); each is claimed with its
-  own statement, so two replicas never both run it. On a fake clock (every replica in
-  this process, see :attr:`Clock.in_process`) a sweep that found nothing is not
-  repeated until a lease write or the expiry of a lease held now could change what it
-  finds; it then resumes on its 15 s grid, so tests see the same sweeps at the same
-  fake times, without a statement per replica per idle 15 s.
-- **Check**: at start and then every minute, a job whose lease row has gone (deleted by
-  hand, a backup restored from before the job existed, a start-up ``ensure`` that
-  failed) gets it back, logged, since claims only update rows; and a clock that
-  disagrees with the database's by more than 2 s is logged as an error (a replica far
-  ahead has its claims refused, see :data:`lease.CLAIM_AHEAD_LIMIT`).
+- **Sweep** and **check**: once the database is ready, :class:`~cronjob._sweep.Sweeper`
+  (re-runs of rounds cut short, missing rows, clock skew).
 
 Dispatcher thread only; the statements run on the control thread.
 """
@@ -32,7 +22,6 @@ Dispatcher thread only; the statements run on the control thread.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -41,8 +30,8 @@ import lease
 
 from ._clock import Clock
 from ._control import Control
-from ._keeper import too_late
 from ._state import JobState, Reason
+from ._sweep import Sweeper
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -51,16 +40,10 @@ __all__ = ["Recovery"]
 
 log = logging.getLogger("cronjob")
 
-#: Seconds between two sweeps for rounds cut short.
-SWEEP_EVERY = 15.0
 #: Catch-up only runs an instant this recent.
 CATCH_UP_HORIZON = timedelta(days=1)
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
-#: Seconds between two checks of the lease rows and of the clock against the database's.
-CHECK_EVERY = 60.0
-#: A replica whose wall clock is further than this from the database's is logged.
-CLOCK_SKEW_WARNING = 2.0
 #: ... and to probe a database lost after start (what a failover usually takes).
 PROBE_FIRST, PROBE_LONGEST = 1.0, 8.0
 
@@ -108,17 +91,16 @@ class Recovery:
         # Local timers, on the clock's monotonic time.
         self._db_retry_at: float | None = None
         self._db_retry_pause = RETRY_FIRST
-        self._sweep_at: float | None = None
-        self._sweeping = False
-        self._check_at: float | None = None  # set once the database is ready
-        self._checking = False
-        # Idle sweeps skipped on an in-process clock: lease writes seen, and whether the
-        # sweep waits for one (or for the next expiry) before it runs again.
-        self._post = post
-        self._writes = 0
-        self._suspended = False
-        self._last_sweep: float | None = None
-        self._unwatch = store.watch(self._on_write) if clock.in_process else None
+        #: The sweep for rounds cut short, and the check of rows and clocks.
+        self.sweeper = Sweeper(
+            clock=clock,
+            store=store,
+            control=control,
+            dispatcher=dispatcher,
+            replica_id=replica_id,
+            names=self._leased_names,
+            post=post,
+        )
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
@@ -197,7 +179,7 @@ class Recovery:
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
-            self._sweep_at = self._check_at = self._clock.monotonic()
+            self.sweeper.begin()
 
         self._control.run(self._read_rows, done)
 
@@ -290,158 +272,6 @@ class Recovery:
         for instant, states in owed.items():
             self._dispatcher.claim(instant, states, reason=reason)
 
-    # -- the sweep --------------------------------------------------------------------------
-
-    def sweep(self, now: float) -> None:
-        """Look for rounds cut short if it is time, and run each found a second time.
-
-        The check of rows and clocks rides on the sweep's wake-ups (every minute).
-        """
-        if not self.db_ready or self._sweeping or self._sweep_at is None or now < self._sweep_at:
-            return
-        if self._check_at is not None and now >= self._check_at and not self._checking:
-            self._check()
-        names = self._leased_names
-        self._sweeping = True
-        writes = self._writes
-
-        def done(result: lease.Survey | BaseException) -> None:
-            self._sweeping = False
-            self._last_sweep = mono = self._clock.monotonic()
-            self._sweep_at = mono + SWEEP_EVERY
-            if isinstance(result, BaseException):
-                log.warning("sweep for rounds cut short failed: %s", result)
-                return
-            for found in result.cut_short:
-                state = self._dispatcher.states.get(found.name)
-                if state is None or state.busy or self._dispatcher.draining:
-                    continue
-                self._rerun(state, found.instant, given_back=found.given_back)
-            if self._unwatch is not None and not result.cut_short and self._writes == writes:
-                self._suspend(result.next_expiry)
-
-        self._control.run(lambda: self._store.survey(names), done)
-
-    def _suspend(self, next_expiry: datetime | None) -> None:
-        """Sweep next when the earliest held lease expires (on the 15 s grid), or after a
-        write: nothing else can change what the sweep finds (in-process clocks only)."""
-        self._suspended = True
-        if next_expiry is None:
-            self._sweep_at = None
-            return
-        until = next_expiry.timestamp() - self._store.now_ms() / 1000  # on the lease clock
-        self._sweep_at = self._on_grid(self._clock.monotonic() + max(0.0, until), strictly=False)
-
-    def _on_write(self) -> None:
-        """A lease write in this process (any thread): a suspended sweep resumes."""
-        self._writes += 1
-        if self._suspended:
-            self._post(self._resume)
-
-    def _resume(self) -> None:
-        if self._suspended:
-            self._suspended = False
-            self._sweep_at = self._on_grid(self._clock.monotonic(), strictly=True)
-
-    def _on_grid(self, mono: float, *, strictly: bool) -> float:
-        """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s
-        would run. After a write, strictly: a sweep due at that very moment would have
-        been sent before it."""
-        last = self._last_sweep if self._last_sweep is not None else mono
-        gap = (mono - last) / SWEEP_EVERY
-        steps = math.floor(gap) + 1 if strictly else math.ceil(gap)
-        return last + max(1, steps) * SWEEP_EVERY
-
-    def close(self) -> None:
-        """Stop watching the lease writes (the scheduler stopped)."""
-        if self._unwatch is not None:
-            self._unwatch()
-
-    # -- rows and clocks ---------------------------------------------------------------------
-
-    def _check(self) -> None:
-        """Recreate missing lease rows; compare this replica's clock with the database's."""
-        self._checking = True
-        clock, store, names = self._clock, self._store, self._leased_names
-
-        def check() -> tuple[list[str], float]:
-            missing = store.missing(names)
-            if missing:
-                store.ensure(missing)
-            before = clock.now()
-            db_now = store.now_ms() / 1000
-            after = clock.now()
-            return missing, (before.timestamp() + after.timestamp()) / 2 - db_now
-
-        def done(result: tuple[list[str], float] | BaseException) -> None:
-            self._checking = False
-            self._check_at = self._clock.monotonic() + CHECK_EVERY
-            if isinstance(result, BaseException):
-                log.warning("checking the lease rows failed: %s", result)
-                return
-            missing, skew = result
-            if missing:
-                log.warning(
-                    "the lease row of %d job(s) was missing, recreated (deleted by hand? a "
-                    "database restored from an older backup?): %s",
-                    len(missing),
-                    ", ".join(repr(name) for name in missing),
-                )
-            if abs(skew) > CLOCK_SKEW_WARNING:
-                log.error(
-                    "this replica's clock is %.1f s %s the database's: replicas' clocks must "
-                    "agree to within a schedule's granularity (is NTP running?); claims of "
-                    "instants more than %g s ahead of the database are refused",
-                    abs(skew),
-                    "ahead of" if skew > 0 else "behind",
-                    lease.CLAIM_AHEAD_LIMIT,
-                )
-
-        self._control.run(check, done)
-
-    def _rerun(self, state: JobState, instant: datetime, *, given_back: bool) -> None:
-        dispatcher = self._dispatcher
-        dispatcher.take(state)
-        issued, claimed_at = self._clock.now(), self._clock.monotonic()
-
-        def done(result: lease.Claim | BaseException | None) -> None:
-            late = too_late(claimed_at, self._clock.monotonic())
-            if late and isinstance(result, lease.Claim):
-                log.warning(
-                    "job %r: the claim of its second run came back too late to keep: given back",
-                    state.job.name,
-                )
-            if isinstance(result, BaseException) or result is None or dispatcher.draining or late:
-                if isinstance(result, BaseException):
-                    log.error("job %r: claiming the second run failed: %s", state.job.name, result)
-                elif result is not None:
-                    dispatcher.hand_back(result)
-                dispatcher.schedule_after(state, issued)
-                return
-            log.info(
-                "job %r: running the round of %s a second time (%s)",
-                state.job.name,
-                instant.isoformat(),
-                "it was cut short"
-                if given_back
-                else "its lease expired: the first round died with its process or lost "
-                "the database",
-            )
-            dispatcher.start_round(
-                state,
-                instant,
-                attempt=2,
-                token=result.token,
-                claimed_at=claimed_at,
-                reason=Reason.RERUN,
-            )
-
-        self._control.run(
-            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id),
-            done,
-            dispatcher.give_back,
-        )
-
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""
         candidates: list[float] = []
@@ -449,6 +279,16 @@ class Recovery:
             candidates.append(self._db_retry_at)
         if self._probe_at is not None and not self._probing:
             candidates.append(self._probe_at)
-        if self._sweep_at is not None and not self._sweeping and not draining:
-            candidates.append(self._sweep_at)
+        sweep_at = self.sweeper.next_wake(draining=draining)
+        if sweep_at is not None:
+            candidates.append(sweep_at)
         return min(candidates, default=None)
+
+    def sweep(self, now: float) -> None:
+        """Sweep for rounds cut short if it is time (see :class:`Sweeper`)."""
+        if self.db_ready:
+            self.sweeper.sweep(now)
+
+    def close(self) -> None:
+        """Stop watching the lease writes (the scheduler stopped)."""
+        self.sweeper.close()

@@ -15,8 +15,9 @@ from types import FrameType
 import execctx
 import lease
 
+from ._database import resolve_database
 from ._exceptions import CronjobError
-from ._scheduler import Scheduler, resolve_database
+from ._scheduler import Scheduler
 
 __all__ = ["run_command"]
 

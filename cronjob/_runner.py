@@ -15,14 +15,12 @@ async engine it was handed to own, on the loop its connections belong to.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import enum
 import inspect
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -30,8 +28,10 @@ import lease
 
 from ._clock import Clock
 from ._exceptions import LeaseLost, Shutdown
+from ._fencing import Fencing
 from ._finisher import Finisher
-from ._round import Outcome, Round, classify, iter_own_errors, lease_lost
+from ._loop import OwnLoop
+from ._round import Outcome, Round, classify, iter_own_errors
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
 from ._workers import NoWorkerThread, Workers, WorkersClosed
@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["RoundRunner", "Start"]
 
 log = logging.getLogger("cronjob")
-
-#: Real seconds a stopping scheduler gives its async rounds to finish their bookkeeping.
-TASK_SETTLE_SECONDS = 2.0
 
 
 class Start(enum.Enum):
@@ -100,22 +97,24 @@ class RoundRunner:
     ) -> None:
         self._clock = clock
         self._replica_id = replica_id
-        self._engine = engine
         self._store = store
         self._flags = flags
         self._ended = ended
         self._tracer_provider = tracer_provider
-        self._async_engine = async_engine
-        self._owns_async_engine = owns_async_engine
+        self._fencing = Fencing(
+            engine=engine,
+            async_engine=async_engine,
+            owns_async_engine=owns_async_engine,
+            store=store,
+            flags=flags,
+        )
         # A round queued behind busy threads does not hold a fake clock's time.
         self._workers = Workers(
             max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
         )
         self._finisher = Finisher(store)  # ends of rounds that end together: batched
-        self._loop_thread: threading.Thread | None = None
-        self._loop = loop
-        if needs_loop and loop is None:
-            self._loop = self._start_loop()
+        self._own_loop = OwnLoop() if needs_loop and loop is None else None
+        self._loop = self._own_loop.loop if self._own_loop is not None else loop
 
     @property
     def max_workers(self) -> int:
@@ -137,12 +136,12 @@ class RoundRunner:
         """Build the round of ``state``'s job for ``instant`` (not started yet)."""
 
         def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
-            return self._transaction(run)
+            return self._fencing.transaction(run)
 
         def transaction_async(
             ctx: Round,
         ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-            return self._transaction_async(run)
+            return self._fencing.transaction_async(run)
 
         ctx = Round(
             name=state.job.name,
@@ -389,70 +388,6 @@ class RoundRunner:
             log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
             return False
 
-    # -- the fenced transaction -------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _transaction(self, run: Run) -> Iterator[Connection]:
-        ctx = run.ctx
-        if self._flags.crashed:
-            raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
-        if run.token is None:  # a per-instance round: a plain transaction
-            with self._engine.begin() as conn:
-                yield conn
-            return
-        with self._engine.begin() as conn:
-            if run.ended or not self._store.holds(conn, ctx.name, run.token):
-                raise lease_lost(ctx.name, "the round no longer holds it")
-            yield conn
-            if self._flags.crashed:  # as a killed process's would, the transaction dies
-                raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
-            if not self._store.holds(conn, ctx.name, run.token, final=True):
-                raise lease_lost(ctx.name, "taken before the transaction committed")
-
-    @contextlib.asynccontextmanager
-    async def _transaction_async(self, run: Run) -> AsyncIterator[AsyncConnection]:
-        """:meth:`_transaction` on the async engine: the same checks, awaited."""
-        ctx = run.ctx
-        if self._flags.crashed:
-            raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
-        engine = self._async_engine
-        if engine is None:
-            raise RuntimeError(f"job {ctx.name!r}: the scheduler has no async engine")
-        if isinstance(engine, lease.LeaseError):  # a fresh copy: raised once per call
-            raise type(engine)(f"job {ctx.name!r}: {engine}")
-        if run.token is None:  # a per-instance round: a plain transaction
-            async with engine.begin() as conn:
-                yield conn
-            return
-        async with engine.begin() as conn:
-            if run.ended or not await self._store.holds_async(conn, ctx.name, run.token):
-                raise lease_lost(ctx.name, "the round no longer holds it")
-            yield conn
-            if self._flags.crashed:
-                raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
-            if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
-                raise lease_lost(ctx.name, "taken before the transaction committed")
-
-    def _dispose_async_engine(self) -> None:
-        """Dispose the async engine we own, on the loop whose connections it pools."""
-        engine, loop = self._async_engine, self._loop
-        if not self._owns_async_engine or loop is None or isinstance(engine, lease.LeaseError):
-            return
-        if engine is None or loop.is_closed() or not loop.is_running():
-            return  # nothing to await it on: its connections end with the process
-        try:
-            disposing = asyncio.run_coroutine_threadsafe(engine.dispose(), loop)
-        except RuntimeError:  # closed meanwhile
-            return
-        if _running_loop() is loop:
-            return  # called on the loop itself (blocking it): the disposal runs after
-        try:
-            disposing.result(timeout=TASK_SETTLE_SECONDS)
-        except concurrent.futures.TimeoutError:
-            log.warning("the async engine was not disposed within %gs", TASK_SETTLE_SECONDS)
-        except Exception as exc:  # a connection that fails to close: it is gone anyway
-            log.warning("disposing the async engine failed: %s", exc)
-
     # -- stopping -------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -463,43 +398,11 @@ class RoundRunner:
         """
         self._workers.shutdown()
         self._finisher.close()
-        if self._loop_thread is not None and self._loop is not None:
-            finishing = asyncio.run_coroutine_threadsafe(_settle_tasks(), self._loop)
-            with contextlib.suppress(concurrent.futures.TimeoutError):
-                finishing.result(timeout=TASK_SETTLE_SECONDS)
-        self._dispose_async_engine()
-        if self._loop_thread is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join(timeout=TASK_SETTLE_SECONDS)
-
-    def _start_loop(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(started.set)
-            loop.run_forever()
-
-        self._loop_thread = threading.Thread(target=serve, name="cronjob-asyncio", daemon=True)
-        self._loop_thread.start()
-        started.wait()
-        return loop
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-async def _settle_tasks() -> None:
-    """Wait (a little, in real time) for the loop's other tasks to finish."""
-    current = asyncio.current_task()
-    others = [task for task in asyncio.all_tasks() if task is not current]
-    if others:
-        await asyncio.wait(others, timeout=TASK_SETTLE_SECONDS)
+        if self._own_loop is not None:
+            self._own_loop.settle()
+        self._fencing.dispose_async_engine(self._loop)
+        if self._own_loop is not None:
+            self._own_loop.stop()
 
 
 def _not_awaitable(name: str, result: object) -> None:

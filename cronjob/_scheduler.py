@@ -20,10 +20,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import lease
-from execctx import instrument
 
 from ._clock import Clock, SystemClock
 from ._control import Control, Inbox
+from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_database
 from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, exit_process
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["Scheduler", "resolve_database"]
+__all__ = ["Scheduler"]
 
 log = logging.getLogger("cronjob")
 
@@ -47,21 +47,6 @@ DEFAULT_DRAIN_TIMEOUT = 5.0
 DEFAULT_MAX_WORKERS = 64
 #: Real seconds a stopping scheduler gives its queued lease statements to finish.
 CONTROL_SETTLE_SECONDS = 10.0
-#: The embedded SQLite file used when no database is named.
-DEFAULT_SQLITE_FILE = "cronjob.sqlite"
-#: The environment variable naming the database.
-DATABASE_ENV = "CRONJOB_DATABASE_URL"
-
-
-def resolve_database(
-    database: str | Engine | AsyncEngine | None,
-) -> str | Engine | AsyncEngine:
-    """Return ``database``, or ``$CRONJOB_DATABASE_URL``, or the embedded SQLite file."""
-    if database is not None:
-        return database
-    return os.environ.get(DATABASE_ENV) or f"sqlite:///{DEFAULT_SQLITE_FILE}"
-
-
 class Scheduler:
     """Runs a registry's jobs: each leased instant once across replicas, each per-instance
     job on every replica.
@@ -447,52 +432,19 @@ class Scheduler:
     def _connect(
         self, *, check_dialect: bool, async_jobs: bool = False
     ) -> tuple[Engine, lease.LeaseStore]:
-        """Make or take the engines; return the lease statements' engine and its store.
-
-        The lease statements always run synchronously (on the control thread). Given an
-        ``AsyncEngine`` or an async URL, they run on a sync engine made by
-        :func:`lease.create_engine` on the same URL with the sync driver, and the async
-        engine serves ``ctx.transaction_async()``. Given a sync URL or engine and async
-        jobs, ``transaction_async`` gets an async engine made by
-        :func:`lease.create_async_engine` with the matching async driver, or, with none
-        installed, the error naming what to install (the jobs that never call it run).
-        """
-        from sqlalchemy.ext.asyncio import AsyncEngine
-
-        database = self._database
-        async_engine: AsyncEngine | lease.LeaseError | None = None
-        if isinstance(database, AsyncEngine):
-            engine = lease.create_engine(lease.sync_url(database.url))
-            self._owns_engine = True
-            async_engine = database
-        elif isinstance(database, str) and lease.is_async_url(database):
-            engine = lease.create_engine(lease.sync_url(database))
-            self._owns_engine = True
-            if async_jobs:
-                async_engine = lease.create_async_engine(database)
-                self._owns_async_engine = True
-        elif isinstance(database, str):
-            engine = lease.create_engine(database)
-            self._owns_engine = True
-        else:
-            engine = database
-        self._engine = engine
-        if async_engine is None and async_jobs:
-            try:
-                async_engine = lease.create_async_engine(lease.async_url(engine.url))
-                self._owns_async_engine = True
-            except lease.DatabaseError as exc:
-                log.info("ctx.transaction_async() is unavailable: %s", exc)
-                async_engine = exc
-        self._async_engine = async_engine
-        if self._sql_comments:
-            instrument(engine)
-            if isinstance(async_engine, AsyncEngine):
-                instrument(async_engine.sync_engine)
-        store = lease.LeaseStore(engine, clock=self._clock.lease_clock())
-        if check_dialect:
-            store.check_dialect()
-        return engine, store
+        """Make or take the engines (see :mod:`._database`); return the lease statements'
+        engine and its store."""
+        engines = connect(
+            self._database,
+            clock=self._clock,
+            sql_comments=self._sql_comments,
+            check_dialect=check_dialect,
+            async_jobs=async_jobs,
+        )
+        self._engine, self._owns_engine = engines.engine, engines.owns_engine
+        self._async_engine = engines.async_engine
+        self._owns_async_engine = engines.owns_async_engine
+        return engines.engine, engines.store
 
     def _describe_database(self) -> str:
         if self._engine is None:
