@@ -47,9 +47,10 @@ class _Due:
 class Dispatcher:
     """Owns the jobs' states, the heap of their next instants and the rounds in flight.
 
-    Everything here runs on the dispatcher thread (:meth:`serve`), except :meth:`post`
-    (through the inbox) and the ``drained`` event. The parts it calls (runner, keeper,
-    recovery) are wired in by the scheduler before the thread starts.
+    Everything here runs on the dispatcher thread (:meth:`serve`), except
+    :meth:`post_round_ended` (through the inbox), :meth:`give_back` (on the control thread,
+    once the dispatcher has gone) and the ``drained`` and ``decided`` events. The parts it
+    calls (runner, keeper, recovery) are wired in by the scheduler before the thread starts.
     """
 
     def __init__(
