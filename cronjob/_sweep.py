@@ -116,14 +116,17 @@ class Sweeper:
                     continue
                 self._rerun(state, found.instant, given_back=found.given_back)
             if self._unwatch is not None and not result.cut_short and self._writes == writes:
-                self._suspend(result.next_expiry)
+                self._suspend(result.next_expiry, writes)
 
         self._control.run(lambda: self._store.survey(names), done)
 
-    def _suspend(self, next_expiry: datetime | None) -> None:
+    def _suspend(self, next_expiry: datetime | None, writes: int) -> None:
         """Sweep next when the earliest held lease expires (on the 15 s grid), or after a
         write: nothing else can change what the sweep finds (in-process clocks only)."""
         self._suspended = True
+        if self._writes != writes:  # a write slipped in before it could see the flag
+            self._suspended = False
+            return
         if next_expiry is None:
             self._sweep_at = None
             return
