@@ -63,6 +63,12 @@ class Fencing:
 
     @contextlib.contextmanager
     def transaction(self, run: Run) -> Iterator[Connection]:
+        """Open ``run``'s ``ctx.transaction()``.
+
+        Raises:
+            LeaseLost: the lease is gone when it opens or before it commits (the block's
+                work is rolled back), or the replica crashed.
+        """
         ctx = run.ctx
         if self._flags.crashed:
             raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
