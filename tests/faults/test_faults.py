@@ -672,7 +672,9 @@ def scenario_bad_url(db: str = "postgres") -> Figures:
         for replica in down + refused:
             replica.start()
         for replica in refused:
-            assert replica.current.wait(30) == 2
+            # No time bound is promised here, only the exit status: with every scenario
+            # starting its processes at once, one of these took over 30 s just to start.
+            assert replica.current.wait(120) == 2
             output = replica.output()
             _assert_no_password(output)
             assert "cronjob: error:" in output and "***" in output, output
