@@ -11,7 +11,6 @@ import contextlib
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,6 +25,7 @@ from cronjob._keeper import EXIT_LEASE_LOST, LeaseKeeper
 from cronjob._round import Round
 from cronjob._state import Flags, JobState, Reason, Run
 from cronjob.testing import FakeClock, crash
+from tests.faults.harness import wait_until
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -230,11 +230,11 @@ class TestClaimInFlightAtStop:
                     sa.text("SELECT name FROM cronjob_lease WHERE name = 'hourly' FOR UPDATE")
                 )
                 advancing.start()  # at 10:00 the claim waits behind the row lock
-                _until(lambda: _claim_waiting(engine), "the claim to wait on the row lock")
+                wait_until(lambda: _claim_waiting(engine), 20, "the claim to wait on its row", 0.02)
                 stopping.start()
                 thread = scheduler._thread
                 assert thread is not None
-                _until(lambda: not thread.is_alive(), "the dispatcher to go")
+                wait_until(lambda: not thread.is_alive(), 20, "the dispatcher to go", 0.02)
                 blocker.rollback()  # the claim goes through after the dispatcher has gone
             stopping.join(30)
             advancing.join(30)
@@ -255,15 +255,6 @@ def _claim_waiting(engine: sa.Engine) -> bool:
             )
         ).scalar_one()
     return bool(waiting)
-
-
-def _until(probe: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait (real time, bounded) for a state of the database or of a thread."""
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class TestForcedExit:
