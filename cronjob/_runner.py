@@ -206,23 +206,31 @@ class RoundRunner:
 
     @contextlib.contextmanager
     def _round_context(self, run: Run) -> Iterator[RoundScope]:
-        """Run the block as ``run``'s unit of work, counted by the clock, and log its start."""
-        with (
-            self._clock._tracked(),
-            round_scope(
-                run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
-            ) as scope,
-        ):
-            ctx = run.ctx
-            log.info(
-                "round of job %r instant %s attempt %d started on %s%s",
-                ctx.name,
-                ctx.instant.isoformat(),
-                ctx.attempt,
-                ctx.replica,
-                "" if run.reason is Reason.SCHEDULE else f" ({run.reason.value})",
-            )
-            yield scope
+        """Run the block as ``run``'s unit of work, counted by the clock, and log its start.
+
+        If the unit fails to open or close before the round's end is settled, the work
+        that settles it (:meth:`_bookkeeping_failed`) is counted before this unit stops
+        being: a fake clock never sees a moment with nothing running in between.
+        """
+        with self._clock._tracked():
+            try:
+                with round_scope(
+                    run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
+                ) as scope:
+                    ctx = run.ctx
+                    log.info(
+                        "round of job %r instant %s attempt %d started on %s%s",
+                        ctx.name,
+                        ctx.instant.isoformat(),
+                        ctx.attempt,
+                        ctx.replica,
+                        "" if run.reason is Reason.SCHEDULE else f" ({run.reason.value})",
+                    )
+                    yield scope
+            except Exception:
+                if not run.ended:
+                    self._clock._work_started()  # _bookkeeping_failed's unit
+                raise
 
     def _round_sync(self, run: Run) -> None:
         try:
@@ -274,8 +282,7 @@ class RoundRunner:
             name,
             exc_info=exc,
         )
-        self._clock._work_started()
-        with self._clock._tracked():
+        with self._clock._tracked():  # counted since _round_context let go
             try:
                 self._end_round(run, exc, None)
             finally:
