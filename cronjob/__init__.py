@@ -12,7 +12,8 @@ Layout, one private module per concern:
   the lifecycle (start, drain, stop).
 - The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
   flight), ``_runner`` (running rounds, recording their ends, the fenced transaction),
-  ``_keeper`` (renewal, lease loss, the forced exit), ``_recovery`` (reaching the
+  ``_peers`` (the live replicas, each one's share of an instant), ``_keeper`` (renewal,
+  lease loss, the forced exit), ``_recovery`` (reaching the
   database, catch-up, outages), ``_sweep`` (second runs, the minute check),
   ``_fencing`` (the fenced transactions), ``_database`` (engines), ``_loop`` (our own
   asyncio loop), ``_control`` (the inbox and the control thread),

@@ -3,21 +3,24 @@
 It keeps one heap of the jobs' next instants, runs the messages other threads post to
 its inbox, and wakes at the earliest of its own deadlines and those of the lease keeper
 and recovery. At each wake it fires the instants that came due (one claim statement per
-instant for all the leased jobs due then), lets recovery and the lease keeper act, and
-starts the rounds that were won. It never does I/O: statements go to the control thread
-and their results come back through the inbox, so a slow database cannot delay a
-deadline.
+instant for this replica's share of the leased jobs due then, and one more after a grace
+for the shares other replicas left, see ``_peers``), lets recovery and the lease keeper
+act, and starts the rounds that were won. It never does I/O: statements go to the
+control thread and their results come back through the inbox, so a slow database cannot
+delay a deadline.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
 import itertools
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import lease
 
@@ -25,6 +28,7 @@ from ._clock import Clock
 from ._control import Control, Inbox
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, too_late
+from ._peers import GRACE, Peers
 from ._recovery import Recovery
 from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
@@ -32,6 +36,8 @@ from ._state import Flags, JobState, Reason, Run
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger("cronjob")
+
+_GRACE = timedelta(seconds=GRACE)
 
 
 @dataclass(order=True)
@@ -42,6 +48,27 @@ class _Due:
     seq: int
     state: JobState = field(compare=False)
     generation: int = field(compare=False)
+
+
+@dataclass
+class _Rest:
+    """The jobs of an instant in other replicas' shares, claimed after the grace if
+    they left them unclaimed."""
+
+    #: When to claim them: the instant plus the grace, on the wall clock like the instant.
+    at: datetime
+    instant: datetime
+    states: list[JobState]
+
+
+@dataclass
+class _Held:
+    """Rounds won ahead of their instant (see :attr:`Peers.lead`), started at it."""
+
+    instant: datetime
+    start: Callable[[], None]
+    #: Undoes the claim instead (the scheduler began to drain meanwhile).
+    drop: Callable[[], None]
 
 
 class Dispatcher:
@@ -74,6 +101,17 @@ class Dispatcher:
         self.runner: RoundRunner
         self.keeper: LeaseKeeper
         self.recovery: Recovery
+        self.peers = Peers(
+            clock=clock,
+            store=store,
+            control=control,
+            replica_id=replica_id,
+            names=[name for name, state in states.items() if state.job.leased],
+        )
+        #: Other replicas' shares of past instants, in order, claimed once the grace passed.
+        self._rest: list[_Rest] = []
+        #: Rounds won ahead of their instant, in order, started when it comes.
+        self._held: list[_Held] = []
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         #: The rounds in flight on this replica.
@@ -125,9 +163,15 @@ class Dispatcher:
             now, mono = self._clock.now(), self._clock.monotonic()
             self.recovery.retry_database(mono)
             self.recovery.probe(mono)
+            if self.recovery.db_ready:
+                self.peers.tick(now)
             if not self.draining:
                 self._fire_due(now, mono)
+                self._start_held(now)
+                self._claim_rest(now)
                 self.recovery.sweep(mono)
+            elif self._rest or self._held:
+                self._drop_rest()
             self.keeper.tick(mono)
             if self.draining and not self.runs:
                 self.drained.set()
@@ -157,8 +201,17 @@ class Dispatcher:
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
         if self._heap and not self.draining:
-            timeouts.append((self._heap[0].when - now).total_seconds())
-        for part in (self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()):
+            timeouts.append((self._heap[0].when - now).total_seconds() - self.peers.lead)
+        if self._held and not self.draining:
+            timeouts.append((self._held[0].instant - now).total_seconds())
+        parts = [self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()]
+        if not self.draining:
+            read_at = self.peers.next_wake()
+            if read_at is not None:
+                timeouts.append((read_at - now).total_seconds())
+            if self._rest:
+                timeouts.append((self._rest[0].at - now).total_seconds())
+        for part in parts:
             if part is not None:
                 timeouts.append(part - mono)
         return max(0.0, min(timeouts)) if timeouts else None
@@ -195,17 +248,21 @@ class Dispatcher:
                 )
 
     def _fire_due(self, now: datetime, mono: float) -> None:
+        # Claims go out `lead` ahead of their instant while this replica needs to be seen
+        # by the others (see Peers.lead); every round still starts at its instant.
+        horizon = now + timedelta(seconds=self.peers.lead)
         # Counted before this wake's rounds start: rounds of one instant share the threads.
-        saturated = bool(self._heap) and self._heap[0].when <= now and self._workers_saturated()
+        saturated = bool(self._heap) and self._heap[0].when <= horizon and self._workers_saturated()
         due: dict[datetime, list[JobState]] = {}
-        while self._heap and self._heap[0].when <= now:
+        while self._heap and self._heap[0].when <= horizon:
             entry = heapq.heappop(self._heap)
             state = entry.state
             if entry.generation != state.generation or state.busy:
                 continue
             self.take(state)
             if not state.job.leased:
-                self.start_round(
+                start = functools.partial(
+                    self.start_round,
                     state,
                     entry.when,
                     attempt=1,
@@ -213,6 +270,11 @@ class Dispatcher:
                     claimed_at=mono,
                     reason=Reason.SCHEDULE,
                 )
+                if entry.when > now:
+                    drop = functools.partial(self.schedule_after, state, entry.when)
+                    self._hold(_Held(entry.when, start, drop))
+                else:
+                    start()
             elif not self.recovery.db_ready:
                 log.warning(
                     "job %r: instant %s skipped: the database is not reachable yet",
@@ -223,10 +285,50 @@ class Dispatcher:
             else:
                 due.setdefault(entry.when, []).append(state)
         for instant, states in due.items():
+            mine, rest = self.peers.share(instant, states)
+            if rest:
+                self._rest.append(_Rest(instant + _GRACE, instant, rest))
             if saturated:
-                states = self._refuse_sync(instant, states)
+                mine = self._refuse_sync(instant, mine)
+            if mine:
+                then = functools.partial(self.peers.claimed_share, instant, mine)
+                self.claim(instant, mine, then=then)
+
+    def _hold(self, held: _Held) -> None:
+        bisect.insort(self._held, held, key=lambda h: h.instant)
+
+    def _unhold(self, state: JobState, claim: lease.Claim) -> None:
+        self.hand_back(claim)
+        self.schedule_after(state, claim.instant)
+
+    def _start_held(self, now: datetime) -> None:
+        while self._held and self._held[0].instant <= now:
+            self._held.pop(0).start()
+
+    def _claim_rest(self, now: datetime) -> None:
+        """Claim, once their grace passed, the jobs other replicas left unclaimed."""
+        while self._rest and self._rest[0].at <= now:
+            rest = self._rest.pop(0)
+            states = rest.states
+            if self._workers_saturated():
+                # Their owners are expected to run them: leave the sync ones quietly.
+                for state in states:
+                    if not state.job.is_async:
+                        self.schedule_after(state, rest.instant)
+                states = [state for state in states if state.job.is_async]
             if states:
-                self.claim(instant, states)
+                then = functools.partial(self.peers.claimed_rest, rest.instant)
+                self.claim(rest.instant, states, then=then)
+
+    def _drop_rest(self) -> None:
+        """Draining: forget the rest of past instants; hand on rounds won ahead."""
+        for rest in self._rest:
+            for state in rest.states:
+                self.schedule_after(state, rest.instant)
+        self._rest.clear()
+        for held in self._held:
+            held.drop()
+        self._held.clear()
 
     # -- worker threads -------------------------------------------------------------------
 
@@ -262,12 +364,19 @@ class Dispatcher:
     # -- claims ---------------------------------------------------------------------------
 
     def claim(
-        self, instant: datetime, states: list[JobState], *, reason: Reason = Reason.SCHEDULE
+        self,
+        instant: datetime,
+        states: list[JobState],
+        *,
+        reason: Reason = Reason.SCHEDULE,
+        then: Callable[[set[str]], None] | None = None,
     ) -> None:
-        """Claim ``instant`` for ``states`` in one statement, then start what was won.
+        """Claim ``instant`` for ``states`` in one statement, then start what was won
+        (a round won ahead of its instant starts at the instant).
 
-        A claim the database could not answer leaves the instant owed: recovery catches
-        it up once the database answers again (unless a later instant came first).
+        ``then`` is told the names won, when the database answered, before their rounds
+        start. A claim the database could not answer leaves the instant owed: recovery
+        catches it up once the database answers again (unless a later instant came first).
         """
         names = [state.job.name for state in states]
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
@@ -287,6 +396,8 @@ class Dispatcher:
             else:
                 won = {claim.name: claim for claim in result}
                 self.recovery.database_answered()
+                if then is not None:
+                    then(set(won))
             late = too_late(claimed_at, self._clock.monotonic())
             for state in states:
                 claim = won.get(state.job.name)
@@ -320,7 +431,8 @@ class Dispatcher:
                         instant.isoformat(),
                         " after the database outage" if reason is Reason.OUTAGE else "",
                     )
-                self.start_round(
+                start = functools.partial(
+                    self.start_round,
                     state,
                     instant,
                     attempt=1,
@@ -328,6 +440,10 @@ class Dispatcher:
                     claimed_at=claimed_at,
                     reason=reason,
                 )
+                if instant > self._clock.now():  # claimed ahead: the round starts on time
+                    self._hold(_Held(instant, start, functools.partial(self._unhold, state, claim)))
+                else:
+                    start()
 
         self._control.run(
             lambda: self._store.claim(names, instant, self._replica_id), done, self.give_back

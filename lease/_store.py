@@ -395,6 +395,28 @@ class LeaseStore:
                 logger.warning("lease row %r is malformed (%s); skipped", row["name"], exc)
         return found
 
+    def holders(self, since: datetime) -> dict[str, datetime]:
+        """The holders of the latest claims at instants ``since`` or later (whole seconds,
+        rounded down), each with the latest instant it claimed. One query for the whole
+        table, whatever the number of names.
+
+        Each row keeps only its latest claim, so a holder whose every row was claimed
+        again by others since does not appear. A row whose instant is not a number is
+        left out (a hand edit; :meth:`read` logs it).
+        """
+        stmt = (
+            sa.select(_t.c.holder, sa.func.max(_t.c.instant))
+            .where(_t.c.instant >= _seconds_floor(since, "since"), _t.c.holder.is_not(None))
+            .group_by(_t.c.holder)
+        )
+        with translate_errors("read the lease holders"), self._transaction(read=True) as conn:
+            rows = conn.execute(stmt).all()
+        return {
+            holder: _from_seconds(epoch)
+            for holder, epoch in rows
+            if isinstance(holder, str) and _is_int(epoch) and epoch >= 0
+        }
+
     def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
         """Claim ``instant`` as a first run, for every name whose lease allows it.
 

@@ -565,6 +565,33 @@ class TestHolds:
             assert store.holds(conn, "a", claim.token) is False
 
 
+class TestHolders:
+    def test_it_names_each_holder_with_its_latest_claim_since_the_bound(
+        self, store, manual_clock
+    ):
+        store.ensure(["a", "b", "c", "d"])
+        store.claim(["a"], T0, "r1")
+        manual_clock.advance(60)
+        store.claim(["b"], T1, "r1")
+        store.claim(["c"], T1, "r2")
+        store.claim(["d"], T0, "r3")
+        assert store.holders(T1) == {"r1": T1, "r2": T1}  # at the bound: counted
+        assert store.holders(T0) == {"r1": T1, "r2": T1, "r3": T0}
+        assert store.holders(T2) == {}
+
+    def test_a_holder_whose_rows_were_claimed_again_is_gone(self, store, manual_clock):
+        store.ensure(["a"])
+        [claim] = store.claim(["a"], T0, "r1")
+        store.finish("a", claim.token, ended=T0)
+        manual_clock.advance(60)
+        store.claim(["a"], T1, "r2")
+        assert store.holders(T0) == {"r2": T1}
+
+    def test_rows_never_claimed_have_no_holder(self, store):
+        store.ensure(["a"])
+        assert store.holders(datetime(1970, 1, 1, tzinfo=UTC)) == {}
+
+
 class TestRead:
     def test_it_logs_and_skips_malformed_rows(self, store, caplog):
         engine = store.engine

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -185,6 +186,66 @@ class TestOncePerInstant:
         clock.advance(3 * 60)  # the 09:01 round ends at 09:02:30
         row = lease_row(url, "slow")
         assert row.skipped_through == at(minutes=2, seconds=30)
+
+
+class TestSpreading:
+    """The rounds of an instant are shared across the live replicas (``cronjob/_peers.py``)."""
+
+    JOBS = 30
+
+    def _registry(self, recorder: Recorder) -> Registry:
+        registry = Registry()
+        for i in range(self.JOBS):
+            registry.register(recorder.quick, "* * * * * *", f"job-{i:02d}")
+        return registry
+
+    def _per_instant(self, recorder: Recorder, since: datetime) -> dict[datetime, Counter[str]]:
+        per: dict[datetime, Counter[str]] = {}
+        for r in recorder.rounds:
+            if r.instant > since:
+                per.setdefault(r.instant, Counter())[r.replica] += 1
+        return per
+
+    def test_three_replicas_each_start_a_fair_share_of_every_instant(
+        self, replicas, clock, recorder
+    ):
+        registry = self._registry(recorder)
+        for replica in "abc":
+            replicas(registry, replica)
+        clock.advance(60)  # each learns the others from the lease holders
+        since = clock.now()
+        clock.advance(20)
+        per = self._per_instant(recorder, since)
+        assert len(per) == 20
+        for instant, counts in sorted(per.items()):
+            # A fair share is 10 of the 30 jobs: 80-120 % is 8 to 12, at every instant.
+            assert sorted(counts) == ["a", "b", "c"], instant
+            assert all(8 <= n <= 12 for n in counts.values()), (instant, counts)
+            assert sum(counts.values()) == self.JOBS, instant
+        pairs = [(r.name, r.instant) for r in recorder.rounds]
+        assert len(pairs) == len(set(pairs))  # no instant ran twice
+        assert all(r.attempt == 1 for r in recorder.rounds)
+
+    def test_a_dead_replicas_share_is_taken_in_the_same_instant(self, replicas, clock, recorder):
+        registry = self._registry(recorder)
+        *_, c = (replicas(registry, replica) for replica in "abc")
+        clock.advance(60.5)
+        crash(c)
+        died = clock.now()
+        clock.advance(10)
+        per = self._per_instant(recorder, died)
+        assert len(per) == 10
+        for instant, counts in sorted(per.items()):
+            assert sum(counts.values()) == self.JOBS, instant  # nothing left unclaimed
+            assert sorted(counts) == ["a", "b"], instant
+        # The first instant after it died, its share included: started within the grace.
+        first = [r for r in recorder.rounds if r.instant == min(per)]
+        assert max(r.started - r.instant for r in first) <= timedelta(seconds=0.25)
+        # From then on its share goes to the others: a fair share of 15 each (12 to 18).
+        later = {i: n for i, n in per.items() if i >= died + timedelta(seconds=3)}
+        assert later and all(12 <= n <= 18 for counts in later.values() for n in counts.values())
+        pairs = [(r.name, r.instant) for r in recorder.rounds]
+        assert len(pairs) == len(set(pairs))
 
 
 class TestPerInstance:

@@ -1,0 +1,207 @@
+"""The peers: which replicas are alive, and how an instant's rounds are shared among them.
+
+Each instant's leased jobs are split among the live replicas in two claims per replica:
+
+1. **Its share, at the instant.** The jobs due are put in one order every replica agrees
+   on (their names' order), and dealt out in turn to the live replicas (sorted by id),
+   starting at a replica that moves on with each instant: every replica gets
+   ``J // R`` or ``J // R + 1`` of them, at every instant.
+2. **The rest, after a grace** (:data:`GRACE`, on the scheduler's clock). Whatever a
+   replica that is slow, draining, saturated or dead left unclaimed is taken by the
+   others: the claim condition lets each instant be claimed once, so the first to
+   claim a job wins it and the rest find it taken. A replica alone in its view sends
+   only the first claim.
+
+Who is alive is learned from the lease table, without a table of its own: the holders of
+claims at instants within the last day (:meth:`lease.LeaseStore.holders`, one query,
+every :data:`READ_EVERY`, and at the grace of an instant that proved the view wrong), plus
+this replica.
+A replica whose share another had to take is *suspected* and left out until it is seen
+claiming a later instant. Views that disagree for a while (a replica that just joined, one
+just gone) cost nothing but spreading: a job nobody's share covered is claimed after the
+grace, and two claims of one job are settled by the lease, as always.
+
+Dispatcher thread only; the read runs on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+import lease
+
+from ._clock import Clock
+from ._control import Control
+from ._state import JobState
+
+__all__ = ["GRACE", "Peers"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds after an instant before a replica claims the rest of the instant's jobs, the
+#: shares of the others that they left unclaimed. A share left by a slow, saturated,
+#: draining or dead replica starts this much (plus one claim's round trip) late.
+GRACE = 0.1
+#: Seconds ahead of an instant a replica that the others do not see yet claims its share
+#: (its rounds still start at the instant): claiming with them, it would lose every job of
+#: its share to the others, whose shares cover it, and stay unseen.
+LEAD = 0.05
+#: Seconds between two reads of the live replicas.
+READ_EVERY = timedelta(seconds=15)
+#: A replica that claimed no instant within this long is not counted as alive.
+SEEN_WITHIN = timedelta(days=1)
+
+_GRACE = timedelta(seconds=GRACE)
+_NOW = timedelta()
+
+
+class Peers:
+    """This replica's view of the live replicas, and its share of an instant's jobs."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        replica_id: str,
+        names: Iterable[str],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._replica_id = replica_id
+        #: Every replica deals the jobs in this order: their names'.
+        self._rank = {name: i for i, name in enumerate(sorted(names))}
+        #: The live replicas, sorted; this one is always among them.
+        self.view: tuple[str, ...] = (replica_id,)
+        #: The latest instant each replica was seen claiming.
+        self._seen: dict[str, datetime] = {}
+        #: Replicas whose share another took, with the instant: left out until seen later.
+        self._suspected: dict[str, datetime] = {}
+        #: When to read next, on the wall clock (like instants, exact to the microsecond).
+        self._read_at: datetime | None = None
+        self._reading = False
+        #: An instant whose rest this replica took: the next read tells who claimed none.
+        self._check: datetime | None = None
+        #: The last claim of this replica's share won none of it.
+        self._unseen = False
+
+    @property
+    def lead(self) -> float:
+        """Seconds ahead of an instant this replica claims its share: :data:`LEAD` while
+        the others seem not to see it (its last share was all taken by others), else 0."""
+        return LEAD if self._unseen else 0.0
+
+    # -- the view -------------------------------------------------------------------------
+
+    def next_wake(self) -> datetime | None:
+        """When the next read of the live replicas is due (wall clock), or ``None``."""
+        return None if self._reading else self._read_at
+
+    def tick(self, now: datetime) -> None:
+        """Read the live replicas if it is time (the first time: now)."""
+        if self._reading or not self._rank:
+            return
+        if self._read_at is None:
+            self._read_at = now
+        if now < self._read_at:
+            return
+        self._reading = True
+        since = now - SEEN_WITHIN
+        check, self._check = self._check, None
+
+        def done(result: dict[str, datetime] | BaseException) -> None:
+            self._reading = False
+            # A check asked for while this read ran is read for again at once.
+            self._read_at = self._clock.now() + (READ_EVERY if self._check is None else _NOW)
+            if isinstance(result, BaseException):
+                log.warning("reading the live replicas failed: %s", result)
+                return
+            self._merge(result, since, check)
+
+        self._control.run(lambda: self._store.holders(since), done)
+
+    def _merge(self, holders: dict[str, datetime], since: datetime, check: datetime | None) -> None:
+        """Add what a read found: each row keeps only its latest claim, so a replica whose
+        rows the others claimed since stays seen until a day without a claim."""
+        seen = {replica: at for replica, at in self._seen.items() if at >= since}
+        for replica, at in holders.items():
+            if at > seen.get(replica, at - SEEN_WITHIN):
+                seen[replica] = at
+        self._seen = seen
+        if check is not None:
+            late = [
+                replica
+                for replica in self.view
+                if replica != self._replica_id
+                and (replica not in holders or holders[replica] < check)
+            ]
+            if late:
+                log.info(
+                    "replica %s: %s claimed nothing at %s: left out of the shares until "
+                    "seen claiming again",
+                    self._replica_id,
+                    ", ".join(late),
+                    check.isoformat(),
+                )
+            for replica in late:
+                self._suspected[replica] = check
+        self._update()
+
+    def _update(self) -> None:
+        for replica, instant in list(self._suspected.items()):
+            if self._seen.get(replica, instant) > instant:
+                del self._suspected[replica]  # it claims again
+        view = tuple(sorted({self._replica_id} | (self._seen.keys() - self._suspected.keys())))
+        if view != self.view:
+            log.debug("replica %s: live replicas %s", self._replica_id, ", ".join(view))
+            self.view = view
+
+    # -- shares ---------------------------------------------------------------------------
+
+    def share(
+        self, instant: datetime, states: Sequence[JobState]
+    ) -> tuple[list[JobState], list[JobState]]:
+        """Split the jobs due at ``instant`` into this replica's share and the rest."""
+        view = self.view
+        if len(view) == 1:
+            return list(states), []
+        rank = self._rank
+        ordered = sorted(states, key=lambda state: rank.get(state.job.name, -1))
+        count = len(view)
+        first = int(instant.timestamp()) % count
+        me = view.index(self._replica_id)
+        mine: list[JobState] = []
+        rest: list[JobState] = []
+        for i, state in enumerate(ordered):
+            (mine if (first + i) % count == me else rest).append(state)
+        return mine, rest
+
+    def claimed_share(self, instant: datetime, share: Sequence[JobState], won: set[str]) -> None:
+        """This replica claimed its ``share`` of ``instant`` and won the jobs in ``won``.
+
+        Fewer than asked: another replica claimed part of this one's share, so their
+        views differ (or it is alone in its view and others run too): check it.
+        """
+        self._unseen = bool(share) and not won
+        if len(won) < len(share):
+            self._check_after(instant)
+
+    def claimed_rest(self, instant: datetime, won: set[str]) -> None:
+        """This replica took the jobs in ``won`` of the rest of ``instant`` after the
+        grace: some replicas did not claim their share in time. Check which."""
+        if won:
+            self._check_after(instant)
+
+    def _check_after(self, instant: datetime) -> None:
+        """Read the holders once the grace of ``instant`` passed (every replica's share is
+        claimed by then): a replica of the view that claimed nothing at ``instant`` (dead,
+        draining, saturated, slow) is suspected; one that claimed a share of a view of its
+        own is seen."""
+        self._check = instant
+        at = instant + _GRACE
+        if self._read_at is not None and at < self._read_at:
+            self._read_at = at
