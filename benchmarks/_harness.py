@@ -120,6 +120,8 @@ def cronjob_impl(log_level: str = "WARNING") -> Implementation:
             "run",
             "--database-url",
             "{url}",
+            "--max-workers",
+            "{slots}",
             "benchmarks.workers.cronjob_jobs",
         ],
         env={"CRONJOB_LOG_LEVEL": log_level},
@@ -205,11 +207,16 @@ def run_scenario(
     seconds: int,
     warmup: float,
     grace: float = 3.0,
+    job_seconds: float = 0.0,
+    slots: int = 64,
+    kill_at: float | None = None,
 ) -> dict[str, Any]:
     """Run ``replicas`` processes of ``impl`` with ``jobs`` jobs on ``spec``; measure.
 
     ``period`` is the spacing of the jobs' instants in seconds (``None``: none expected in
-    the window, as in the idle scenario).
+    the window, as in the idle scenario). Each round works ``job_seconds``; each replica
+    runs at most ``slots`` rounds at once. ``kill_at``: seconds into the window at which
+    the last replica is killed (``kill -9``).
     """
     reset_database()
     url = bench_url(impl.driver)
@@ -230,11 +237,16 @@ def run_scenario(
                     "BENCH_SPEC": spec,
                     "BENCH_OUT": str(out),
                     "BENCH_REPLICA": f"r{index}",
+                    "BENCH_JOB_SECONDS": str(job_seconds),
+                    "BENCH_SLOTS": str(slots),
+                    "BENCH_STREAM": "1" if kill_at is not None else "0",
                     "BENCH_DATABASE_URL": url,
                     "PYTHONPATH": str(ROOT),
                 }
             )
-            command = [part.replace("{url}", url) for part in impl.command]
+            command = [
+                part.replace("{url}", url).replace("{slots}", str(slots)) for part in impl.command
+            ]
             log = open(workdir / f"replica-{index}.log", "wb")  # noqa: SIM115 - closed below
             logs.append(log)
             procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log))
@@ -250,7 +262,11 @@ def run_scenario(
         cpu_start = [_cpu_seconds(p.pid) for p in procs]
         load_start = _loadavg()
         rss_max = [0.0] * replicas
+        killed_at: float | None = None
         while time.time() < window_end:
+            if kill_at is not None and killed_at is None and time.time() >= window_start + kill_at:
+                procs[-1].kill()
+                killed_at = time.time()
             for index, proc in enumerate(procs):
                 rss = _rss_mb(proc.pid)
                 if rss is not None:
@@ -284,7 +300,18 @@ def run_scenario(
         try:
             reports.append(json.loads(out.read_text()))
         except (OSError, ValueError):
-            reports.append({"rounds": [], "statements": [], "checkouts": [], "missing": True})
+            stream = Path(str(out) + ".rounds")
+            rounds = (
+                [
+                    [name, float(instant), float(start)]
+                    for name, instant, start in (
+                        line.split() for line in stream.read_text().splitlines() if line
+                    )
+                ]
+                if stream.exists()
+                else []
+            )
+            reports.append({"rounds": rounds, "statements": [], "checkouts": [], "missing": True})
     result = _analyse(
         reports,
         window_start=window_start,
@@ -349,6 +376,33 @@ def _sleep_until(when: float) -> None:
         time.sleep(min(left, 0.5))
 
 
+def _shares(by_instant: dict[int, list[int]]) -> dict[str, Any]:
+    """How evenly each instant's rounds were shared by the live replicas (those that ran a
+    round at that instant or later: a killed one stops counting): the lowest and highest
+    share of a replica in an instant, in % of its fair share (the instant's rounds / live
+    replicas); and the instants run by more than one replica."""
+    low, high, multi, fair_instants = float("inf"), 0.0, 0, 0
+    last: dict[int, int] = {}
+    for instant, counts in by_instant.items():
+        for index, n in enumerate(counts):
+            if n:
+                last[index] = max(last.get(index, instant), instant)
+    for instant, counts in by_instant.items():
+        active = [n for index, n in enumerate(counts) if last.get(index, -1) >= instant]
+        if sum(1 for n in active if n) > 1:
+            multi += 1
+        fair = sum(active) / len(active) if active else 0
+        if fair:
+            low = min(low, min(active) / fair * 100)
+            high = max(high, max(active) / fair * 100)
+            fair_instants += 0.8 * fair <= min(active) and max(active) <= 1.2 * fair
+    return {
+        "share_pct": [round(low), round(high)] if by_instant else None,
+        "instants_fair": f"{fair_instants}/{len(by_instant)}",
+        "instants_shared": f"{multi}/{len(by_instant)}",
+    }
+
+
 def _analyse(
     reports: list[dict[str, Any]],
     *,
@@ -360,7 +414,9 @@ def _analyse(
     seen: dict[tuple[str, int], int] = {}
     lateness_ms: list[float] = []
     rounds_total = 0
-    for report in reports:
+    # Rounds each replica started, per instant of the window.
+    by_instant: dict[int, list[int]] = {}
+    for index, report in enumerate(reports):
         for name, instant, start in report["rounds"]:
             rounds_total += 1
             if instant != instant:  # NaN: no instant known
@@ -370,6 +426,7 @@ def _analyse(
                 continue
             seen[(name, whole)] = seen.get((name, whole), 0) + 1
             lateness_ms.append((start - instant) * 1000)
+            by_instant.setdefault(whole, [0] * len(reports))[index] += 1
     names = [f"job-{i:05d}" for i in range(jobs)]
     instants = _expected_instants(window_start, window_end, period)
     expected = len(names) * len(instants)
@@ -392,6 +449,7 @@ def _analyse(
     total_statements = sum(statements.values())
     minutes = (window_end - window_start) / 60
     return {
+        **_shares(by_instant),
         "expected": expected,
         "rounds_run": run,
         "rounds_total": rounds_total,

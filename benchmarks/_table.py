@@ -51,4 +51,7 @@ LATENESS_COLUMNS = [
     ("stmts/round", "statements_per_round"),
     ("checkouts/round", "pool_checkouts_per_round"),
     ("RSS MB", "rss_max_mb"),
+    ("share % of fair (min/max)", "share_pct"),
+    ("instants shared", "instants_shared"),
+    ("instants 80-120 %", "instants_fair"),
 ]

@@ -1,7 +1,12 @@
 """Lateness and correctness: R replicas x J jobs firing every second for T seconds.
 
 Run: ``python -m benchmarks.bench_lateness [--jobs 20,200] [--replicas 3] [--seconds 60]
-[--impl cronjob,apscheduler3,apscheduler4]``.
+[--impl cronjob,apscheduler3,apscheduler4] [--job-ms 50] [--slots 20]``.
+
+``--job-ms`` makes every round work (sleep) that long; ``--slots`` gives every scheduler
+that many threads per replica. The last columns show how the rounds of each instant were
+shared by the live replicas: the lowest and highest share of a replica in any instant, in
+% of the fair share, and the instants run by more than one replica.
 
 For each J, every scheduler named runs the same work in turn (interleaved, so a change
 in the machine's load hits them alike): rounds expected / run / duplicated / missed,
@@ -21,7 +26,14 @@ from benchmarks import _harness, _table
 
 
 def measure(
-    *, jobs: list[int], replicas: int, seconds: int, impls: list[str], warmup: float = 6.0
+    *,
+    jobs: list[int],
+    replicas: int,
+    seconds: int,
+    impls: list[str],
+    warmup: float = 6.0,
+    job_ms: float = 0.0,
+    slots: int = 64,
 ) -> list[dict[str, Any]]:
     rows = []
     for count in jobs:
@@ -37,7 +49,10 @@ def measure(
                     period=1,
                     seconds=seconds,
                     warmup=warmup,
+                    job_seconds=job_ms / 1000,
+                    slots=slots,
                 )
+                row.update({"job_ms": job_ms, "slots": slots})
             except Exception as exc:  # a peer that cannot run here is reported, not fatal
                 row = {
                     "implementation": name,
@@ -56,6 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
+    parser.add_argument("--job-ms", type=float, default=0.0, help="each round works this long")
+    parser.add_argument("--slots", type=int, default=64, help="threads per replica, for all")
     parser.add_argument(
         "--merge", action="store_true", help="keep the saved rows of schedulers not run now"
     )
@@ -65,6 +82,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         replicas=args.replicas,
         seconds=args.seconds,
         impls=args.impl.split(","),
+        job_ms=args.job_ms,
+        slots=args.slots,
     )
     print()
     print(_table.render(rows, _table.LATENESS_COLUMNS))

@@ -18,6 +18,7 @@ from typing import NoReturn, TextIO
 
 from ._exceptions import ScheduleError
 from ._schedule import DstMark, Schedule, parse
+from ._scheduler import DEFAULT_MAX_WORKERS
 
 __all__ = ["main"]
 
@@ -114,8 +115,25 @@ def _build_parser() -> _Parser:
         help="the primary database (default: $CRONJOB_DATABASE_URL, else an embedded "
         "SQLite file in the working directory)",
     )
+    run.add_argument(
+        "--max-workers",
+        metavar="N",
+        type=_positive,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"threads for sync rounds running at once (default: {DEFAULT_MAX_WORKERS})",
+    )
     run.add_argument("modules", metavar="MODULE", nargs="+", help="a module to import")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,7 +84,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     database = resolve_database(args.database_url)
     try:
-        scheduler = Scheduler(database)
+        scheduler = Scheduler(database, max_workers=args.max_workers)
         stop = threading.Event()
         signals_seen = 0
 

@@ -33,6 +33,14 @@ JOBS = int(os.environ.get("BENCH_JOBS", "20"))
 SPEC = os.environ.get("BENCH_SPEC", "* * * * * *")
 OUT = os.environ.get("BENCH_OUT", "")
 REPLICA = os.environ.get("BENCH_REPLICA", str(os.getpid()))
+#: Seconds each round works (sleeps) after recording its start.
+WORK_SECONDS = float(os.environ.get("BENCH_JOB_SECONDS", "0"))
+#: Threads running rounds at once in each replica (every scheduler gets the same).
+SLOTS = int(os.environ.get("BENCH_SLOTS", "64"))
+#: Also append each start to ``$BENCH_OUT.rounds`` as it happens: a replica killed with
+#: ``kill -9`` writes no JSON at exit, and its rounds must still count.
+STREAM = os.environ.get("BENCH_STREAM") == "1"
+_stream = open(OUT + ".rounds", "a", buffering=1) if STREAM and OUT else None  # noqa: SIM115
 
 _rounds: list[tuple[str, float, float]] = []
 _statements: collections.Counter[tuple[int, str]] = collections.Counter()
@@ -48,7 +56,17 @@ def job_names() -> list[str]:
 
 def started(name: str, instant: float) -> None:
     """Record that a round of ``name`` for ``instant`` starts now."""
-    _rounds.append((name, instant, time.time()))  # list.append is atomic
+    start = time.time()
+    _rounds.append((name, instant, start))  # list.append is atomic
+    if _stream is not None:
+        with _lock:
+            _stream.write(f"{name} {instant} {start}\n")
+
+
+def work() -> None:
+    """The round's work: ``$BENCH_JOB_SECONDS`` of sleep (none by default)."""
+    if WORK_SECONDS:
+        time.sleep(WORK_SECONDS)
 
 
 def _kind(statement: str) -> str:

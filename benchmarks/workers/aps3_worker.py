@@ -45,7 +45,7 @@ _pool.run_job = _run_job
 
 
 def work() -> None:
-    pass
+    _record.work()
 
 
 def _trigger(spec: str):  # type: ignore[no-untyped-def]
@@ -70,7 +70,7 @@ def _trigger(spec: str):  # type: ignore[no-untyped-def]
 def main() -> None:
     scheduler = BackgroundScheduler(
         jobstores={"default": SQLAlchemyJobStore(url=os.environ["BENCH_DATABASE_URL"])},
-        executors={"default": ThreadPoolExecutor(64)},
+        executors={"default": ThreadPoolExecutor(_record.SLOTS)},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30},
         timezone="UTC",
     )

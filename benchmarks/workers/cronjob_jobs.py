@@ -9,6 +9,7 @@ from benchmarks.workers import _record
 
 def _job(ctx: cronjob.Round) -> None:
     _record.started(ctx.name, ctx.instant.timestamp())
+    _record.work()
 
 
 for _name in _record.job_names():

@@ -1,0 +1,112 @@
+"""Where a round's scheduler CPU goes: J jobs ``@every 10s`` in this process, profiled.
+
+Run: ``python -m benchmarks.profile_handoff [--jobs 10000] [--instants 3] [--profile]``.
+
+One :class:`cronjob.Scheduler` on the system clock, on a fresh PostgreSQL schema of the
+benchmark server (``$CRONJOB_BENCH_POSTGRES_URL``, default ``postgres@127.0.0.1:5432``,
+database ``test``), logging as ``cronjob run`` does (to ``/dev/null``). Jobs do nothing.
+After a warm-up instant, it counts the process's CPU (``time.process_time``, every
+thread) over ``--instants`` whole instants and divides by the rounds run: the scheduler's
+CPU per round, from claim to end recorded. ``--profile`` runs every thread under
+:mod:`cProfile` (slower: the figure is then only for where the time goes, not for its
+size) and prints the top functions by their own time. Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import os
+import pstats
+import threading
+import time
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+import cronjob
+import execctx
+from cronjob._run import _RoundFormatter
+
+SERVER = os.environ.get("CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--instants", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    schema = f"handoff_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(f"{SERVER}/test")
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = f"{SERVER}/test?options=-csearch_path%3D{schema}"
+
+    handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - lives with the run
+    handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    execctx.install_log_filter(handler)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
+
+    rounds = 0
+    lock = threading.Lock()
+
+    def job(ctx: cronjob.Round) -> None:
+        nonlocal rounds
+        with lock:
+            rounds += 1
+
+    registry = cronjob.Registry()
+    for i in range(args.jobs):
+        registry.register(job, "@every 10s", f"job-{i:05d}")
+
+    profiles: list[cProfile.Profile] = []
+    if args.profile:
+        original = threading.Thread.run
+
+        def profiled(self: threading.Thread) -> None:
+            profile = cProfile.Profile()
+            profiles.append(profile)
+            profile.runcall(original, self)
+
+        threading.Thread.run = profiled  # type: ignore[method-assign]
+
+    try:
+        with cronjob.Scheduler(url, registry=registry, replica_id="profile"):
+            # Warm up through one instant, then measure whole instants.
+            time.sleep(10 - time.time() % 10 + 10 + 1)
+            start_cpu, start_rounds = time.process_time(), rounds
+            time.sleep(10 * args.instants)
+            cpu, run = time.process_time() - start_cpu, rounds - start_rounds
+            if profiles:
+                for profile in profiles:
+                    profile.disable()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+    result = {
+        "jobs": args.jobs,
+        "rounds": run,
+        "cpu_s": round(cpu, 3),
+        "us_per_round": round(cpu / run * 1e6, 1) if run else None,
+        "load": os.getloadavg(),
+        "profiled": args.profile,
+    }
+    print(result)
+    if profiles:
+        stats = pstats.Stats(profiles[0])
+        for profile in profiles[1:]:
+            stats.add(profile)
+        stats.sort_stats("tottime").print_stats(args.top)
+    return result
+
+
+if __name__ == "__main__":
+    main()
