@@ -22,6 +22,7 @@ from tests._process import run_until_started
 from tests.conftest import POSTGRES_URL, _reachable
 
 PROJECT = Path(__file__).resolve().parent / "django_project"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django_project"
 
 
 def django(*args: str, tmp_path: Path, db: str = "sqlite", apps: str = "", timeout: float = 120):
@@ -190,3 +191,23 @@ class TestDatabaseUrl:
             "lease table is written on every claim and needs a primary; set CRONJOB_DATABASE "
             "to a primary's alias or CRONJOB_DATABASE_URL to a URL"
         ]
+
+
+class TestExampleProject:
+    def test_it_migrates_and_runs_its_scheduler_on_its_database(self, tmp_path):
+        database = tmp_path / "db.sqlite3"
+        env = {"EXAMPLE_DB": str(database)}
+        manage = [sys.executable, str(EXAMPLE / "manage.py")]
+        for check in (["makemigrations", "--check", "--dry-run"], ["migrate", "-v", "0"]):
+            done = subprocess.run(
+                [*manage, *check], capture_output=True, text=True, timeout=120,
+                cwd=tmp_path, env={**os.environ, **env},
+            )
+            assert done.returncode == 0, done.stderr
+        status, log = run_until_started([*manage, "cronjob", "run"], cwd=tmp_path, env=env)
+        assert status == 0, log
+        engine = sa.create_engine(f"sqlite:///{database}")
+        with engine.connect() as conn:
+            names = conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars().all()
+        engine.dispose()
+        assert names == ["close-stale-orders"]
