@@ -20,6 +20,8 @@ Layout, one private module per concern:
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
   command.
+- ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
+  (entry point ``pytest11``). Importing ``cronjob`` imports neither.
 
 Threads, and who may touch what::
 
