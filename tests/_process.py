@@ -1,5 +1,6 @@
 """Run a scheduler command in a process of its own: start it, wait until it has started,
-SIGTERM it, and tell how it ended (tests of ``cronjob run`` and the framework commands)."""
+SIGTERM it, and tell how it ended; then read the lease rows it left (tests of
+``cronjob run`` and the framework commands)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
+
+import sqlalchemy as sa
 
 
 def run_until_started(
@@ -49,3 +52,13 @@ def run_until_started(
             process.kill()
     reader.join(5)
     return status, "".join(lines)
+
+
+def lease_names(sqlite_file: Path) -> list[str]:
+    """The names in the lease table of a SQLite file, in the table's order."""
+    engine = sa.create_engine(f"sqlite:///{sqlite_file}")
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars())
+    finally:
+        engine.dispose()

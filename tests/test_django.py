@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from django.core.exceptions import ImproperlyConfigured
 
 from cronjob.contrib.django._database import url_from_settings
-from tests._process import run_until_started
+from tests._process import lease_names, run_until_started
 from tests.conftest import POSTGRES_URL, _reachable
 
 PROJECT = Path(__file__).resolve().parent / "django_project"
@@ -80,11 +80,7 @@ class TestCommand:
         assert status == 0, log
         assert "1 leased job(s)" in log  # ledger-hourly, from ledger/cronjobs.py
         assert "SIGTERM received: draining" in log
-        engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
-        with engine.connect() as conn:
-            names = conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars().all()
-        engine.dispose()
-        assert names == ["ledger-hourly"]
+        assert lease_names(tmp_path / "app.sqlite") == ["ledger-hourly"]
         assert not (tmp_path / "cronjob.sqlite").exists()
 
     def test_a_database_url_given_on_the_command_line_wins(self, tmp_path):
@@ -206,8 +202,4 @@ class TestExampleProject:
             assert done.returncode == 0, done.stderr
         status, log = run_until_started([*manage, "cronjob", "run"], cwd=tmp_path, env=env)
         assert status == 0, log
-        engine = sa.create_engine(f"sqlite:///{database}")
-        with engine.connect() as conn:
-            names = conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars().all()
-        engine.dispose()
-        assert names == ["close-stale-orders"]
+        assert lease_names(database) == ["close-stale-orders"]

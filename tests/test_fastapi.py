@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import sqlalchemy as sa
+from tests._process import lease_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,4 @@ def test_the_example_app_starts_its_scheduler_with_its_lifespan_and_drains_it(tm
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["{'cronjob': True}", "False"]
-    engine = sa.create_engine(f"sqlite:///{database}")
-    with engine.connect() as conn:
-        names = conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars().all()
-    engine.dispose()
-    assert names == ["fastapi-digest"]
+    assert lease_names(database) == ["fastapi-digest"]

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from flask import Flask
 
 from cronjob.contrib.flask import Cronjob
-from tests._process import run_until_started
+from tests._process import lease_names, run_until_started
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,11 +47,7 @@ class TestCommand:
         )
         assert status == 0, log
         assert "1 leased job(s)" in log
-        engine = sa.create_engine(f"sqlite:///{database}")
-        with engine.connect() as conn:
-            names = conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars().all()
-        engine.dispose()
-        assert names == ["flask-digest"]
+        assert lease_names(database) == ["flask-digest"]
 
 
 class TestConfiguration:
