@@ -10,6 +10,7 @@ them. The rules themselves live in the parts: :mod:`._dispatcher` (instants and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -203,7 +204,16 @@ class Scheduler:
     async def __aenter__(self) -> Self:
         if self._given_loop is None:
             self._given_loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self.start)
+        starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # start() goes on in its thread: let it end, then stop what it started, so a
+            # cancelled ``async with`` leaves no scheduler running with nobody to stop it.
+            with contextlib.suppress(Exception):
+                await starting
+                await asyncio.to_thread(self.stop)
+            raise
         return self
 
     async def __aexit__(

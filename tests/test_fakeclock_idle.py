@@ -19,7 +19,7 @@ from sqlalchemy import event
 
 import cronjob
 import lease
-from cronjob.testing import FakeClock, crash
+from cronjob.testing import FakeClock
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
