@@ -287,6 +287,7 @@ class Sweeper:
                 else "its lease expired: the first round died with its process or lost "
                 "the database",
             )
+            state.metrics.rerun()
             dispatcher.start_round(
                 state,
                 instant,
