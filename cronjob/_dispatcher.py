@@ -281,6 +281,7 @@ class Dispatcher:
                     state.job.name,
                     entry.when.isoformat(),
                 )
+                state.metrics.skipped(1, "database unreachable")
                 self.schedule_after(state, entry.when)
             else:
                 due.setdefault(entry.when, []).append(state)
@@ -396,6 +397,8 @@ class Dispatcher:
             else:
                 won = {claim.name: claim for claim in result}
                 self.recovery.database_answered()
+                if len(won) < len(names):
+                    self.recovery.sweeper.claims_missed([n for n in names if n not in won], instant)
                 if then is not None:
                     then(set(won))
             late = too_late(claimed_at, self._clock.monotonic())
@@ -425,6 +428,7 @@ class Dispatcher:
                         instant.isoformat(),
                     )
                 if catch_up:
+                    state.metrics.caught_up(reason.value)
                     log.info(
                         "job %r: catching up instant %s%s",
                         state.job.name,
@@ -512,6 +516,7 @@ class Dispatcher:
         if state.run is run:
             state.run = None
         if not self._flags.stopped:
+            state.metrics.overrun(state.job.schedule, run.started_at or run.ctx.instant, ended)
             self.schedule_after(state, ended)
 
     def _forget(self, run: Run) -> None:

@@ -38,7 +38,7 @@ from ._workers import NoWorkerThread, Workers, WorkersClosed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import Connection, Dialect, Engine, Select
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["RoundRunner", "Start"]
@@ -143,6 +143,9 @@ class RoundRunner:
         ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
             return self._fencing.transaction_async(run)
 
+        def fence(dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool) -> None:
+            self._fencing.check(run, dialect, fetch, final=final)
+
         ctx = Round(
             name=state.job.name,
             instant=instant,
@@ -152,6 +155,7 @@ class RoundRunner:
             clock=self._clock,
             transaction=transaction,
             transaction_async=transaction_async,
+            fence=fence,
         )
         run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
         return run
@@ -213,6 +217,8 @@ class RoundRunner:
         being: a fake clock never sees a moment with nothing running in between.
         """
         with self._clock._tracked():
+            run.started_at, run.started_mono = self._clock.now(), self._clock.monotonic()
+            run.state.metrics.started(run.ctx.instant, run.started_at, run.reason.value)
             try:
                 with round_scope(
                     run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
@@ -312,6 +318,9 @@ class RoundRunner:
         """Classify, record and log the end; ``True`` once the finisher took it over."""
         ctx = run.ctx
         outcome = classify(error)
+        given_up = ctx.attempt >= 2 and run.token is not None and outcome is Outcome.CUT_SHORT
+        seconds = self._clock.monotonic() - run.started_mono
+        run.state.metrics.ended(outcome, error, seconds, given_up=given_up)
         if scope is not None:
             try:
                 scope.outcome(outcome, error)
@@ -343,7 +352,7 @@ class RoundRunner:
                     where,
                     exc_info=own,
                 )
-            if ctx.attempt >= 2 and run.token is not None:
+            if given_up:
                 log.warning(
                     "round of %s cut short a second time (%s): the instant is given up",
                     where,

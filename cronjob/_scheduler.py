@@ -10,6 +10,7 @@ them. The rules themselves live in the parts: :mod:`._dispatcher` (instants and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -27,12 +28,14 @@ from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_datab
 from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, exit_process
+from ._metrics import Meters
 from ._recovery import Recovery
 from ._registry import Job, Registry, default_registry
 from ._runner import RoundRunner
 from ._state import Flags, JobState
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -80,6 +83,10 @@ class Scheduler:
             scheduler runs its own in a thread when it has async jobs.
         tracer_provider: Where the rounds' spans go; by default OpenTelemetry's global
             provider (no spans are recorded unless an SDK is configured).
+        meter_provider: Where the scheduler's metrics go (rounds by job and outcome,
+            lateness, durations, re-runs, catch-ups, lost leases, skipped instants, rounds
+            running; see ``cronjob._metrics``); by default OpenTelemetry's global provider
+            (nothing is recorded unless an SDK is configured).
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
     stops it on exit. ``async with Scheduler(...)`` does the same from a coroutine (start
@@ -102,6 +109,7 @@ class Scheduler:
         sql_comments: bool = True,
         loop: asyncio.AbstractEventLoop | None = None,
         tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -118,6 +126,7 @@ class Scheduler:
         self._sql_comments = sql_comments
         self._given_loop = loop
         self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
 
         self._lock = threading.Lock()
         self._started = False
@@ -203,7 +212,16 @@ class Scheduler:
     async def __aenter__(self) -> Self:
         if self._given_loop is None:
             self._given_loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self.start)
+        starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # start() goes on in its thread: let it end, then stop what it started, so a
+            # cancelled ``async with`` leaves no scheduler running with nobody to stop it.
+            with contextlib.suppress(Exception):
+                await starting
+                await asyncio.to_thread(self.stop)
+            raise
         return self
 
     async def __aexit__(
@@ -266,7 +284,10 @@ class Scheduler:
 
         inbox = self._inbox = Inbox(clock)
         control = self._control = Control(clock, inbox)
-        states = {job.name: JobState(job) for job in jobs}
+        from . import __version__
+
+        meters = Meters(self._meter_provider, version=__version__)
+        states = {job.name: JobState(job, metrics=meters.job(job.name)) for job in jobs}
         dispatcher = Dispatcher(
             clock=clock,
             replica_id=self.replica_id,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from sqlalchemy.pool import NullPool
 import cronjob
 import lease
 from cronjob.testing import FakeClock
+from tests._process import run_until_started
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -124,6 +124,43 @@ class TestLifespan:
         app_loop: asyncio.AbstractEventLoop | None = None
         asyncio.run(serve())
         assert seen == [True]
+
+
+    def test_a_cancelled_async_with_stops_the_scheduler_its_start_began(self, tmp_path):
+        """Cancelled while ``start()`` runs in its thread: nothing is left running."""
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        engine = lease.create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
+        connecting, release = threading.Event(), threading.Event()
+
+        @sa.event.listens_for(engine, "connect")
+        def slow_connect(*_args: object) -> None:  # start() waits here, in its thread
+            connecting.set()
+            release.wait(30)
+
+        scheduler = cronjob.Scheduler(engine, registry=registry, clock=FakeClock(START))
+
+        async def serve() -> None:
+            async with scheduler:
+                raise AssertionError("the block must not be entered")
+
+        async def cancel_during_start() -> None:
+            task = asyncio.create_task(serve())
+            await asyncio.to_thread(connecting.wait, 30)
+            task.cancel()
+            await asyncio.sleep(0)  # the cancellation reaches __aenter__ first
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        try:
+            asyncio.run(cancel_during_start())
+            assert scheduler._flags.stopped, "start() finished with nobody to stop it"
+            assert not scheduler.ready
+        finally:
+            release.set()
+            scheduler.stop()
+            engine.dispose()
 
 
 class TestReadiness:
@@ -461,29 +498,10 @@ class TestRunCommand:
                 """
             )
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cronjob", "run", "jobs"],
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stderr is not None
-        lines: list[str] = []
-        started = threading.Event()
-
-        def read() -> None:
-            assert process.stderr is not None
-            for line in process.stderr:
-                lines.append(line)
-                if "started:" in line:
-                    started.set()
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        assert started.wait(30), "".join(lines)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        reader.join(5)
+        argv = [sys.executable, "-m", "cronjob", "run", "jobs"]
+        status, log = run_until_started(argv, cwd=tmp_path)
+        assert status == 0, log
+        lines = log.splitlines()
         assert any("SIGTERM received: draining" in line for line in lines)
         assert sum(DEFAULT_DATABASE_WARNING in line for line in lines) == 1
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default
