@@ -14,12 +14,12 @@ Each instant's leased jobs are split among the live replicas in two claims per r
 
 Who is alive is learned from the lease table, without a table of its own: the holders of
 claims at instants within the last day (:meth:`lease.LeaseStore.holders`, one query,
-every :data:`READ_EVERY`, and at the grace of an instant that proved the view wrong), plus
-this replica.
-A replica whose share another had to take is *suspected* and left out until it is seen
-claiming a later instant. Views that disagree for a while (a replica that just joined, one
-just gone) cost nothing but spreading: a job nobody's share covered is claimed after the
-grace, and two claims of one job are settled by the lease, as always.
+every :data:`READ_EVERY`, and at the grace of an instant that proved the view wrong, at
+most every :data:`CHECK_GAP`), plus this replica. A replica of the view that claimed
+nothing at such an instant is *suspected* (dead, draining, saturated) and left out until it
+is seen claiming a later instant. Views that disagree for a while (a replica that just
+joined, one just gone) cost nothing but spreading: a job nobody's share covered is claimed
+after the grace, and two claims of one job are settled by the lease, as always.
 
 Dispatcher thread only; the read runs on the control thread.
 """
@@ -50,6 +50,9 @@ GRACE = 0.1
 LEAD = 0.05
 #: Seconds between two reads of the live replicas.
 READ_EVERY = timedelta(seconds=15)
+#: The least time between two reads when instants keep proving the view wrong (a job
+#: of one's share still running elsewhere does, at every instant).
+CHECK_GAP = timedelta(seconds=5)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
 
@@ -79,10 +82,11 @@ class Peers:
         self.view: tuple[str, ...] = (replica_id,)
         #: The latest instant each replica was seen claiming.
         self._seen: dict[str, datetime] = {}
-        #: Replicas whose share another took, with the instant: left out until seen later.
+        #: Replicas that claimed nothing at an instant, with it: left out until seen later.
         self._suspected: dict[str, datetime] = {}
         #: When to read next, on the wall clock (like instants, exact to the microsecond).
         self._read_at: datetime | None = None
+        self._last_read: datetime | None = None
         self._reading = False
         #: An instant whose rest this replica took: the next read tells who claimed none.
         self._check: datetime | None = None
@@ -110,6 +114,7 @@ class Peers:
         if now < self._read_at:
             return
         self._reading = True
+        self._last_read = now
         since = now - SEEN_WITHIN
         check, self._check = self._check, None
 
@@ -203,5 +208,7 @@ class Peers:
         own is seen."""
         self._check = instant
         at = instant + _GRACE
+        if self._last_read is not None:
+            at = max(at, self._last_read + CHECK_GAP)
         if self._read_at is not None and at < self._read_at:
             self._read_at = at
