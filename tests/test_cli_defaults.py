@@ -19,8 +19,10 @@ def test_run_needs_a_module_from_the_plain_command(capsys):
 
 def test_run_needs_no_module_once_a_framework_imported_the_jobs(capsys):
     assert main(["run", "--help"], prog="manage.py cronjob", jobs_imported=True) == 0
-    usage = capsys.readouterr().out.splitlines()[0]
-    assert usage == "usage: manage.py cronjob run [-h] [--database-url URL] [MODULE ...]"
+    usage = " ".join(capsys.readouterr().out.split("\n\n")[0].split())
+    assert usage == (
+        "usage: manage.py cronjob run [-h] [--database-url URL] [--max-workers N] [MODULE ...]"
+    )
 
 
 def test_a_command_without_database_url_ignores_the_default(capsys):
@@ -28,3 +30,11 @@ def test_a_command_without_database_url_ignores_the_default(capsys):
                   database_url="sqlite:///unused.sqlite")
     assert status == 0
     assert capsys.readouterr().out.splitlines()[1] == "  2026-03-03T00:00:00+00:00"
+
+
+def test_run_refuses_a_max_workers_below_one(capsys):
+    assert main(["run", "--max-workers", "0", "jobs"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cronjob: error: argument --max-workers: must be a whole number of at least 1, "
+        "not '0'"
+    )
