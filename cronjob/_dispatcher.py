@@ -59,6 +59,8 @@ class _Rest:
     at: datetime
     instant: datetime
     states: list[JobState]
+    #: Put off once already because every worker thread was busy.
+    deferred: bool = False
 
 
 @dataclass
@@ -288,7 +290,9 @@ class Dispatcher:
         for instant, states in due.items():
             mine, rest = self.peers.share(instant, states)
             if rest:
-                self._rest.append(_Rest(instant + _GRACE, instant, rest))
+                bisect.insort(
+                    self._rest, _Rest(instant + _GRACE, instant, rest), key=lambda r: r.at
+                )
             if saturated:
                 mine = self._refuse_sync(instant, mine)
             if mine:
@@ -311,11 +315,13 @@ class Dispatcher:
         while self._rest and self._rest[0].at <= now:
             rest = self._rest.pop(0)
             states = rest.states
-            if self._workers_saturated():
-                # Their owners are expected to run them: leave the sync ones quietly.
-                for state in states:
-                    if not state.job.is_async:
-                        self.schedule_after(state, rest.instant)
+            sync = [state for state in states if not state.job.is_async]
+            if sync and not rest.deferred and self._workers_saturated():
+                # Every thread is busy: let replicas with free threads take the sync jobs
+                # first, and take what they leave one grace later. Left alone, a job in
+                # nobody's share (views that disagree) would miss its instant.
+                later = _Rest(rest.at + _GRACE, rest.instant, sync, deferred=True)
+                bisect.insort(self._rest, later, key=lambda r: r.at)
                 states = [state for state in states if state.job.is_async]
             if states:
                 then = functools.partial(self.peers.claimed_rest, rest.instant)
