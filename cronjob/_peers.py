@@ -131,7 +131,13 @@ class Peers:
 
     def _merge(self, holders: dict[str, datetime], since: datetime, check: datetime | None) -> None:
         """Add what a read found: each row keeps only its latest claim, so a replica whose
-        rows the others claimed since stays seen until a day without a claim."""
+        rows the others claimed since stays seen until a day without a claim.
+
+        A claim of an instant still to come (as the read saw it) is not counted: a clock
+        far ahead, or rows left by earlier runs of a test whose fake clock starts anew.
+        """
+        now = since + SEEN_WITHIN
+        holders = {replica: at for replica, at in holders.items() if at <= now}
         seen = {replica: at for replica, at in self._seen.items() if at >= since}
         for replica, at in holders.items():
             if at > seen.get(replica, at - SEEN_WITHIN):
