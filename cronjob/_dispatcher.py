@@ -288,7 +288,9 @@ class Dispatcher:
             else:
                 due.setdefault(entry.when, []).append(state)
         for instant, states in due.items():
-            mine, rest = self.peers.share(instant, states)
+            shares = self.peers.share(instant, states)
+            # Too few to share: claimed whole, the first to claim wins, as without peers.
+            mine, rest = shares if shares is not None else (states, [])
             if rest:
                 bisect.insort(
                     self._rest, _Rest(instant + _GRACE, instant, rest), key=lambda r: r.at
@@ -296,7 +298,9 @@ class Dispatcher:
             if saturated:
                 mine = self._refuse_sync(instant, mine)
             if mine:
-                then = functools.partial(self.peers.claimed_share, instant, mine)
+                then = functools.partial(
+                    self.peers.claimed_share, instant, mine, whole=shares is None
+                )
                 self.claim(instant, mine, then=then)
 
     def _hold(self, held: _Held) -> None:

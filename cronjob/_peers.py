@@ -1,6 +1,8 @@
 """The peers: which replicas are alive, and how an instant's rounds are shared among them.
 
-Each instant's leased jobs are split among the live replicas in two claims per replica:
+An instant with at least :data:`SPREAD_FROM` jobs per live replica is split among them in
+two claims per replica (a smaller one is claimed whole by every replica, the first winning,
+in one claim each, as before):
 
 1. **Its share, at the instant.** The jobs due are put in one order every replica agrees
    on (their names' order), and dealt out in turn to the live replicas (sorted by id),
@@ -13,13 +15,14 @@ Each instant's leased jobs are split among the live replicas in two claims per r
    only the first claim.
 
 Who is alive is learned from the lease table, without a table of its own: the holders of
-claims at instants within the last day (:meth:`lease.LeaseStore.holders`, one query,
-every :data:`READ_EVERY`, and at the grace of an instant that proved the view wrong, at
-most every :data:`CHECK_GAP`), plus this replica. A replica of the view that claimed
-nothing at such an instant is *suspected* (dead, draining, saturated) and left out until it
-is seen claiming a later instant. Views that disagree for a while (a replica that just
-joined, one just gone) cost nothing but spreading: a job nobody's share covered is claimed
-after the grace, and two claims of one job are settled by the lease, as always.
+claims at instants within the last day (:meth:`lease.LeaseStore.holders`, one query, at
+start and at the grace of an instant that proved the view wrong, at most every
+:data:`CHECK_GAP`; never while the views agree), plus this replica. A replica of the
+view that claimed nothing at such an instant is *suspected* (dead, draining, saturated)
+and left out until it is seen claiming a later instant. Views that disagree for a while
+(a replica that just joined, one just gone) cost nothing but spreading: a job nobody's
+share covered is claimed after the grace, and two claims of one job are settled by the
+lease, as always.
 
 Dispatcher thread only; the read runs on the control thread.
 """
@@ -48,8 +51,9 @@ GRACE = 0.1
 #: (its rounds still start at the instant): claiming with them, it would lose every job of
 #: its share to the others, whose shares cover it, and stay unseen.
 LEAD = 0.05
-#: Seconds between two reads of the live replicas.
-READ_EVERY = timedelta(seconds=15)
+#: The fewest jobs per live replica for which an instant is shared out; below, every
+#: replica claims the instant's jobs whole (one statement each, none after the grace).
+SPREAD_FROM = 2
 #: The least time between two reads when instants keep proving the view wrong (a job
 #: of one's share still running elsewhere does, at every instant).
 CHECK_GAP = timedelta(seconds=5)
@@ -57,7 +61,6 @@ CHECK_GAP = timedelta(seconds=5)
 SEEN_WITHIN = timedelta(days=1)
 
 _GRACE = timedelta(seconds=GRACE)
-_NOW = timedelta()
 
 
 class Peers:
@@ -109,9 +112,9 @@ class Peers:
         """Read the live replicas if it is time (the first time: now)."""
         if self._reading or not self._rank:
             return
-        if self._read_at is None:
+        if self._last_read is None:
             self._read_at = now
-        if now < self._read_at:
+        if self._read_at is None or now < self._read_at:
             return
         self._reading = True
         self._last_read = now
@@ -120,8 +123,8 @@ class Peers:
 
         def done(result: dict[str, datetime] | BaseException) -> None:
             self._reading = False
-            # A check asked for while this read ran is read for again at once.
-            self._read_at = self._clock.now() + (READ_EVERY if self._check is None else _NOW)
+            # Read again only for a check, and one asked for while this read ran at once.
+            self._read_at = self._clock.now() if self._check is not None else None
             if isinstance(result, BaseException):
                 log.warning("reading the live replicas failed: %s", result)
                 return
@@ -175,11 +178,14 @@ class Peers:
 
     def share(
         self, instant: datetime, states: Sequence[JobState]
-    ) -> tuple[list[JobState], list[JobState]]:
-        """Split the jobs due at ``instant`` into this replica's share and the rest."""
+    ) -> tuple[list[JobState], list[JobState]] | None:
+        """Split the jobs due at ``instant`` into this replica's share and the rest;
+        ``None`` when they are too few to share (claim them whole)."""
         view = self.view
-        if len(view) == 1:
-            return list(states), []
+        # Counted as two at least: a replica alone in its view may not be alone, and it
+        # learns the others only by claiming a share that they take part of.
+        if len(states) < SPREAD_FROM * max(2, len(view)):
+            return None
         rank = self._rank
         ordered = sorted(states, key=lambda state: rank.get(state.job.name, -1))
         count = len(view)
@@ -191,12 +197,19 @@ class Peers:
             (mine if (first + i) % count == me else rest).append(state)
         return mine, rest
 
-    def claimed_share(self, instant: datetime, share: Sequence[JobState], won: set[str]) -> None:
+    def claimed_share(
+        self, instant: datetime, share: Sequence[JobState], won: set[str], *, whole: bool
+    ) -> None:
         """This replica claimed its ``share`` of ``instant`` and won the jobs in ``won``.
 
         Fewer than asked: another replica claimed part of this one's share, so their
-        views differ (or it is alone in its view and others run too): check it.
+        views differ (or it is alone in its view and others run too): check it. An
+        instant claimed ``whole`` (too few jobs to share) is lost to the first claimer
+        as a rule: only a win says something (this replica is seen now).
         """
+        if whole:
+            self._unseen = self._unseen and not won
+            return
         self._unseen = bool(share) and not won
         if len(won) < len(share):
             self._check_after(instant)
@@ -216,5 +229,5 @@ class Peers:
         at = instant + _GRACE
         if self._last_read is not None:
             at = max(at, self._last_read + CHECK_GAP)
-        if self._read_at is not None and at < self._read_at:
+        if self._read_at is None or at < self._read_at:
             self._read_at = at
