@@ -226,11 +226,17 @@ class TestSpreading:
         assert len(pairs) == len(set(pairs))  # no instant ran twice
         assert all(r.attempt == 1 for r in recorder.rounds)
 
-    def test_a_dead_replicas_share_is_taken_in_the_same_instant(self, replicas, clock, recorder):
+    @pytest.mark.parametrize("leave", ["crash", "drain"])
+    def test_a_dead_or_draining_replicas_share_is_taken_in_the_same_instant(
+        self, replicas, clock, recorder, leave
+    ):
         registry = self._registry(recorder)
         *_, c = (replicas(registry, replica) for replica in "abc")
         clock.advance(60.5)
-        crash(c)
+        if leave == "crash":
+            crash(c)
+        else:
+            assert c.drain()  # its rounds (instant) ended long ago: nothing to wait for
         died = clock.now()
         clock.advance(15)
         per = self._per_instant(recorder, died)
