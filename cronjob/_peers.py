@@ -57,6 +57,10 @@ SPREAD_FROM = 2
 #: The least time between two reads when instants keep proving the view wrong (a job
 #: of one's share still running elsewhere does, at every instant).
 CHECK_GAP = timedelta(seconds=5)
+#: While some replica is suspected, the holders are read again after CHECK_GAP, then
+#: after twice as long each time, up to this: a suspected replica that claims again (it
+#: was only slow) is dealt back in, though nothing else would make this one read.
+RECHECK_MAX = timedelta(minutes=5)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
 
@@ -90,6 +94,8 @@ class Peers:
         #: When to read next, on the wall clock (like instants, exact to the microsecond).
         self._read_at: datetime | None = None
         self._last_read: datetime | None = None
+        #: The wait before the next read while some replica is suspected.
+        self._recheck = CHECK_GAP
         self._reading = False
         #: An instant whose rest this replica took: the next read tells who claimed none.
         self._check: datetime | None = None
@@ -123,12 +129,16 @@ class Peers:
 
         def done(result: dict[str, datetime] | BaseException) -> None:
             self._reading = False
-            # Read again only for a check, and one asked for while this read ran at once.
+            # Read again only for a check (one asked for while this read ran: at once), or
+            # while some replica is suspected.
             self._read_at = self._clock.now() if self._check is not None else None
             if isinstance(result, BaseException):
                 log.warning("reading the live replicas failed: %s", result)
                 return
             self._merge(result, since, check)
+            if self._suspected and self._read_at is None:
+                self._read_at = self._clock.now() + self._recheck
+                self._recheck = min(self._recheck * 2, RECHECK_MAX)
 
         self._control.run(lambda: self._store.holders(since), done)
 
@@ -163,6 +173,8 @@ class Peers:
                 )
             for replica in late:
                 self._suspected[replica] = check
+            if late:
+                self._recheck = CHECK_GAP
         self._update()
 
     def _update(self) -> None:
