@@ -65,6 +65,7 @@ RECHECK_MAX = timedelta(minutes=5)
 SEEN_WITHIN = timedelta(days=1)
 
 _GRACE = timedelta(seconds=GRACE)
+_SECOND = timedelta(seconds=1)
 
 
 class Peers:
@@ -137,7 +138,7 @@ class Peers:
                 return
             self._merge(result, since, check)
             if self._suspected and self._read_at is None:
-                self._read_at = self._clock.now() + self._recheck
+                self._read_at = _after_claims(self._clock.now() + self._recheck)
                 self._recheck = min(self._recheck * 2, RECHECK_MAX)
 
         self._control.run(lambda: self._store.holders(since), done)
@@ -240,6 +241,18 @@ class Peers:
         self._check = instant
         at = instant + _GRACE
         if self._last_read is not None:
-            at = max(at, self._last_read + CHECK_GAP)
+            at = max(at, _after_claims(self._last_read + CHECK_GAP))
         if self._read_at is None or at < self._read_at:
             self._read_at = at
+
+
+def _after_claims(when: datetime) -> datetime:
+    """The first moment at or after ``when`` that lies a grace past a whole second.
+
+    Each row keeps only its latest claim, so a read sent just as an instant's claims
+    go out could find a live replica's rows of the last instant already claimed again
+    by others and its own claims of this one not yet made, and take it for gone. A
+    grace past the instant, every replica's share of it is claimed.
+    """
+    at = when.replace(microsecond=0) + _GRACE
+    return at if at >= when else at + _SECOND
