@@ -34,7 +34,7 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -48,7 +48,18 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
-from ._schema import NAME_LENGTH, NEVER, lease_table
+from ._records import (
+    Ending,
+    ReplicaRow,
+    RoundRow,
+    bounded_error,
+    jobs_json,
+    prune_statement,
+    replica_from,
+    round_from,
+    round_values,
+)
+from ._schema import NAME_LENGTH, NEVER, lease_table, replica_table, round_table
 from ._text import check_holder, unstorable
 
 if TYPE_CHECKING:
@@ -102,6 +113,8 @@ _MS: Final = timedelta(milliseconds=1)
 _TOKEN_LIMIT: Final = 2**63
 
 _t = lease_table
+_h = round_table
+_p = replica_table
 
 
 class LeaseState(enum.StrEnum):
@@ -138,6 +151,18 @@ class LeaseRow:
     prev_instant: datetime | None
     prev_state: LeaseState | None
     prev_attempt: int | None
+    #: What the holders registered under the name (revision 0002; ``None`` before).
+    spec: str | None = None
+    #: The latest claim, the latest end on record, the latest success (lease clock).
+    last_start: datetime | None = None
+    last_end: datetime | None = None
+    last_success: datetime | None = None
+    #: How the latest round on record ended (``'succeeded'``, ``'failed'``,
+    #: ``'cut short'``, ``'gave up'``), and the failure's summary.
+    last_outcome: str | None = None
+    last_error: str | None = None
+    #: Rounds in a row that failed or were given up.
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,11 +343,13 @@ class LeaseStore:
             value = conn.execute(sa.select(_db_now_ms())).scalar_one()
         return int(value)
 
-    def ensure(self, names: Iterable[str]) -> None:
+    def ensure(self, names: Iterable[str], *, specs: Mapping[str, str] | None = None) -> None:
         """Insert a row for each name that has none: never claimed, state ``new``.
 
-        Existing rows are left as they are. One statement (run once per batch of
-        parameters), whatever the number of names.
+        Existing rows are left as they are, but for their ``spec`` when ``specs`` gives
+        one (what the caller registered under the name, shown by status tools): the
+        latest caller's spec wins. One statement (run once per batch of parameters),
+        whatever the number of names.
 
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
@@ -332,20 +359,37 @@ class LeaseStore:
         wanted = _names(names)
         if not wanted:
             return
-        defaults = {"instant": NEVER, "attempt": 1, "state": LeaseState.NEW.value, "token": 0}
+        defaults: dict[str, Any] = {
+            "instant": NEVER,
+            "attempt": 1,
+            "state": LeaseState.NEW.value,
+            "token": 0,
+        }
+        params: list[dict[str, Any]] = [{"name": name} for name in wanted]
+        if specs is not None:
+            defaults["spec"] = sa.bindparam("spec")
+            params = [{"name": name, "spec": specs.get(name)} for name in wanted]
         dialect = self._engine.dialect.name
         stmt: sa.Executable
-        if dialect == "postgresql":
-            stmt = postgresql.insert(_t).values(defaults).on_conflict_do_nothing()
-        elif dialect == "sqlite":
-            stmt = sqlite.insert(_t).values(defaults).on_conflict_do_nothing()
+        if dialect in ("postgresql", "sqlite"):
+            insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_t)
+            insert = insert.values(defaults)
+            if specs is None:
+                stmt = insert.on_conflict_do_nothing()
+            else:
+                stmt = insert.on_conflict_do_update(
+                    index_elements=[_t.c.name], set_={"spec": insert.excluded.spec}
+                )
         else:
             # Not INSERT IGNORE: IGNORE also turns data errors into warnings, so a value
             # the column cannot hold would be truncated and stored instead of refused.
             my = mysql.insert(_t).values(defaults)
-            stmt = my.on_duplicate_key_update(name=my.inserted.name)
+            if specs is None:
+                stmt = my.on_duplicate_key_update(name=my.inserted.name)
+            else:
+                stmt = my.on_duplicate_key_update(spec=my.inserted.spec)
         with translate_errors("ensure leases"), self._transaction() as conn:
-            conn.execute(stmt, [{"name": name} for name in wanted])
+            conn.execute(stmt, params)
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Return the names, among ``names``, that have no row (in the order given).
@@ -395,6 +439,116 @@ class LeaseStore:
                 logger.warning("lease row %r is malformed (%s); skipped", row["name"], exc)
         return found
 
+    def read_all(self) -> dict[str, LeaseRow]:
+        """Read every row, by name (malformed ones logged and left out, as :meth:`read`)."""
+        with translate_errors("read leases"), self._transaction(read=True) as conn:
+            rows = conn.execute(sa.select(_t)).mappings().all()
+        found: dict[str, LeaseRow] = {}
+        for row in rows:
+            try:
+                found[row["name"]] = _parse_row(row)
+            except _MalformedRow as exc:
+                logger.warning("lease row %r is malformed (%s); skipped", row["name"], exc)
+        return found
+
+    def rounds(
+        self,
+        name: str,
+        *,
+        limit: int,
+        outcomes: Collection[str] | None = None,
+        since_ms: int | None = None,
+    ) -> list[RoundRow]:
+        """The latest ``limit`` rounds of ``name`` in the history, newest first.
+
+        ``outcomes`` keeps those outcomes only; ``since_ms`` those that ended at or after
+        it (epoch milliseconds). One query, on the index of ``(name, id)``.
+        """
+        (wanted,) = _names([name])
+        stmt = sa.select(_h).where(_h.c.name == wanted).order_by(_h.c.id.desc()).limit(limit)
+        if outcomes is not None:
+            stmt = stmt.where(_h.c.outcome.in_(list(outcomes)))
+        if since_ms is not None:
+            stmt = stmt.where(_h.c.ended_ms >= since_ms)
+        with translate_errors("read the history"), self._transaction(read=True) as conn:
+            rows = conn.execute(stmt).mappings().all()
+        return [round_from(row) for row in rows]
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` has a lease row, a round in the history, or a replica that
+        registered it (a per-instance job has only the last). One query."""
+        (wanted,) = _names([name])
+        in_leases = sa.select(_t.c.name).where(_t.c.name == wanted)
+        in_rounds = sa.select(_h.c.name).where(_h.c.name == wanted).limit(1)
+        with translate_errors("look a name up"), self._transaction(read=True) as conn:
+            if conn.execute(sa.union_all(in_leases, sa.select(in_rounds.subquery()))).first():
+                return True
+            replicas = conn.execute(sa.select(_p)).mappings().all()
+        return any(wanted in replica_from(row).jobs for row in replicas)
+
+    def replicas(self, *, seen_since_ms: int) -> list[ReplicaRow]:
+        """The holders on record last seen at or after ``seen_since_ms`` (lease clock)."""
+        stmt = sa.select(_p).where(_p.c.seen_ms >= seen_since_ms).order_by(_p.c.holder)
+        with translate_errors("read replicas"), self._transaction(read=True) as conn:
+            return [replica_from(row) for row in conn.execute(stmt).mappings()]
+
+    def record_replica(
+        self,
+        holder: str,
+        *,
+        host: str,
+        pid: int,
+        version: str,
+        started: datetime,
+        jobs: Mapping[str, tuple[str, bool]],
+    ) -> None:
+        """Put ``holder`` on record as seen now (lease clock): insert, or refresh.
+
+        ``jobs`` maps each name it registered to ``(spec, leased)``. One statement.
+        """
+        check_holder(holder)
+        now = self._now()
+        values: dict[str, Any] = {
+            "holder": holder,
+            "host": host[:255],
+            "pid": pid,
+            "version": version[:64],
+            "started_ms": _to_ms(started),
+            "seen_ms": now,
+            "jobs": jobs_json(jobs),
+        }
+        changed = ("host", "pid", "version", "started_ms", "seen_ms", "jobs")
+        stmt: sa.Executable
+        dialect = self._engine.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_p)
+            insert = insert.values(values)
+            stmt = insert.on_conflict_do_update(
+                index_elements=[_p.c.holder],
+                set_={column: insert.excluded[column] for column in changed},
+            )
+        else:
+            my = mysql.insert(_p).values(values)
+            stmt = my.on_duplicate_key_update({column: my.inserted[column] for column in changed})
+        with translate_errors("record a replica"), self._transaction() as conn:
+            conn.execute(stmt)
+
+    def prune(self, *, days: float, per_name: int, replicas_gone: float) -> tuple[int, int]:
+        """Delete the history's rounds that ended more than ``days`` ago and each name's
+        rounds past its ``per_name`` newest (one statement), and the replicas not seen for
+        ``replicas_gone`` seconds (one more), in one transaction.
+
+        Returns:
+            How many rounds and replicas were deleted.
+        """
+        now_ms = self.now_ms()
+        cutoff = now_ms - round(days * 86_400_000)
+        gone = _p.delete().where(_p.c.seen_ms < now_ms - round(replicas_gone * 1000))
+        with translate_errors("prune the history"), self._transaction() as conn:
+            rounds = conn.execute(prune_statement(cutoff_ms=cutoff, per_name=per_name)).rowcount
+            replicas = conn.execute(gone).rowcount
+        return rounds, replicas
+
     def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
         """Claim ``instant`` as a first run, for every name whose lease allows it.
 
@@ -442,6 +596,7 @@ class LeaseStore:
                 (_t.c.token, token),
                 (_t.c.holder, holder),
                 (_t.c.expires_ms, now + self._ttl_ms),
+                (_t.c.last_start_ms, now),
             )
         )
         with translate_errors("claim leases"), self._transaction() as conn:
@@ -486,6 +641,7 @@ class LeaseStore:
                 (_t.c.token, token),
                 (_t.c.holder, holder),
                 (_t.c.expires_ms, now + self._ttl_ms),
+                (_t.c.last_start_ms, now),
             )
         )
         with translate_errors("claim a second run"), self._transaction() as conn:
@@ -523,29 +679,58 @@ class LeaseStore:
             rows = self._update_returning(conn, stmt, (_t.c.name,), held_here)
         return {row["name"] for row in rows}
 
-    def give_back(self, name: str, token: int) -> bool:
+    def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
+
+        On record, the round ended ``'cut short'`` — or ``'gave up'`` for a second run,
+        which counts as one more failure in a row. ``record``, if given, is added to the
+        history in the same transaction.
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
             when another claim replaced it (or the round already ended).
         """
         (wanted,) = _names([name])
+        second = _t.c.attempt == 2
+        now = self._now()
         stmt = (
             _t.update()
             .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
-            .values(state=LeaseState.CUT.value, expires_ms=None)
+            .values(
+                state=LeaseState.CUT.value,
+                expires_ms=None,
+                last_end_ms=now,
+                last_outcome=sa.case((second, "gave up"), else_="cut short"),
+                failures=sa.case(
+                    (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
+                ),
+            )
         )
         with translate_errors("give back a lease"), self._transaction() as conn:
-            return conn.execute(stmt).rowcount == 1
+            given = conn.execute(stmt).rowcount == 1
+            if record is not None:
+                conn.execute(_h.insert(), [round_values(record)])
+            return given
 
-    def finish(self, name: str, token: int, *, ended: datetime) -> bool:
+    def finish(
+        self,
+        name: str,
+        token: int,
+        *,
+        ended: datetime,
+        succeeded: bool = True,
+        error: str | None = None,
+        record: RoundRow | None = None,
+    ) -> bool:
         """Record that the round ran to its end at ``ended``; the lease is free at once.
 
         Sets state ``done`` and ``skipped_through`` to ``ended`` in whole seconds
         (rounded down): every instant up to it that the round overran stays skipped.
         The end is recorded even if the lease expired meanwhile, as long as no other
-        claim replaced the token.
+        claim replaced the token. On record too: the outcome (``succeeded``, or failed
+        with ``error``, bounded), the end and the last success on the lease clock, the
+        failures in a row; and ``record``, if given, is added to the history, all in
+        the same transaction.
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
@@ -554,41 +739,77 @@ class LeaseStore:
         Raises:
             ValueError: ``ended`` is not an aware datetime.
         """
-        (wanted,) = _names([name])
-        ended_s = _seconds_floor(ended, "ended")
-        stmt = (
-            _t.update()
-            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
-            .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+        ending = Ending(
+            name=name, token=token, ended=ended, succeeded=succeeded, error=error, record=record
         )
-        with translate_errors("finish a lease"), self._transaction() as conn:
-            return conn.execute(stmt).rowcount == 1
+        return (name, token) in self._finish([ending], "finish a lease")
 
-    def finish_many(self, ends: Collection[tuple[str, int, datetime]]) -> set[tuple[str, int]]:
-        """:meth:`finish` for many rounds at once: ``(name, token, ended)`` triples.
+    def finish_many(
+        self, ends: Collection[tuple[str, int, datetime] | Ending]
+    ) -> set[tuple[str, int]]:
+        """:meth:`finish` for many rounds at once: :class:`Ending` values, or
+        ``(name, token, ended)`` triples for rounds that succeeded without a record.
 
-        One transaction; one UPDATE per distinct ``ended`` second (usually one), each
-        with the same conditions as :meth:`finish`. None for an empty ``ends``.
+        One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
+        one), each with the same conditions as :meth:`finish`, then one INSERT of every
+        history row given. None for an empty ``ends``.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its
             token replaced by another claim (or had already ended).
         """
-        groups: dict[int, list[tuple[str, int]]] = {}
-        for name, token, ended in ends:
-            (wanted,) = _names([name])
-            pair = (wanted, _check_token(token))
-            groups.setdefault(_seconds_floor(ended, "ended"), []).append(pair)
+        return self._finish(ends, "finish leases")
+
+    def _finish(
+        self, ends: Collection[tuple[str, int, datetime] | Ending], action: str
+    ) -> set[tuple[str, int]]:
+        groups: dict[tuple[int, bool], list[Ending]] = {}
+        records: list[dict[str, Any]] = []
+        for end in ends:
+            if not isinstance(end, Ending):
+                name, token, ended = end
+                end = Ending(name=name, token=token, ended=ended)
+            (wanted,) = _names([end.name])
+            _check_token(end.token)
+            if wanted != end.name:  # pragma: no cover - _names returns the name as given
+                raise ValueError(end.name)
+            key = (_seconds_floor(end.ended, "ended"), end.succeeded)
+            groups.setdefault(key, []).append(end)
+            if end.record is not None:
+                records.append(round_values(end.record))
         if not groups:
             return set()
         recorded: set[tuple[str, int]] = set()
-        with translate_errors("finish leases"), self._transaction() as conn:
-            for ended_s, pairs in groups.items():
+        now = self._now()
+        with translate_errors(action), self._transaction() as conn:
+            for (ended_s, succeeded), group in groups.items():
+                pairs = [(end.name, end.token) for end in group]
                 mine = sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+                outcome: dict[str, Any]
+                if succeeded:
+                    outcome = {
+                        "last_outcome": "succeeded",
+                        "last_success_ms": now,
+                        "last_error": None,
+                        "failures": 0,
+                    }
+                else:
+                    errors = {end.name: bounded_error(end.error) for end in group}
+                    outcome = {
+                        "last_outcome": "failed",
+                        "last_error": sa.case(errors, value=_t.c.name, else_=None),
+                        "failures": sa.func.coalesce(_t.c.failures, 0) + 1,
+                    }
                 stmt = (
                     _t.update()
                     .where(mine, _is_running())
-                    .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+                    .values(
+                        state=LeaseState.DONE.value,
+                        expires_ms=None,
+                        skipped_through=ended_s,
+                        last_end_ms=now,
+                        **outcome,
+                    )
                 )
                 # Without RETURNING: a token is drawn per claim and ends once, so a row
                 # with one of these tokens that is now done was finished here.
@@ -599,6 +820,8 @@ class LeaseStore:
                 )
                 rows = self._update_returning(conn, stmt, (_t.c.name, _t.c.token), done)
                 recorded.update((row["name"], int(row["token"])) for row in rows)
+            if records:
+                conn.execute(_h.insert(), records)
         return recorded
 
     def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:
@@ -674,9 +897,7 @@ class LeaseStore:
 
         return stop
 
-    def holds(
-        self, connection: Connection, name: str, token: int, *, final: bool = False
-    ) -> bool:
+    def holds(self, connection: Connection, name: str, token: int, *, final: bool = False) -> bool:
         """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
 
         True when the row still has ``token`` and ``expires_ms > now``. The row is read
@@ -920,9 +1141,30 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             ),
             prev_state=previous_state,
             prev_attempt=prev_attempt,
+            spec=_text_or_none(row.get("spec")),
+            last_start=_ms_or_none(row.get("last_start_ms")),
+            last_end=_ms_or_none(row.get("last_end_ms")),
+            last_success=_ms_or_none(row.get("last_success_ms")),
+            last_outcome=_text_or_none(row.get("last_outcome")),
+            last_error=_text_or_none(row.get("last_error")),
+            failures=int(row.get("failures") or 0) if _is_int(row.get("failures") or 0) else 0,
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _ms_or_none(value: object) -> datetime | None:
+    """Epoch milliseconds as a datetime; anything else (or out of range) as ``None``."""
+    if not _is_int(value):
+        return None
+    try:
+        return _EPOCH + int(value) * _MS  # type: ignore[call-overload, no-any-return]
+    except OverflowError:
+        return None
 
 
 def _is_int(value: object) -> bool:
