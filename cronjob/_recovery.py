@@ -184,7 +184,9 @@ class Recovery:
         self._control.run(self._read_rows, done)
 
     def _read_rows(self) -> dict[str, lease.LeaseRow]:
-        self._store.ensure(self._leased_names)
+        # The specs go on record for tools that read the table (cronjob status).
+        specs = {state.job.name: state.job.schedule.spec for state in self._leased}
+        self._store.ensure(self._leased_names, specs=specs)
         return self._store.read(self._leased_names)
 
     # -- an outage after start --------------------------------------------------------------

@@ -389,8 +389,12 @@ def _job_status(
     if row is not None and row.last_end is not None and row.last_start is not None:
         duration = row.last_end - row.last_start if row.last_end >= row.last_start else None
     skipped = None
-    if row is not None and row.skipped_through is not None and row.instant is not None:
-        overrun = schedule.next(row.instant) if schedule is not None else None
+    if row is not None and row.skipped_through is not None and schedule is not None:
+        # The round that ended then: the row's instant, or the one before a later claim.
+        ended = row.instant
+        if ended is None or ended > row.skipped_through:
+            ended = row.prev_instant
+        overrun = None if ended is None else schedule.next(ended)
         if overrun is not None and overrun <= row.skipped_through:
             skipped = row.skipped_through
     return JobStatus(
@@ -458,11 +462,14 @@ def _schedule(spec: str | None) -> Schedule | None:
 
 
 def _human(span: timedelta) -> str:
+    """``2h1m``, ``90s`` -> ``1m30s``: the units that are not zero, largest first."""
     seconds = int(span.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
 
 
 def _enum(kind: type[_E], value: str | None) -> _E | str | None:

@@ -357,8 +357,10 @@ class LeaseStore:
             TypeError: ``names`` is a single string.
         """
         wanted = _names(names)
-        if not wanted:
-            return
+        if wanted:
+            self._ensure(wanted, specs)
+
+    def _ensure(self, wanted: list[str], specs: Mapping[str, str] | None) -> None:
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
@@ -440,11 +442,14 @@ class LeaseStore:
         return found
 
     def read_all(self) -> dict[str, LeaseRow]:
-        """Read every row, by name (malformed ones logged and left out, as :meth:`read`)."""
+        """Read every row, by name (malformed ones logged and left out, as :meth:`read`;
+        the rows of chores, see :meth:`take_turn`, left out too)."""
         with translate_errors("read leases"), self._transaction(read=True) as conn:
             rows = conn.execute(sa.select(_t)).mappings().all()
         found: dict[str, LeaseRow] = {}
         for row in rows:
+            if row["name"].startswith(" "):
+                continue  # a chore's row (see take_turn), not a lease of a caller's
             try:
                 found[row["name"]] = _parse_row(row)
             except _MalformedRow as exc:
@@ -574,6 +579,26 @@ class LeaseStore:
         check_holder(holder)
         if not wanted:
             return []
+        return self._claim(wanted, epoch, holder)
+
+    def take_turn(self, chore: str, instant: datetime, holder: str) -> bool:
+        """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
+        for the one holder whose claim won.
+
+        The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
+        can use (it starts with whitespace) — and created when missing. Its lease is
+        never finished: it expires, and the next instant is claimed as usual. Two
+        statements.
+        """
+        epoch = _instant_seconds(instant)
+        check_holder(holder)
+        name = f" {chore}"
+        if not 1 < len(name) <= NAME_LENGTH or name != f" {chore.strip()}":
+            raise ValueError(f"a chore is a name without whitespace at its ends, not {chore!r}")
+        self._ensure([name], None)
+        return bool(self._claim([name], epoch, holder))
+
+    def _claim(self, wanted: list[str], epoch: int, holder: str) -> list[Claim]:
         token = _new_token()
         now = self._now()
         reached = (

@@ -14,6 +14,7 @@ SURFACE = {
         "Cancelled",
         "Clock",
         "CronjobError",
+        "History",
         "Job",
         "LeaseLost",
         "Outcome",
