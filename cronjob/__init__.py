@@ -16,7 +16,8 @@ Layout, one private module per concern:
   database, catch-up, outages), ``_sweep`` (second runs, the minute check),
   ``_fencing`` (the fenced transactions), ``_database`` (engines), ``_loop`` (our own
   asyncio loop), ``_control`` (the inbox and the control thread),
-  ``_state`` (the records they share), ``_finisher`` and ``_workers`` (threads).
+  ``_state`` (the records they share), ``_finisher`` and ``_workers`` (threads),
+  ``_metrics`` (the OpenTelemetry instruments each part calls where events happen).
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
   command.

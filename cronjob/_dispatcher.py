@@ -219,6 +219,7 @@ class Dispatcher:
                     state.job.name,
                     entry.when.isoformat(),
                 )
+                state.metrics.skipped(1, "database unreachable")
                 self.schedule_after(state, entry.when)
             else:
                 due.setdefault(entry.when, []).append(state)
@@ -287,6 +288,8 @@ class Dispatcher:
             else:
                 won = {claim.name: claim for claim in result}
                 self.recovery.database_answered()
+                if len(won) < len(names):
+                    self.recovery.sweeper.claims_missed([n for n in names if n not in won], instant)
             late = too_late(claimed_at, self._clock.monotonic())
             for state in states:
                 claim = won.get(state.job.name)
@@ -314,6 +317,7 @@ class Dispatcher:
                         instant.isoformat(),
                     )
                 if catch_up:
+                    state.metrics.caught_up(reason.value)
                     log.info(
                         "job %r: catching up instant %s%s",
                         state.job.name,
@@ -396,6 +400,7 @@ class Dispatcher:
         if state.run is run:
             state.run = None
         if not self._flags.stopped:
+            state.metrics.overrun(state.job.schedule, run.started_at or run.ctx.instant, ended)
             self.schedule_after(state, ended)
 
     def _forget(self, run: Run) -> None:

@@ -68,6 +68,7 @@ class Pruner:
         self._holder = holder
         self._history = history
         self._last_turn: int | None = None
+        self._created = False  # the chore's row, made by the first try of this replica
 
     def maybe_prune(self) -> None:
         """Take this hour's turn, if not tried yet, and prune if it is ours. Never raises."""
@@ -78,7 +79,11 @@ class Pruner:
         self._last_turn = turn
         instant = datetime.fromtimestamp(turn * PRUNE_EVERY, now.tzinfo)
         try:
-            if not self._store.take_turn(PRUNE_CHORE, instant, self._holder):
+            mine = self._store.take_turn(
+                PRUNE_CHORE, instant, self._holder, create=not self._created
+            )
+            self._created = True
+            if not mine:
                 return
             rounds, replicas = self._store.prune(
                 days=self._history.days,

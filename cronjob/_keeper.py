@@ -244,6 +244,7 @@ class LeaseKeeper:
 
     def _lose(self, run: Run, now: float, reason: str) -> None:
         run.lost_at = now
+        run.state.metrics.lost_lease()
         self._watch(run)
         log.error(
             "job %r instant %s: lease lost (%s); cancelling the round",

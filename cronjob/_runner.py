@@ -226,6 +226,8 @@ class RoundRunner:
         being: a fake clock never sees a moment with nothing running in between.
         """
         with self._clock._tracked():
+            run.started_at, run.started_mono = self._clock.now(), self._clock.monotonic()
+            run.state.metrics.started(run.ctx.instant, run.started_at, run.reason.value)
             try:
                 with round_scope(
                     run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
@@ -326,6 +328,9 @@ class RoundRunner:
         """Classify, record and log the end; ``True`` once the finisher took it over."""
         ctx = run.ctx
         outcome = classify(error)
+        given_up = ctx.attempt >= 2 and run.token is not None and outcome is Outcome.CUT_SHORT
+        seconds = self._clock.monotonic() - run.started_mono
+        run.state.metrics.ended(outcome, error, seconds, given_up=given_up)
         if scope is not None:
             try:
                 scope.outcome(outcome, error)
@@ -358,7 +363,7 @@ class RoundRunner:
                     where,
                     exc_info=own,
                 )
-            if ctx.attempt >= 2 and run.token is not None:
+            if given_up:
                 log.warning(
                     "round of %s cut short a second time (%s): the instant is given up",
                     where,

@@ -10,6 +10,7 @@ them. The rules themselves live in the parts: :mod:`._dispatcher` (instants and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -28,12 +29,14 @@ from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
 from ._history import History
 from ._keeper import LeaseKeeper, exit_process
+from ._metrics import Meters
 from ._recovery import Recovery
 from ._registry import Job, Registry, default_registry
 from ._runner import RoundRunner
 from ._state import Flags, JobState
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -85,6 +88,10 @@ class Scheduler:
             scheduler runs its own in a thread when it has async jobs.
         tracer_provider: Where the rounds' spans go; by default OpenTelemetry's global
             provider (no spans are recorded unless an SDK is configured).
+        meter_provider: Where the scheduler's metrics go (rounds by job and outcome,
+            lateness, durations, re-runs, catch-ups, lost leases, skipped instants, rounds
+            running; see ``cronjob._metrics``); by default OpenTelemetry's global provider
+            (nothing is recorded unless an SDK is configured).
         history: How long the round history (``cronjob history NAME``) keeps rounds, see
             :class:`History`; ``None`` keeps none. Each job's state (last outcome, last
             error, failures in a row, ...) is on record either way.
@@ -110,6 +117,7 @@ class Scheduler:
         sql_comments: bool = True,
         loop: asyncio.AbstractEventLoop | None = None,
         tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         history: History | None = DEFAULT_HISTORY,
     ) -> None:
         if history is not None and not isinstance(history, History):
@@ -129,6 +137,7 @@ class Scheduler:
         self._sql_comments = sql_comments
         self._given_loop = loop
         self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
         self._history = history
 
         self._lock = threading.Lock()
@@ -215,7 +224,16 @@ class Scheduler:
     async def __aenter__(self) -> Self:
         if self._given_loop is None:
             self._given_loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self.start)
+        starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # start() goes on in its thread: let it end, then stop what it started, so a
+            # cancelled ``async with`` leaves no scheduler running with nobody to stop it.
+            with contextlib.suppress(Exception):
+                await starting
+                await asyncio.to_thread(self.stop)
+            raise
         return self
 
     async def __aexit__(
@@ -278,7 +296,10 @@ class Scheduler:
 
         inbox = self._inbox = Inbox(clock)
         control = self._control = Control(clock, inbox)
-        states = {job.name: JobState(job) for job in jobs}
+        from . import __version__
+
+        meters = Meters(self._meter_provider, version=__version__)
+        states = {job.name: JobState(job, metrics=meters.job(job.name)) for job in jobs}
         dispatcher = Dispatcher(
             clock=clock,
             replica_id=self.replica_id,

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+from ._metrics import NO_METRICS, JobMetrics
 from ._registry import Job
 from ._round import Round
 
@@ -61,6 +62,8 @@ class JobState:
     busy: bool = False
     #: The round in flight, if any.
     run: Run | None = None
+    #: Where the job's rounds are measured (see :mod:`cronjob._metrics`).
+    metrics: JobMetrics = NO_METRICS
 
 
 @dataclass(eq=False)
@@ -86,6 +89,9 @@ class Run:
     started: datetime | None = None
     #: An async round's task, once it runs.
     task: asyncio.Task[None] | None = None
+    #: Clock time and monotonic time the job began, set by its worker.
+    started_at: datetime | None = None
+    started_mono: float = 0.0
 
 
 @dataclass(eq=False)

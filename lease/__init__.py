@@ -62,7 +62,9 @@ from ._store import CutShort as CutShort
 from ._store import LeaseRow as LeaseRow
 from ._store import LeaseState as LeaseState
 from ._store import LeaseStore as LeaseStore
+from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
+from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
@@ -83,6 +85,7 @@ __all__ = [
     "LeaseRow",
     "LeaseState",
     "LeaseStore",
+    "LeaseWrite",
     "MigrationFailed",
     "MigrationRequired",
     "ReplicaRow",
@@ -91,6 +94,7 @@ __all__ = [
     "TABLE_NAME",
     "UnsupportedDatabase",
     "VERSION_TABLE",
+    "WriteKind",
     "async_url",
     "check_dialect",
     "check_holder",

@@ -74,6 +74,9 @@ __all__ = [
     "LeaseRow",
     "LeaseState",
     "LeaseStore",
+    "LeaseWrite",
+    "Survey",
+    "WriteKind",
     "check_dialect",
 ]
 
@@ -90,8 +93,8 @@ DEFAULT_TTL: Final = 15.0
 #: lease is lost after 10 s without one).
 DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 
-#: Callbacks told of each write to a database, by database (see LeaseStore.watch).
-_WATCHERS: dict[str, list[Callable[[], None]]] = {}
+#: Callbacks told of the lease writes to a database, by database (see LeaseStore.watch).
+_WATCHERS: dict[str, list[Callable[[LeaseWrite], None]]] = {}
 _WATCH_LOCK = threading.Lock()
 
 #: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
@@ -200,6 +203,31 @@ class Survey:
     #: The earliest ``expires_ms`` of a first round still held, as a lease-clock time;
     #: ``None`` if no such lease is held.
     next_expiry: datetime | None
+
+
+class WriteKind(enum.Enum):
+    """What a write did to the leases it names (see :class:`LeaseWrite`)."""
+
+    #: Claimed or renewed: held until ``expires_ms``.
+    HELD = "held"
+    #: Their rounds ran to their end: free, and nothing left to run a second time.
+    RELEASED = "released"
+    #: Given back by a round cut short: free now, and owed a second run.
+    GIVEN_BACK = "given_back"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseWrite:
+    """A write to the leases, as told to :meth:`LeaseStore.watch`'s callbacks."""
+
+    kind: WriteKind
+    #: The ``(name, token)`` pairs written.
+    leases: tuple[tuple[str, int], ...]
+    #: For :attr:`WriteKind.HELD`: when the leases expire (epoch ms on the lease clock),
+    #: or ``None`` when the store reads the database's clock and cannot tell.
+    expires_ms: int | None = None
+    #: For a claim: the instant claimed (epoch seconds); ``None`` for a renewal.
+    instant: int | None = None
 
 
 def check_dialect(bind: Engine | Connection | Dialect) -> None:
@@ -581,26 +609,30 @@ class LeaseStore:
             return []
         return self._claim(wanted, epoch, holder)
 
-    def take_turn(self, chore: str, instant: datetime, holder: str) -> bool:
+    def take_turn(
+        self, chore: str, instant: datetime, holder: str, *, create: bool = True
+    ) -> bool:
         """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
         for the one holder whose claim won.
 
         The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
-        can use (it starts with whitespace) — and created when missing. Its lease is
-        never finished: it expires, and the next instant is claimed as usual. Two
-        statements.
+        can use (it starts with whitespace) — and, with ``create``, made when missing
+        (one more statement). Its lease is never finished: it expires, and the next
+        instant is claimed as usual.
         """
         epoch = _instant_seconds(instant)
         check_holder(holder)
         name = f" {chore}"
         if not 1 < len(name) <= NAME_LENGTH or name != f" {chore.strip()}":
             raise ValueError(f"a chore is a name without whitespace at its ends, not {chore!r}")
-        self._ensure([name], None)
+        if create:
+            self._ensure([name], None)
         return bool(self._claim([name], epoch, holder))
 
     def _claim(self, wanted: list[str], epoch: int, holder: str) -> list[Claim]:
         token = _new_token()
-        now = self._now()
+        now_ms = self._clock_ms()
+        now = self._now(now_ms)
         reached = (
             sa.true()
             if self._ahead_ms is None
@@ -628,6 +660,8 @@ class LeaseStore:
             rows = self._update_returning(
                 conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name.in_(wanted)
             )
+            # Before the commit: a claimer that waited on these rows sees who took them.
+            self._held([(row["name"], token) for row in rows], now_ms, epoch)
         order = {name: i for i, name in enumerate(wanted)}
         claims = [_claim_from(row, superseding=True) for row in rows]
         return sorted(claims, key=lambda claim: order.get(claim.name, len(order)))
@@ -647,7 +681,8 @@ class LeaseStore:
         epoch = _instant_seconds(instant)
         check_holder(holder)
         token = _new_token()
-        now = self._now()
+        now_ms = self._clock_ms()
+        now = self._now(now_ms)
         stmt = (
             _t.update()
             .where(
@@ -673,6 +708,7 @@ class LeaseStore:
             rows = self._update_returning(
                 conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name == wanted
             )
+            self._held([(wanted, token)] if rows else [], now_ms, epoch)
         return _claim_from(rows[0], superseding=False) if rows else None
 
     def renew(self, held: Collection[tuple[str, int]], holder: str) -> set[str]:
@@ -690,7 +726,8 @@ class LeaseStore:
         _names([name for name, _ in pairs])
         if not pairs:
             return set()
-        now = self._now()
+        now_ms = self._clock_ms()
+        now = self._now(now_ms)
         held_here = sa.and_(
             sa.tuple_(_t.c.name, _t.c.token).in_(pairs),
             _t.c.holder == holder,
@@ -702,7 +739,9 @@ class LeaseStore:
         # expired or changed hands, and still has, or has another token.
         with translate_errors("renew leases"), self._transaction() as conn:
             rows = self._update_returning(conn, stmt, (_t.c.name,), held_here)
-        return {row["name"] for row in rows}
+        renewed = {row["name"] for row in rows}
+        self._held([pair for pair in pairs if pair[0] in renewed], now_ms)
+        return renewed
 
     def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
@@ -735,7 +774,9 @@ class LeaseStore:
             given = conn.execute(stmt).rowcount == 1
             if record is not None:
                 conn.execute(_h.insert(), [round_values(record)])
-            return given
+        if given:  # after the commit: a sweep it wakes must find it
+            self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=((wanted, token),)))
+        return given
 
     def finish(
         self,
@@ -847,6 +888,8 @@ class LeaseStore:
                 recorded.update((row["name"], int(row["token"])) for row in rows)
             if records:
                 conn.execute(_h.insert(), records)
+        if recorded:
+            self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(recorded)))
         return recorded
 
     def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:
@@ -903,14 +946,19 @@ class LeaseStore:
             next_expiry=None if next_ms is None else _EPOCH + next_ms * _MS,
         )
 
-    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` after each write transaction that any store of this process
-        sends to this store's database (in the writing thread). Returns the function that
+    def watch(self, callback: Callable[[LeaseWrite], None]) -> Callable[[], None]:
+        """Call ``callback`` with each :class:`LeaseWrite` that any store of this process
+        makes to this store's database, in the writing thread. Returns the function that
         stops it.
 
-        For a scheduler on a fake clock, where every replica lives in this process: a
-        sweep that found nothing need not run again until something was written or a
-        held lease expires.
+        Claims (:attr:`WriteKind.HELD`) are told before their transaction commits, so a
+        claimer that waited on those rows learns who took them as soon as it returns;
+        ends and give-backs after it commits. A write whose commit fails may have been
+        told as held: a watcher must treat a hold as "may be held", never as certain.
+
+        For schedulers on a fake clock, where every replica lives in this process: a
+        sweep that found nothing need not run again until a lease is given back or a
+        lease told held expires without its end.
         """
         key = self._key
         with _WATCH_LOCK:
@@ -973,10 +1021,37 @@ class LeaseStore:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _now(self) -> sa.ColumnElement[int]:
-        if self._clock is None:
+    def _now(self, now_ms: int | None = None) -> sa.ColumnElement[int]:
+        """The lease clock's now in SQL: ``now_ms`` if given, else the clock's."""
+        if now_ms is None:
+            now_ms = self._clock_ms()
+        if now_ms is None:
             return _db_now_ms()
-        return sa.literal(_to_ms(self._clock()), sa.BigInteger())
+        return sa.literal(now_ms, sa.BigInteger())
+
+    def _clock_ms(self) -> int | None:
+        """The given clock's now in epoch ms; ``None`` on the database's clock."""
+        return None if self._clock is None else _to_ms(self._clock())
+
+    def _held(
+        self, leases: list[tuple[str, int]], now_ms: int | None, instant: int | None = None
+    ) -> None:
+        """Tell the watchers that ``leases`` are held from ``now_ms`` for the ttl."""
+        if leases:
+            expires = None if now_ms is None else now_ms + self._ttl_ms
+            held = WriteKind.HELD
+            self._tell(
+                LeaseWrite(kind=held, leases=tuple(leases), expires_ms=expires, instant=instant)
+            )
+
+    def _tell(self, write: LeaseWrite) -> None:
+        """Call the watchers of this database with ``write`` (see :meth:`watch`)."""
+        if not _WATCHERS.get(self._key):  # the usual case, without taking the lock
+            return
+        with _WATCH_LOCK:
+            watchers = list(_WATCHERS.get(self._key, ()))
+        for watcher in watchers:
+            watcher(write)
 
     @contextlib.contextmanager
     def _transaction(self, *, read: bool = False) -> Iterator[Connection]:
@@ -997,15 +1072,8 @@ class LeaseStore:
         A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
-        try:
-            with self._bounded(read=read) as conn:
-                yield conn
-        finally:
-            if not read:  # tell the watchers, whatever came of it (see watch)
-                with _WATCH_LOCK:
-                    watchers = list(_WATCHERS.get(self._key, ()))
-                for watcher in watchers:
-                    watcher()
+        with self._bounded(read=read) as conn:
+            yield conn
 
     @contextlib.contextmanager
     def _bounded(self, *, read: bool) -> Iterator[Connection]:

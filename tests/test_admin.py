@@ -279,14 +279,13 @@ class TestHistory:
     def test_pruning_keeps_the_newest_rounds_of_each_job(self, db_url, replicas, clock):
         registry = Registry()
         registry.register(lambda ctx: None, "0 */10 * * * *", "ten")
-        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        registry.register(lambda ctx: None, "0 5 * * * *", "five-past")
         replicas(registry, "a", history=History(per_job=2))
-        replicas(registry, "b", history=History(per_job=2))
-        clock.advance(3600 - 1)  # 09:10 to 09:50: pruned at 09:10, the hour's turn
+        clock.advance(3600 - 1)  # 09:05 to 09:50: pruned at 09:05, the hour's turn
         assert len(admin.history(db_url, "ten")) == 5
-        clock.advance(1)  # 10:00: the next hour's turn, after the ends of 10:00
+        clock.advance(1)  # 10:00: the next hour's turn, after the end of 10:00
         assert [r.instant for r in admin.history(db_url, "ten")] == [at(1), at(0, 50)]
-        assert [r.instant for r in admin.history(db_url, "hourly")] == [at(1)]
+        assert [r.instant for r in admin.history(db_url, "five-past")] == [at(0, 5)]
 
     def test_pruning_deletes_rounds_older_than_the_days_kept(self, db_url, replicas, clock):
         registry = Registry()
