@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -318,6 +319,7 @@ def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
     if isinstance(database, sa.Engine):
         engine, owned = database, False
     elif isinstance(database, str):
+        _refuse_missing_file(database)
         engine, owned = lease.create_engine(database), True
     else:
         raise TypeError(f"database must be a URL or an Engine, not {type(database).__name__}")
@@ -327,6 +329,22 @@ def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
     finally:
         if owned:
             engine.dispose()
+
+
+def _refuse_missing_file(url: str) -> None:
+    """A SQLite URL naming a file that does not exist: say so, and do not create it (as
+    connecting would)."""
+    parsed = sa.make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return
+    if path.startswith("file:"):
+        path = path[len("file:") :].split("?", 1)[0]
+    if not os.path.exists(path):
+        raise TablesMissing(
+            f"no cronjob tables: the SQLite file {path} does not exist (no replica has "
+            "started on it; nothing was changed)"
+        )
 
 
 def _check_revision(engine: sa.Engine) -> None:

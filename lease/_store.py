@@ -525,46 +525,35 @@ class LeaseStore:
         with translate_errors("read replicas"), self._transaction(read=True) as conn:
             return [replica_from(row) for row in conn.execute(stmt).mappings()]
 
-    def record_replica(
-        self,
-        holder: str,
-        *,
-        host: str,
-        pid: int,
-        version: str,
-        started: datetime,
-        jobs: Mapping[str, tuple[str, bool]],
-    ) -> None:
-        """Put ``holder`` on record as seen now (lease clock): insert, or refresh.
+    def record_replica(self, replica: ReplicaRow) -> None:
+        """Put ``replica`` on record as seen now (lease clock; its ``seen`` is ignored):
+        insert, or refresh. One statement. :meth:`survey` can do it on its way."""
+        stmt = self._replica_upsert(replica)
+        with translate_errors("record a replica"), self._transaction() as conn:
+            conn.execute(stmt)
 
-        ``jobs`` maps each name it registered to ``(spec, leased)``. One statement.
-        """
-        check_holder(holder)
-        now = self._now()
+    def _replica_upsert(self, replica: ReplicaRow) -> sa.Insert:
+        check_holder(replica.holder)
         values: dict[str, Any] = {
-            "holder": holder,
-            "host": host[:255],
-            "pid": pid,
-            "version": version[:64],
-            "started_ms": _to_ms(started),
-            "seen_ms": now,
-            "jobs": jobs_json(jobs),
+            "holder": replica.holder,
+            "host": replica.host[:255],
+            "pid": replica.pid,
+            "version": replica.version[:64],
+            "started_ms": _to_ms(replica.started),
+            "seen_ms": self._now(),
+            "jobs": jobs_json(replica.jobs),
         }
         changed = ("host", "pid", "version", "started_ms", "seen_ms", "jobs")
-        stmt: sa.Executable
         dialect = self._engine.dialect.name
         if dialect in ("postgresql", "sqlite"):
             insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_p)
             insert = insert.values(values)
-            stmt = insert.on_conflict_do_update(
+            return insert.on_conflict_do_update(
                 index_elements=[_p.c.holder],
                 set_={column: insert.excluded[column] for column in changed},
             )
-        else:
-            my = mysql.insert(_p).values(values)
-            stmt = my.on_duplicate_key_update({column: my.inserted[column] for column in changed})
-        with translate_errors("record a replica"), self._transaction() as conn:
-            conn.execute(stmt)
+        my = mysql.insert(_p).values(values)
+        return my.on_duplicate_key_update({column: my.inserted[column] for column in changed})
 
     def prune(self, *, days: float, per_name: int, replicas_gone: float) -> tuple[int, int]:
         """Delete the history's rounds that ended more than ``days`` ago and each name's
@@ -906,12 +895,18 @@ class LeaseStore:
         """
         return self.survey(names).cut_short
 
-    def survey(self, names: Iterable[str]) -> Survey:
+    def survey(self, names: Iterable[str], *, replica: ReplicaRow | None = None) -> Survey:
         """:meth:`find_cut_short`, and the earliest expiry of a first round's lease still
         held (the next moment a round of ``names`` may be found cut short without any
-        write before it). One query, whatever the number of names."""
+        write before it). One query, whatever the number of names.
+
+        With ``replica``, the replica is put on record as seen now too (as
+        :meth:`record_replica`), in the same statement on PostgreSQL (a data-modifying
+        ``WITH``), in the same transaction elsewhere (two statements)."""
         wanted = _names(names)
         if not wanted:
+            if replica is not None:
+                self.record_replica(replica)
             return Survey(cut_short=[], next_expiry=None)
         now = self._now()
         stmt = sa.select(
@@ -919,7 +914,14 @@ class LeaseStore:
         ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED))
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
-        with translate_errors("find rounds cut short"), self._transaction(read=True) as conn:
+        upsert = None if replica is None else self._replica_upsert(replica)
+        if upsert is not None and self._engine.dialect.name == "postgresql":
+            stmt = stmt.add_cte(upsert.returning(_p.c.holder).cte("seen"))
+            upsert = None
+        read = replica is None
+        with translate_errors("find rounds cut short"), self._transaction(read=read) as conn:
+            if upsert is not None:
+                conn.execute(upsert)
             rows = conn.execute(stmt).all()
         wanted_set = set(wanted)
         found: list[CutShort] = []

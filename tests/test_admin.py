@@ -348,3 +348,99 @@ def tables(url: str) -> set[str]:
         return set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+class TestReplicas:
+    def test_each_replica_is_on_record_with_its_jobs(self, db_url, replicas, clock):
+        registry = Registry()
+        registry.register(lambda ctx: None, "0 * * * * *", "tick")
+        registry.register_per_instance(lambda ctx: None, "@every 1h", "local")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(0)  # started: each swept once
+        status = admin.status(db_url, now=clock.now())
+        assert [r.id for r in status.replicas] == ["a", "b"]
+        for replica in status.replicas:
+            assert replica.jobs == ("local", "tick")
+            assert replica.version == cronjob.__version__
+            assert replica.pid > 0 and replica.host
+            assert replica.started == replica.last_seen == START
+        local = job_status(db_url, clock, "local")
+        assert (local.per_instance, local.spec, local.next_instant) == (True, "@every 1h", at(1))
+        assert local.last_outcome is None and local.problems == ()
+
+    def test_a_replica_not_seen_for_a_minute_is_not_listed(self, db_url, replicas, clock):
+        registry = Registry()
+        registry.register(lambda ctx: None, "0 0 0 * * *", "daily")
+        a = replicas(registry, "a")
+        clock.advance(0)  # its first sweep puts it on record
+        a.stop()
+        assert [r.id for r in admin.status(db_url, now=at(0, 1)).replicas] == ["a"]
+        assert admin.status(db_url, now=at(0, 1, 1)).replicas == ()
+
+    def test_replicas_that_disagree_on_a_spec_are_reported(self, db_url, replicas, clock):
+        old, new = Registry(), Registry()
+        old.register(lambda ctx: None, "0 0 * * * *", "report")
+        new.register(lambda ctx: None, "0 30 * * * *", "report")
+        replicas(old, "old")
+        replicas(new, "new")  # started last: its spec is the one on the lease row
+        clock.advance(0)
+        job = job_status(db_url, clock, "report")
+        assert job.spec == "0 30 * * * *"
+        assert job.specs_seen == ("0 0 * * * *", "0 30 * * * *")
+        assert job.problems == (
+            "replicas registered different specs: 0 0 * * * *, 0 30 * * * *",
+        )
+
+
+class TestReplicaStatements:
+    def test_a_sweep_refreshes_the_replica_in_its_own_statement_on_postgres(
+        self, migrated_engine, manual_clock
+    ):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        store.ensure(["a"])
+        replica = lease.ReplicaRow(
+            holder="r1",
+            host="h",
+            pid=1,
+            version="v",
+            started=manual_clock.now(),
+            seen=manual_clock.now(),
+            jobs={"a": ("@every 5s", True)},
+        )
+        sent: list[str] = []
+
+        def count(conn, cursor, statement, *args):
+            if not statement.lstrip().upper().startswith(("SET", "BEGIN")):
+                sent.append(statement)
+
+        sa.event.listen(migrated_engine, "before_cursor_execute", count)
+        store.survey(["a"], replica=replica)
+        manual_clock.advance(15)
+        store.survey(["a"], replica=replica)
+        sa.event.remove(migrated_engine, "before_cursor_execute", count)
+        per_sweep = 1 if migrated_engine.dialect.name == "postgresql" else 2
+        assert len(sent) == 2 * per_sweep
+        [row] = store.replicas(seen_since_ms=0)
+        assert (row.holder, row.started, row.seen) == ("r1", manual_clock.now() - timedelta(
+            seconds=15
+        ), manual_clock.now())
+        assert row.jobs == {"a": ("@every 5s", True)}
+
+    def test_pruning_deletes_replicas_gone_for_long(self, migrated_engine, manual_clock):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        for holder in ("gone", "here"):
+            store.record_replica(
+                lease.ReplicaRow(
+                    holder=holder,
+                    host="h",
+                    pid=1,
+                    version="v",
+                    started=manual_clock.now(),
+                    seen=manual_clock.now(),
+                    jobs={},
+                )
+            )
+            manual_clock.advance(3600)
+        assert store.prune(days=14, per_name=10, replicas_gone=3600) == (0, 1)
+        assert [r.holder for r in store.replicas(seen_since_ms=0)] == ["here"]
