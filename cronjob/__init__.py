@@ -24,6 +24,8 @@ Layout, one private module per concern:
 - ``_history``: :class:`History`, the round history's retention, and its pruning.
 - :mod:`cronjob.admin` (public): what the scheduler did, read from the database
   (``cronjob status``, ``cronjob history``).
+- ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
+  (entry point ``pytest11``). Importing ``cronjob`` imports neither.
 
 Threads, and who may touch what::
 

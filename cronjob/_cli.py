@@ -74,9 +74,9 @@ def _instant(text: str) -> datetime:
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
-def _build_parser() -> _Parser:
+def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
     parser = _Parser(
-        prog="cronjob",
+        prog=prog,
         description="Run import-time registered jobs on cron schedules.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -118,25 +118,47 @@ def _build_parser() -> _Parser:
         ),
     )
     run.add_argument("--database-url", metavar="URL", default=None, help=_DATABASE_HELP)
-    run.add_argument("modules", metavar="MODULE", nargs="+", help="a module to import")
+    run.add_argument(
+        "modules",
+        metavar="MODULE",
+        # A framework's command has imported the jobs already: modules are optional.
+        nargs="*" if jobs_imported else "+",
+        help="a module to import",
+    )
     add_commands(commands, _DATABASE_HELP)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str = "cronjob",
+    database_url: str | None = None,
+    jobs_imported: bool = False,
+) -> int:
     """Run the ``cronjob`` command line.
+
+    The framework commands (``manage.py cronjob``, ``flask cronjob``) are this same
+    command line, given their defaults through the keywords.
 
     Args:
         argv: The arguments after the program name; ``None`` reads ``sys.argv[1:]``.
+        prog: The program's name in usage and help.
+        database_url: The default of every command's ``--database-url`` (the framework's
+            database); ``None`` leaves it to ``$CRONJOB_DATABASE_URL`` and the SQLite file.
+        jobs_imported: The caller has imported the modules that register jobs, so
+            ``run`` needs no ``MODULE`` (with none, it runs the default registry).
 
     Returns:
         The exit status: 0 on success, 2 for bad input (after one line on stderr);
         ``status`` returns 1 when a job needs a human, and ``status``/``history`` 3 when
         the database could not be read.
     """
-    parser = _build_parser()
+    parser = _build_parser(prog, jobs_imported)
     try:
         args = parser.parse_args(argv)
+        if getattr(args, "database_url", "") is None:  # a command with --database-url
+            args.database_url = database_url
         if args.command == "run":
             from ._run import run_command  # deferred: the scheduler is not needed for `next`
 

@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import lease
@@ -23,7 +23,7 @@ from ._round import lease_lost
 from ._state import Flags, Run
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import Connection, Dialect, Engine, Select
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["Fencing"]
@@ -108,6 +108,31 @@ class Fencing:
                 raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
             if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
+
+    def check(
+        self, run: Run, dialect: Dialect, fetch: Callable[[Select[int]], bool], *, final: bool
+    ) -> None:
+        """Check ``run``'s lease inside a transaction that is not ours (a framework's ORM).
+
+        The same statement :meth:`transaction` runs (:meth:`lease.LeaseStore.holds`),
+        built for ``dialect`` and run by ``fetch`` on the caller's connection, which tells
+        whether it found a row. Call it when the transaction opens and, with
+        ``final=True``, just before it commits. A per-instance round passes unchecked.
+
+        Raises:
+            LeaseLost: the lease is gone (or the round ended), or the replica crashed.
+        """
+        ctx = run.ctx
+        if self._flags.crashed:
+            raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+        if run.token is None:
+            return
+        if not final and run.ended:
+            raise lease_lost(ctx.name, "the round no longer holds it")
+        if not fetch(self._store.holds_statement(ctx.name, run.token, dialect, final=final)):
+            if final:
+                raise lease_lost(ctx.name, "taken before the transaction committed")
+            raise lease_lost(ctx.name, "the round no longer holds it")
 
     def dispose_async_engine(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Dispose the async engine we own, on the loop whose connections it pools."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ._exceptions import Cancelled, LeaseLost
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    from sqlalchemy import Connection, Dialect, Select
     from sqlalchemy.ext.asyncio import AsyncConnection
 
     from ._clock import Clock
@@ -38,6 +38,11 @@ TransactionFactory = Callable[["Round"], contextlib.AbstractContextManager["Conn
 AsyncTransactionFactory = Callable[
     ["Round"], contextlib.AbstractAsyncContextManager["AsyncConnection"]
 ]
+#: Checks a round's lease inside a transaction on a connection that is not SQLAlchemy's
+#: (a framework's ORM): ``fence(dialect, fetch, final)`` hands ``fetch`` the check's
+#: statement, ``fetch`` runs it on that connection and tells whether it found a row; a
+#: lease not held raises :class:`LeaseLost`. See ``cronjob.contrib.django.fenced``.
+FenceCheck = Callable[["Dialect", Callable[["Select[int]"], bool], bool], None]
 
 
 class Round:
@@ -56,6 +61,7 @@ class Round:
         "_cause",
         "_clock",
         "_event",
+        "_fence",
         "_lock",
         "_transaction",
         "_transaction_async",
@@ -77,6 +83,7 @@ class Round:
         clock: Clock,
         transaction: TransactionFactory,
         transaction_async: AsyncTransactionFactory | None = None,
+        fence: FenceCheck | None = None,
     ) -> None:
         self.name = name
         self.instant = instant
@@ -89,6 +96,7 @@ class Round:
         self._lock = threading.Lock()
         self._transaction = transaction
         self._transaction_async = transaction_async
+        self._fence = fence  # None: no lease to check (a round built by make_round)
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""

@@ -39,7 +39,7 @@ from ._workers import NoWorkerThread, Workers, WorkersClosed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
-    from sqlalchemy import Connection, Engine
+    from sqlalchemy import Connection, Dialect, Engine, Select
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["RoundRunner", "Start"]
@@ -156,6 +156,9 @@ class RoundRunner:
         ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
             return self._fencing.transaction_async(run)
 
+        def fence(dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool) -> None:
+            self._fencing.check(run, dialect, fetch, final=final)
+
         ctx = Round(
             name=state.job.name,
             instant=instant,
@@ -165,6 +168,7 @@ class RoundRunner:
             clock=self._clock,
             transaction=transaction,
             transaction_async=transaction_async,
+            fence=fence,
         )
         run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
         return run

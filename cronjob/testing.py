@@ -2,7 +2,9 @@
 
 ``FakeClock`` drives every scheduler that shares it; ``crash`` stops a scheduler as a
 killed process would; ``make_round`` builds the round a job receives, to call the job
-itself in a unit test without a scheduler. A lost lease's forced exit is observed by
+itself in a unit test without a scheduler; ``record_rounds`` derives a registry whose
+jobs note each round they run as a ``RoundRecord``. The pytest plugin
+(:mod:`cronjob.pytest_plugin`) wraps them in fixtures. A lost lease's forced exit is observed by
 passing ``on_fatal`` to the scheduler::
 
     exits = []
@@ -13,21 +15,89 @@ passing ``on_fatal`` to the scheduler::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock
 from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
-from ._round import Round
+from ._registry import Job, Registry
+from ._round import Outcome, Round, classify
 from ._scheduler import Scheduler
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["FakeClock", "crash", "make_round"]
+__all__ = ["FakeClock", "RoundRecord", "crash", "make_round", "record_rounds"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """One round a job ran, as :func:`record_rounds` notes it.
+
+    Attributes:
+        job: The job's name.
+        instant: The scheduled instant (aware UTC).
+        attempt: 1, or 2 for the second run of a round cut short.
+        replica: The replica that ran it.
+        outcome: How the job ended, classified as the scheduler classifies it.
+    """
+
+    job: str
+    instant: datetime
+    attempt: int
+    replica: str
+    outcome: Outcome
+
+
+def record_rounds(registry: Registry, into: list[RoundRecord]) -> Registry:
+    """Derive a registry whose jobs append a :class:`RoundRecord` to ``into`` as they end.
+
+    Each job runs as registered (same name, schedule, kind); when it returns or raises,
+    its round is appended to ``into`` (from the round's thread), then what it raised
+    propagates. A job that never ends (a crashed replica's, still running) is not noted.
+    """
+
+    def wrap(job: Job) -> Callable[..., Any]:
+        fn = job.fn
+
+        def note(ctx: Round, error: BaseException | None) -> None:
+            into.append(
+                RoundRecord(
+                    job=ctx.name,
+                    instant=ctx.instant,
+                    attempt=ctx.attempt,
+                    replica=ctx.replica,
+                    outcome=classify(error),
+                )
+            )
+
+        if job.is_async:
+
+            async def recorded_async(ctx: Round) -> None:
+                try:
+                    await fn(ctx)
+                except BaseException as exc:
+                    note(ctx, exc)
+                    raise
+                note(ctx, None)
+
+            return recorded_async
+
+        def recorded(ctx: Round) -> None:
+            try:
+                fn(ctx)
+            except BaseException as exc:
+                note(ctx, exc)
+                raise
+            note(ctx, None)
+
+        return recorded
+
+    return registry.derive(replace={job.name: wrap(job) for job in registry.jobs})
 
 
 def make_round(

@@ -1014,6 +1014,17 @@ class LeaseStore:
         with translate_errors("check a lease"):
             return (await connection.execute(stmt)).first() is not None
 
+    def holds_statement(
+        self, name: str, token: int, dialect: Dialect, *, final: bool = False
+    ) -> sa.Select[int]:
+        """The statement :meth:`holds` runs, for a connection that is not SQLAlchemy's.
+
+        A framework's ORM (Django) runs it inside its own transaction, compiled for
+        ``dialect``: the lease is held when it returns a row. ``final`` as for
+        :meth:`holds`.
+        """
+        return self._holds_statement(name, token, dialect, final=final)
+
     def _holds_statement(
         self, name: str, token: int, dialect: Dialect, *, final: bool
     ) -> sa.Select[int]:

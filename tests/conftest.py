@@ -29,6 +29,8 @@ from sqlalchemy.pool import NullPool
 
 import lease
 
+pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py
+
 #: The PostgreSQL server of the development and CI machines.
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -33,7 +33,9 @@ SURFACE = {
         "register",
         "register_per_instance",
     ],
-    "cronjob.testing": ["FakeClock", "crash", "make_round"],
+    "cronjob.testing": ["FakeClock", "RoundRecord", "crash", "make_round", "record_rounds"],
+    "cronjob.contrib.django": ["database_url", "fenced"],
+    "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
         "Activity",
         "JobStatus",
@@ -76,3 +78,26 @@ def test_importing_cronjob_starts_no_thread():
     code = "import threading, cronjob, cronjob.testing;print(len(threading.enumerate()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_the_base_install_brings_no_framework():
+    from importlib.metadata import requires
+
+    base = [r for r in requires("cronjob-lease") or [] if "extra ==" not in r]
+    assert base, "the distribution's requirements are not installed"
+    for framework in ("django", "flask", "fastapi", "starlette"):
+        assert not [r for r in base if r.lower().startswith(framework)], base
+    extras = set(requires("cronjob-lease") or [])
+    assert {"django>=4.2; extra == 'django'", "flask>=2.3; extra == 'flask'"} <= extras
+
+
+def test_importing_cronjob_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cronjob, cronjob.testing, cronjob.contrib;"
+        "print(sorted(m for m in ('django', 'flask', 'fastapi', 'starlette') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from sqlalchemy.pool import NullPool
 import cronjob
 import lease
 from cronjob.testing import FakeClock
+from tests._process import run_until_started
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -498,29 +498,10 @@ class TestRunCommand:
                 """
             )
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cronjob", "run", "jobs"],
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stderr is not None
-        lines: list[str] = []
-        started = threading.Event()
-
-        def read() -> None:
-            assert process.stderr is not None
-            for line in process.stderr:
-                lines.append(line)
-                if "started:" in line:
-                    started.set()
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        assert started.wait(30), "".join(lines)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        reader.join(5)
+        argv = [sys.executable, "-m", "cronjob", "run", "jobs"]
+        status, log = run_until_started(argv, cwd=tmp_path)
+        assert status == 0, log
+        lines = log.splitlines()
         assert any("SIGTERM received: draining" in line for line in lines)
         assert sum(DEFAULT_DATABASE_WARNING in line for line in lines) == 1
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default

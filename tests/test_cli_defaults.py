@@ -1,0 +1,30 @@
+"""The keywords through which manage.py cronjob and flask cronjob are the cronjob command.
+
+That the framework's database becomes ``--database-url``'s default, and that a URL on
+the command line wins, is shown by running the commands (tests/test_django.py,
+tests/test_flask.py).
+"""
+
+from __future__ import annotations
+
+from cronjob._cli import main
+
+
+def test_run_needs_a_module_from_the_plain_command(capsys):
+    assert main(["run"]) == 2
+    assert capsys.readouterr().err == (
+        "cronjob: error: the following arguments are required: MODULE\n"
+    )
+
+
+def test_run_needs_no_module_once_a_framework_imported_the_jobs(capsys):
+    assert main(["run", "--help"], prog="manage.py cronjob", jobs_imported=True) == 0
+    usage = capsys.readouterr().out.splitlines()[0]
+    assert usage == "usage: manage.py cronjob run [-h] [--database-url URL] [MODULE ...]"
+
+
+def test_a_command_without_database_url_ignores_the_default(capsys):
+    status = main(["next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z"],
+                  database_url="sqlite:///unused.sqlite")
+    assert status == 0
+    assert capsys.readouterr().out.splitlines()[1] == "  2026-03-03T00:00:00+00:00"
