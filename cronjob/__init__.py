@@ -21,6 +21,9 @@ Layout, one private module per concern:
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
   command.
+- ``_history``: :class:`History`, the round history's retention, and its pruning.
+- :mod:`cronjob.admin` (public): what the scheduler did, read from the database
+  (``cronjob status``, ``cronjob history``).
 
 Threads, and who may touch what::
 
@@ -57,6 +60,7 @@ from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import RegistrationError as RegistrationError
 from ._exceptions import ScheduleError as ScheduleError
 from ._exceptions import Shutdown as Shutdown
+from ._history import History as History
 from ._lifespan import lifespan as lifespan
 from ._registry import Job as Job
 from ._registry import Registry as Registry
@@ -75,6 +79,7 @@ __all__ = [
     "Cancelled",
     "Clock",
     "CronjobError",
+    "History",
     "Job",
     "LeaseLost",
     "Outcome",

@@ -288,6 +288,8 @@ class Dispatcher:
             else:
                 won = {claim.name: claim for claim in result}
                 self.recovery.database_answered()
+                if len(won) < len(names):
+                    self.recovery.sweeper.claims_missed([n for n in names if n not in won], instant)
             late = too_late(claimed_at, self._clock.monotonic())
             for state in states:
                 claim = won.get(state.job.name)

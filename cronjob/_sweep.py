@@ -3,16 +3,25 @@
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that run a second time (attempt 2): not run to its end, or its end not on
   record; not run a second time already; no later instant claimed since. Each is
-  claimed with its own statement, so two replicas never both run it. On a fake clock
-  (every replica in this process, see :attr:`Clock.in_process`) a sweep that found
-  nothing is not repeated until a lease write or the expiry of a lease held now could
-  change what it finds; it then resumes on its 15 s grid, so tests see the same sweeps
-  at the same fake times, without a statement per replica per idle 15 s.
+  claimed with its own statement, so two replicas never both run it.
+- **Replica record**: each sweep also puts this replica on record as seen now
+  (``cronjob_replica``: host, pid, version, start, the jobs it registered), in the
+  sweep's own statement on PostgreSQL, in its transaction elsewhere (see
+  :meth:`lease.LeaseStore.survey`); ``cronjob status`` lists the replicas seen lately.
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
   disagrees with the database's by more than 2 s is logged as an error (a replica far
   ahead has its claims refused, see :data:`lease.CLAIM_AHEAD_LIMIT`).
+
+On a fake clock (every replica in this process, see :attr:`Clock.in_process`) the
+sweeper watches the lease writes of the process (:meth:`lease.LeaseStore.watch`) and
+sends no statement while nothing can be found: a sweep that found nothing runs again
+only once a lease is given back, or a lease held without its end recorded may have
+expired (a replica crashed); it then runs on its 15 s grid, so tests see the same sweeps
+at the same fake times. The check runs at start, then only when a claim of this replica
+missed a job that no replica of the process holds (its row may be gone), at most once a
+minute. A fake day of three replicas then costs the claims and the ends, no more.
 
 Dispatcher thread only (``_on_write`` excepted); statements run on the control thread.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -48,7 +58,8 @@ CLOCK_SKEW_WARNING = 2.0
 
 
 class Sweeper:
-    """Sweeps for rounds cut short, and checks rows and clocks, for ``names``."""
+    """Sweeps for rounds cut short, and checks rows and clocks, for ``names``; keeps
+    ``replica`` on record with each sweep."""
 
     def __init__(
         self,
@@ -60,8 +71,10 @@ class Sweeper:
         replica_id: str,
         names: list[str],
         post: Callable[[Callable[[], None]], object],
+        replica: lease.ReplicaRow | None = None,
     ) -> None:
         self._clock = clock
+        self._replica = replica
         self._store = store
         self._control = control
         self._dispatcher = dispatcher
@@ -72,11 +85,17 @@ class Sweeper:
         self._sweeping = False
         self._check_at: float | None = None
         self._checking = False
-        # Idle sweeps skipped on an in-process clock: lease writes seen, and whether the
-        # sweep waits for one (or for the next expiry) before it runs again.
+        # Idle sweeps skipped on an in-process clock: the leases of these names told held
+        # (name -> (token, expires_ms)), give-backs seen, whether the sweep waits for
+        # one of those, and the earliest expiry the last sweep read.
         self._post = post
-        self._writes = 0
+        self._wanted = set(names)
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, int | None]] = {}
+        self._claimed: dict[str, int] = {}  # name -> latest instant claimed (epoch s)
+        self._given_back = 0
         self._suspended = False
+        self._read_expiry: datetime | None = None
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
 
@@ -101,7 +120,7 @@ class Sweeper:
             self._check()
         names = self._names
         self._sweeping = True
-        writes = self._writes
+        given_back = self._given_back
 
         def done(result: lease.Survey | BaseException) -> None:
             self._sweeping = False
@@ -115,34 +134,82 @@ class Sweeper:
                 if state is None or state.busy or self._dispatcher.draining:
                     continue
                 self._rerun(state, found.instant, given_back=found.given_back)
-            if self._unwatch is not None and not result.cut_short and self._writes == writes:
-                self._suspend(result.next_expiry, writes)
+            if self._unwatch is not None and not result.cut_short:
+                self._read_expiry = result.next_expiry
+                self._suspend(given_back)
 
-        self._control.run(lambda: self._store.survey(names), done)
+        replica = self._replica  # on record as seen, by the same statement (PostgreSQL)
+        self._control.run(lambda: self._store.survey(names, replica=replica), done)
 
-    def _suspend(self, next_expiry: datetime | None, writes: int) -> None:
-        """Sweep next when the earliest held lease expires (on the 15 s grid), or after a
-        write: nothing else can change what the sweep finds (in-process clocks only)."""
+    # -- idle sweeps on an in-process clock ------------------------------------------------
+
+    def _suspend(self, given_back: int) -> None:
+        """Sweep next when a lease held may have expired (on the 15 s grid), or after a
+        give-back: nothing else can change what the sweep finds."""
         self._suspended = True
-        if self._writes != writes:  # a write slipped in before it could see the flag
-            self._suspended = False
+        if self._given_back != given_back:  # one slipped in before it could see the flag
+            self._resume()
             return
-        if next_expiry is None:
+        self._rewake()
+
+    def _rewake(self) -> None:
+        """A suspended sweep's wake: the earliest expiry of a lease held, on the grid."""
+        if not self._suspended:
+            return
+        with self._lock:
+            expiries = [ms for _, ms in self._held.values()]
+        if any(ms is None for ms in expiries):  # held on the database's clock: unknown
+            self._resume()
+            return
+        now_ms = self._store.now_ms()  # the in-process clock's: no statement
+        if self._read_expiry is not None:
+            expiries.append(round(self._read_expiry.timestamp() * 1000))
+        if not expiries:
             self._sweep_at = None
             return
-        until = next_expiry.timestamp() - self._store.now_ms() / 1000  # on the lease clock
-        self._sweep_at = self._on_grid(self._clock.monotonic() + max(0.0, until), strictly=False)
+        until = max(0, min(ms for ms in expiries if ms is not None) - now_ms) / 1000
+        self._sweep_at = self._on_grid(self._clock.monotonic() + until, strictly=False)
 
-    def _on_write(self) -> None:
-        """A lease write in this process (any thread): a suspended sweep resumes."""
-        self._writes += 1
+    def _on_write(self, write: lease.LeaseWrite) -> None:
+        """A lease write in this process (any thread): keep the held leases; a give-back,
+        or a lease held that may expire earlier, moves a suspended sweep."""
+        ours = [(name, token) for name, token in write.leases if name in self._wanted]
+        if not ours:
+            return
+        with self._lock:
+            if write.kind is lease.WriteKind.HELD:
+                for name, token in ours:
+                    self._held[name] = (token, write.expires_ms)
+                    if write.instant is not None:
+                        self._claimed[name] = max(write.instant, self._claimed.get(name, -1))
+            else:
+                for name, token in ours:
+                    if self._held.get(name, (None,))[0] == token:
+                        del self._held[name]
+                if write.kind is lease.WriteKind.GIVEN_BACK:
+                    self._given_back += 1
         if self._suspended:
-            self._post(self._resume)
+            self._post(self._resume if write.kind is lease.WriteKind.GIVEN_BACK else self._rewake)
 
     def _resume(self) -> None:
         if self._suspended:
             self._suspended = False
             self._sweep_at = self._on_grid(self._clock.monotonic(), strictly=True)
+
+    def claims_missed(self, names: list[str], instant: datetime) -> None:
+        """A claim of ``instant`` by this replica did not win ``names``. On an in-process
+        clock, a job that no replica of the process claimed then, nor holds, may have
+        lost its row: check, at most once a minute (elsewhere the check runs every
+        minute anyway)."""
+        if self._unwatch is None or self._checking or self._check_at is None:
+            return
+        epoch = int(instant.timestamp())
+        with self._lock:
+            unexplained = any(
+                name not in self._held and self._claimed.get(name, -1) < epoch for name in names
+            )
+        if unexplained and self._clock.monotonic() >= self._check_at:
+            self._check()
 
     def _on_grid(self, mono: float, *, strictly: bool) -> float:
         """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s

@@ -14,6 +14,7 @@ SURFACE = {
         "Cancelled",
         "Clock",
         "CronjobError",
+        "History",
         "Job",
         "LeaseLost",
         "Outcome",
@@ -33,6 +34,22 @@ SURFACE = {
         "register_per_instance",
     ],
     "cronjob.testing": ["FakeClock", "crash", "make_round"],
+    "cronjob.admin": [
+        "Activity",
+        "JobStatus",
+        "Outcome",
+        "ReplicaStatus",
+        "RoundRecord",
+        "SchemaNewer",
+        "SchemaOutdated",
+        "Status",
+        "StatusError",
+        "TablesMissing",
+        "UnknownJob",
+        "Why",
+        "history",
+        "status",
+    ],
 }
 
 

@@ -466,19 +466,32 @@ class TestFindCutShort:
         assert survey.cut_short == [lease.CutShort(name="a", instant=T0, given_back=False)]
         assert survey.next_expiry == T0 + timedelta(seconds=20)
 
-    def test_watchers_hear_of_every_write_to_the_database_in_this_process(
-        self, store, migrated_engine
+    def test_watchers_hear_what_each_write_did_to_the_leases(
+        self, store, migrated_engine, manual_clock
     ):
-        heard: list[str] = []
+        heard: list[lease.LeaseWrite] = []
         other = lease.LeaseStore(migrated_engine, claim_ahead=None)  # another replica's
-        stop = other.watch(lambda: heard.append("write"))
-        store.ensure(["a"])
+        stop = other.watch(heard.append)
+        store.ensure(["a", "b"])  # new rows hold nothing
         store.read(["a"])  # a read is not a write
-        store.claim(["a"], T0, "r1")
-        assert heard == ["write", "write"]
+        now_ms = round(manual_clock.now().timestamp() * 1000)
+        claims = {c.name: c.token for c in store.claim(["a", "b"], T0, "r1")}
+        assert store.claim(["a"], T0, "r2") == []  # won nothing: nothing to tell
+        assert store.renew([("a", claims["a"])], "r1") == {"a"}
+        assert store.finish("a", claims["a"], ended=T0)
+        assert store.give_back("b", claims["b"])
+        assert not store.give_back("b", claims["b"])  # nothing changed: nothing told
+        held, kinds = lease.WriteKind.HELD, [write.kind for write in heard]
+        assert kinds == [held, held, lease.WriteKind.RELEASED, lease.WriteKind.GIVEN_BACK]
+        claim, renewal, finish, give_back = heard
+        assert sorted(claim.leases) == sorted(claims.items())
+        assert (claim.expires_ms, claim.instant) == (now_ms + 15_000, int(T0.timestamp()))
+        assert (renewal.leases, renewal.instant) == ((("a", claims["a"]),), None)
+        assert finish.leases == (("a", claims["a"]),)
+        assert give_back.leases == (("b", claims["b"]),)
         stop()
         store.claim(["a"], T1, "r1")
-        assert heard == ["write", "write"]
+        assert len(heard) == 4
 
     def test_it_ignores_a_running_round_until_its_lease_expires(self, store, manual_clock):
         """A running round is cut short at now == expires_ms, not a millisecond earlier."""

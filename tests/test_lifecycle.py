@@ -126,6 +126,43 @@ class TestLifespan:
         assert seen == [True]
 
 
+    def test_a_cancelled_async_with_stops_the_scheduler_its_start_began(self, tmp_path):
+        """Cancelled while ``start()`` runs in its thread: nothing is left running."""
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        engine = lease.create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
+        connecting, release = threading.Event(), threading.Event()
+
+        @sa.event.listens_for(engine, "connect")
+        def slow_connect(*_args: object) -> None:  # start() waits here, in its thread
+            connecting.set()
+            release.wait(30)
+
+        scheduler = cronjob.Scheduler(engine, registry=registry, clock=FakeClock(START))
+
+        async def serve() -> None:
+            async with scheduler:
+                raise AssertionError("the block must not be entered")
+
+        async def cancel_during_start() -> None:
+            task = asyncio.create_task(serve())
+            await asyncio.to_thread(connecting.wait, 30)
+            task.cancel()
+            await asyncio.sleep(0)  # the cancellation reaches __aenter__ first
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        try:
+            asyncio.run(cancel_during_start())
+            assert scheduler._flags.stopped, "start() finished with nobody to stop it"
+            assert not scheduler.ready
+        finally:
+            release.set()
+            scheduler.stop()
+            engine.dispose()
+
+
 class TestReadiness:
     def test_a_scheduler_is_ready_once_its_tables_are_at_head_and_until_it_stops(self, db_url):
         registry = cronjob.Registry()

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0001"
+HEAD = "0002"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -65,7 +65,7 @@ class TestUpgrade:
 
     def test_a_blank_database_without_auto_migrate_requires_a_migration(self, db_engine):
         message = (
-            r"^the lease tables are at revision none \(never migrated\) but the head is 0001; "
+            r"^the lease tables are at revision none \(never migrated\) but the head is 0002; "
             r"run lease.migrate\(\) or allow auto_migrate$"
         )
         with pytest.raises(lease.MigrationRequired, match=message):
@@ -99,6 +99,7 @@ class TestUpgrade:
         assert "CREATE TABLE cronjob_lease" in sql
         assert "CREATE TABLE cronjob_alembic_version" in sql
         assert "INSERT INTO cronjob_alembic_version (version_num) VALUES ('0001')" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0002'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
@@ -251,3 +252,108 @@ print(lease.current_revision(engine))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == HEAD
+
+
+#: The lease table as release 0001 knows it: its statements name only these columns.
+_OLD = sa.Table(
+    "cronjob_lease",
+    sa.MetaData(),
+    *(
+        sa.Column(name, sa.BigInteger() if name != "name" else sa.String(200))
+        for name in ("name", "instant", "attempt", "token", "expires_ms", "skipped_through")
+    ),
+    sa.Column("state", sa.String(16)),
+    sa.Column("holder", sa.String(255)),
+    sa.Column("prev_instant", sa.BigInteger()),
+    sa.Column("prev_state", sa.String(16)),
+    sa.Column("prev_attempt", sa.SmallInteger()),
+)
+
+
+class TestUpgradeTo0002:
+    """Revision 0002 only adds, so a live database upgrades under rounds in flight and a
+    replica of release 0001 (whose statements name only 0001's columns) keeps working."""
+
+    @staticmethod
+    def upgrade_to(engine: sa.Engine, revision: str) -> None:
+        with engine.connect() as conn:
+            config = _migrate._config()
+            config.attributes["connection"] = conn
+            alembic.command.upgrade(config, revision)
+            conn.commit()
+
+    def test_a_round_in_flight_survives_the_upgrade_and_old_statements_keep_working(
+        self, db_engine, manual_clock
+    ):
+        from datetime import timedelta
+
+        self.upgrade_to(db_engine, "0001")
+        t0 = manual_clock.now()
+        expires = int(t0.timestamp() * 1000) + 15_000
+        with db_engine.begin() as conn:  # release 0001 made the rows and runs a round
+            for name in ("old-job", "new-job"):
+                conn.execute(
+                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
+                )
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job")
+                .values(
+                    instant=int(t0.timestamp()),
+                    state="running",
+                    token=42,
+                    holder="old-replica",
+                    expires_ms=expires,
+                )
+            )
+        lease.migrate(db_engine)  # the new release starts: 0001 -> 0002, live
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        new.ensure(["new-job"], specs={"new-job": "0 * * * * *"})
+        assert lease.current_revision(db_engine) == HEAD
+
+        row = new.read(["old-job"])["old-job"]
+        assert (row.instant, row.state, row.token, row.holder, row.expires_ms) == (
+            t0,
+            lease.LeaseState.RUNNING,
+            42,
+            "old-replica",
+            expires,
+        )
+        assert (row.spec, row.last_outcome, row.failures) == (None, None, 0)
+
+        # Release 0001 ends its round and claims the next instant, naming old columns only.
+        manual_clock.advance(3)
+        now_ms = int(manual_clock.now().timestamp() * 1000)
+        mine = sa.and_(_OLD.c.name == "old-job", _OLD.c.token == 42)
+        with db_engine.begin() as conn:
+            done = conn.execute(
+                _OLD.update()
+                .where(mine, _OLD.c.state == "running")
+                .values(state="done", expires_ms=None, skipped_through=now_ms // 1000)
+            )
+            assert done.rowcount == 1
+            later = int((t0 + timedelta(minutes=1)).timestamp())
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job", _OLD.c.instant < later)
+                .values(instant=later, attempt=1, state="running", token=7, holder="old-replica")
+            )
+            assert conn.execute(sa.select(_OLD).where(_OLD.c.name == "new-job")).one()
+
+        # Beside it, the new release runs its own job and puts the end on record.
+        [claim] = new.claim(["new-job"], t0 + timedelta(minutes=1), "new-replica")
+        record = lease.RoundRow(
+            name="new-job",
+            instant=claim.instant,
+            attempt=1,
+            holder="new-replica",
+            why="schedule",
+            started=manual_clock.now(),
+            ended=manual_clock.now(),
+            outcome="succeeded",
+        )
+        assert new.finish("new-job", claim.token, ended=manual_clock.now(), record=record)
+        rows = new.read(["old-job", "new-job"])
+        assert rows["old-job"].instant == t0 + timedelta(minutes=1)
+        assert rows["new-job"].last_outcome == "succeeded"
+        assert [r.name for r in new.rounds("new-job", limit=5)] == ["new-job"]

@@ -1,0 +1,516 @@
+"""What the scheduler did, read from the database the replicas share: a read-only API.
+
+Everything here reads the tables the replicas keep current (``cronjob_lease``,
+``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
+a job's spec is on record, so its next instant is computed from it. Nothing here writes,
+and nothing migrates: a database without the tables, or at an older revision, is an error
+that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+
+Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
+the leases and the replicas' ``last_seen`` are kept on.
+
+::
+
+    from cronjob import admin
+
+    report = admin.status("postgresql+psycopg://app@db/app")
+    for job in report.jobs:
+        print(job.name, job.last_outcome, job.consecutive_failures, job.problems)
+    for record in admin.history("postgresql+psycopg://app@db/app", "send-invoices", limit=5):
+        print(record.instant, record.outcome, record.error)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final, TypeVar
+
+import sqlalchemy as sa
+
+import lease
+
+from ._exceptions import CronjobError, ScheduleError
+from ._schedule import Schedule
+
+__all__ = [
+    "Activity",
+    "JobStatus",
+    "Outcome",
+    "ReplicaStatus",
+    "RoundRecord",
+    "SchemaNewer",
+    "SchemaOutdated",
+    "Status",
+    "StatusError",
+    "TablesMissing",
+    "UnknownJob",
+    "Why",
+    "history",
+    "status",
+]
+
+#: A replica not seen for this long is not shown as live (four sweeps missed).
+REPLICA_LIVE_SECONDS: Final = 60.0
+#: The slack on top of two periods before a job without a successful end counts as
+#: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
+STALE_SLACK_SECONDS: Final = 60.0
+#: The most rounds :func:`history` returns at once.
+HISTORY_LIMIT: Final = 10_000
+#: The revision of the tables this release reads.
+REVISION: Final = "0002"
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+class Outcome(enum.StrEnum):
+    """How a round ended, as recorded."""
+
+    #: The job returned.
+    SUCCEEDED = "succeeded"
+    #: The job raised an error of its own (ran to its end; not retried).
+    FAILED = "failed"
+    #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
+    CUT_SHORT = "cut short"
+    #: A second run cut short: the instant is given up.
+    GAVE_UP = "gave up"
+
+
+class Activity(enum.StrEnum):
+    """What a job is doing now."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    #: Reserved for pausing (issue #13).
+    PAUSED = "paused"
+
+
+class Why(enum.StrEnum):
+    """Why a round ran."""
+
+    #: Its instant came.
+    SCHEDULE = "schedule"
+    #: Start-up or the end of a database outage owed it (the catch-up rule).
+    CATCH_UP = "catch-up"
+    #: Its first round was cut short: this is attempt 2.
+    RERUN = "re-run"
+    #: A per-instance job registered with ``run_at_start=True``, as its replica started.
+    START = "start"
+    #: An operator asked for it (reserved for issue #13).
+    MANUAL = "manual"
+
+
+class StatusError(CronjobError):
+    """Raised when the database cannot answer: the root of the errors below."""
+
+
+class TablesMissing(StatusError, LookupError):
+    """Raised when the database has no cronjob tables: no replica ever started on it."""
+
+
+class SchemaOutdated(StatusError):
+    """Raised when the cronjob tables are at an older revision than this release reads."""
+
+
+class SchemaNewer(StatusError):
+    """Raised when the cronjob tables are at a revision this release does not know."""
+
+
+class UnknownJob(CronjobError, LookupError):
+    """Raised when no job of that name is on record."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStatus:
+    """One job, as the replicas left it on record."""
+
+    name: str
+    #: The spec on record (the latest replica to start wrote it); ``None`` if unknown
+    #: (a row written by an older release).
+    spec: str | None
+    #: The IANA zone of a ``CRON_TZ=`` spec, else ``None`` (UTC).
+    zone: str | None
+    #: Run by every replica without a lease; such a job has no state on record.
+    per_instance: bool
+    #: The next instant after "now" per the spec on record.
+    next_instant: datetime | None
+    activity: Activity
+    #: The replica running it now, and since when (the claim).
+    running_on: str | None
+    running_since: datetime | None
+    #: The latest instant claimed, and its attempt.
+    instant: datetime | None
+    attempt: int | None
+    last_outcome: Outcome | None
+    last_start: datetime | None
+    last_end: datetime | None
+    last_duration: timedelta | None
+    last_success: datetime | None
+    #: ``"ExceptionType: message"`` of the latest failure, bounded; ``None`` after a
+    #: success.
+    last_error: str | None
+    consecutive_failures: int
+    #: The latest round overran its next instants up to here: they stay skipped.
+    skipped_through: datetime | None
+    #: The specs the live replicas registered, when they disagree (a rolling deploy).
+    specs_seen: tuple[str, ...]
+    #: One line each: failing, stale, specs that disagree. Empty when healthy.
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaStatus:
+    """One live replica."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    started: datetime
+    last_seen: datetime
+    #: The names it registered.
+    jobs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """Every job on record and the live replicas, as of ``checked_at``."""
+
+    checked_at: datetime
+    jobs: tuple[JobStatus, ...]
+    replicas: tuple[ReplicaStatus, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """No job is failing, stale, or registered with specs that disagree."""
+        return not any(job.problems for job in self.jobs)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Every job's problems, ``"name: problem"``, in the order of the jobs."""
+        return tuple(f"{job.name}: {problem}" for job in self.jobs for problem in job.problems)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """One round that ended, from the history."""
+
+    job: str
+    instant: datetime
+    attempt: int
+    replica: str
+    why: Why | str
+    #: On the replica's clock.
+    started: datetime
+    ended: datetime
+    outcome: Outcome | str
+    error: str | None
+    trace_id: str | None
+
+    @property
+    def duration(self) -> timedelta:
+        """How long the round ran."""
+        return self.ended - self.started
+
+
+def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
+    """Read every job's state and the live replicas.
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        now: "now" for next instants, liveness and staleness; the database's clock by
+            default.
+
+    Raises:
+        TablesMissing, SchemaOutdated, SchemaNewer: the tables cannot be read as this
+            release reads them; nothing was changed.
+        lease.DatabaseUnavailable, lease.DatabaseError: the database failed a statement.
+    """
+    with _store(database) as store:
+        now_ms = store.now_ms() if now is None else _ms(_aware(now, "now"))
+        rows = store.read_all()
+        replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+    checked_at = _at(now_ms)
+    registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
+    for replica in replicas:
+        for name, (spec, leased) in replica.jobs.items():
+            registered.setdefault(name, {})[replica.holder] = (spec, leased)
+    jobs = [
+        _job_status(name, rows.get(name), registered.get(name, {}), replicas, checked_at)
+        for name in sorted(set(rows) | set(registered))
+    ]
+    return Status(
+        checked_at=checked_at,
+        jobs=tuple(jobs),
+        replicas=tuple(
+            ReplicaStatus(
+                id=r.holder,
+                host=r.host,
+                pid=r.pid,
+                version=r.version,
+                started=r.started,
+                last_seen=r.seen,
+                jobs=tuple(sorted(r.jobs)),
+            )
+            for r in sorted(replicas, key=lambda r: r.holder)
+        ),
+    )
+
+
+def history(
+    database: str | sa.Engine,
+    name: str,
+    *,
+    limit: int = 50,
+    failed: bool = False,
+    since: datetime | None = None,
+) -> list[RoundRecord]:
+    """The latest rounds of job ``name`` that ended, newest first.
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        name: the job.
+        limit: at most this many rounds (1 to :data:`HISTORY_LIMIT`).
+        failed: only rounds that failed or were given up.
+        since: only rounds that ended at or after this aware time.
+
+    Raises:
+        UnknownJob: no job ``name`` is on record (no lease row, no round, no replica
+            registering it).
+        ValueError: ``limit`` is out of range, ``since`` is naive.
+        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
+        raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")
+    since_ms = None if since is None else _ms(_aware(since, "since"))
+    outcomes = (Outcome.FAILED.value, Outcome.GAVE_UP.value) if failed else None
+    with _store(database) as store:
+        found = store.rounds(name, limit=limit, outcomes=outcomes, since_ms=since_ms)
+        if not found and not store.known(name):
+            raise UnknownJob(f"no job named {name!r} is on record")
+    return [
+        RoundRecord(
+            job=row.name,
+            instant=row.instant,
+            attempt=row.attempt,
+            replica=row.holder,
+            why=_enum(Why, row.why) or row.why,
+            started=row.started,
+            ended=row.ended,
+            outcome=_enum(Outcome, row.outcome) or row.outcome,
+            error=row.error,
+            trace_id=row.trace_id,
+        )
+        for row in found
+    ]
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
+    """A store on ``database`` whose tables are at this release's revision; no writes."""
+    if isinstance(database, sa.Engine):
+        engine, owned = database, False
+    elif isinstance(database, str):
+        _refuse_missing_file(database)
+        engine, owned = lease.create_engine(database), True
+    else:
+        raise TypeError(f"database must be a URL or an Engine, not {type(database).__name__}")
+    try:
+        _check_revision(engine)
+        yield lease.LeaseStore(engine)
+    finally:
+        if owned:
+            engine.dispose()
+
+
+def _refuse_missing_file(url: str) -> None:
+    """A SQLite URL naming a file that does not exist: say so, and do not create it (as
+    connecting would)."""
+    parsed = sa.make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return
+    if path.startswith("file:"):
+        path = path[len("file:") :].split("?", 1)[0]
+    if not os.path.exists(path):
+        raise TablesMissing(
+            f"no cronjob tables: the SQLite file {path} does not exist (no replica has "
+            "started on it; nothing was changed)"
+        )
+
+
+def _check_revision(engine: sa.Engine) -> None:
+    revision = lease.current_revision(engine)
+    if revision == REVISION:
+        return
+    if revision is None:
+        where = lease.redact(str(engine.url.render_as_string(hide_password=True)))
+        raise TablesMissing(
+            f"no cronjob tables in {where}: no replica has started on this database "
+            "(a replica creates them as it starts; nothing was changed)"
+        )
+    if revision < REVISION and revision.isdigit():
+        raise SchemaOutdated(
+            f"the cronjob tables are at revision {revision}, older than {REVISION}, which "
+            "this release reads: start a replica of this release (it migrates at start) or "
+            "run lease.migrate(); nothing was changed"
+        )
+    raise SchemaNewer(
+        f"the cronjob tables are at revision {revision}, which this release (revision "
+        f"{REVISION}) does not know: use the release that migrated them"
+    )
+
+
+def _job_status(
+    name: str,
+    row: lease.LeaseRow | None,
+    registered: dict[str, tuple[str, bool]],
+    replicas: list[lease.ReplicaRow],
+    now: datetime,
+) -> JobStatus:
+    specs = {spec for spec, _ in registered.values()}
+    spec = row.spec if row is not None and row.spec is not None else None
+    if spec is None and specs:
+        spec = min(specs)
+    if spec is not None:
+        specs.add(spec)
+    per_instance = row is None and bool(registered) and not any(
+        leased for _, leased in registered.values()
+    )
+    schedule = _schedule(spec)
+    problems: list[str] = []
+    if len(specs) > 1:
+        problems.append("replicas registered different specs: " + ", ".join(sorted(specs)))
+    running = (
+        row is not None
+        and row.state is lease.LeaseState.RUNNING
+        and row.expires_ms is not None
+        and row.expires_ms > _ms(now)
+    )
+    outcome = None if row is None else _enum(Outcome, row.last_outcome)
+    failures = 0 if row is None else row.failures
+    if failures:
+        what = outcome if outcome is not None else "failed"
+        problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
+    stale = _stale(schedule, row, registered, replicas, now)
+    if stale is not None:
+        problems.append(stale)
+    duration = None
+    if row is not None and row.last_end is not None and row.last_start is not None:
+        duration = row.last_end - row.last_start if row.last_end >= row.last_start else None
+    skipped = None
+    if row is not None and row.skipped_through is not None and schedule is not None:
+        # The round that ended then: the row's instant, or the one before a later claim.
+        ended = row.instant
+        if ended is None or ended > row.skipped_through:
+            ended = row.prev_instant
+        overrun = None if ended is None else schedule.next(ended)
+        if overrun is not None and overrun <= row.skipped_through:
+            skipped = row.skipped_through
+    return JobStatus(
+        name=name,
+        spec=spec,
+        zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
+        per_instance=per_instance,
+        next_instant=None if schedule is None else schedule.next(now),
+        activity=Activity.RUNNING if running else Activity.IDLE,
+        running_on=row.holder if running and row is not None else None,
+        running_since=row.last_start if running and row is not None else None,
+        instant=None if row is None else row.instant,
+        attempt=None if row is None or row.instant is None else row.attempt,
+        last_outcome=outcome if isinstance(outcome, Outcome) else None,
+        last_start=None if row is None else row.last_start,
+        last_end=None if row is None else row.last_end,
+        last_duration=duration,
+        last_success=None if row is None else row.last_success,
+        last_error=None if row is None else row.last_error,
+        consecutive_failures=failures,
+        skipped_through=skipped,
+        specs_seen=tuple(sorted(specs)) if len(specs) > 1 else (),
+        problems=tuple(problems),
+    )
+
+
+def _stale(
+    schedule: Schedule | None,
+    row: lease.LeaseRow | None,
+    registered: dict[str, tuple[str, bool]],
+    replicas: list[lease.ReplicaRow],
+    now: datetime,
+) -> str | None:
+    """``"stale: ..."`` when no successful end came within two periods plus the slack."""
+    if schedule is None or row is None:
+        return None  # per-instance jobs keep no state; an unknown spec has no period
+    latest = schedule.prev(now + timedelta(seconds=1))
+    if latest is None:
+        return None
+    following = schedule.next(latest)
+    if following is None:
+        return None
+    period = following - latest
+    allowed = 2 * period + timedelta(seconds=STALE_SLACK_SECONDS)
+    since = row.last_success
+    if since is None:
+        # Never succeeded: count from the earliest start of a live replica running it.
+        starts = [r.started for r in replicas if r.holder in registered]
+        if not starts:
+            return None
+        since = min(starts)
+    if now - since <= allowed:
+        return None
+    seen = "never" if row.last_success is None else f"last at {row.last_success.isoformat()}"
+    return f"stale: no successful end within {_human(allowed)} ({seen})"
+
+
+def _schedule(spec: str | None) -> Schedule | None:
+    if spec is None:
+        return None
+    try:
+        return Schedule(spec)
+    except ScheduleError:
+        return None  # a spec this release cannot parse (a newer one's): no next instant
+
+
+def _human(span: timedelta) -> str:
+    """``2h1m``, ``90s`` -> ``1m30s``: the units that are not zero, largest first."""
+    seconds = int(span.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+def _enum(kind: type[_E], value: str | None) -> _E | str | None:
+    """``value`` as a member of ``kind``; a value a newer release wrote stays a string."""
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        return value
+
+
+def _aware(when: datetime, what: str) -> datetime:
+    if not isinstance(when, datetime):
+        raise TypeError(f"{what} must be a datetime, not {type(when).__name__}")
+    if when.utcoffset() is None:
+        raise ValueError(f"{what} must be an aware datetime, not naive {when!r}")
+    return when
+
+
+def _ms(when: datetime) -> int:
+    return (when - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _at(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)
