@@ -24,6 +24,8 @@ Layout, one private module per concern:
 - ``_history``: :class:`History`, the round history's retention, and its pruning.
 - :mod:`cronjob.admin` (public): what the scheduler did, read from the database
   (``cronjob status``, ``cronjob history``).
+- :mod:`cronjob.web` (public): the status page as a WSGI or ASGI app (``cronjob status
+  --serve``); ``_page`` renders its HTML.
 
 Threads, and who may touch what::
 
