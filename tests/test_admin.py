@@ -313,7 +313,7 @@ class TestHistory:
 
 class TestBadDatabase:
     def test_a_database_without_tables_says_so_and_changes_nothing(self, db_url):
-        with pytest.raises(admin.TablesMissing, match=r"^no cronjob tables in .*nothing was"):
+        with pytest.raises(admin.TablesMissing, match=r"^no cronjob tables.*nothing was changed"):
             admin.status(db_url)
         with pytest.raises(admin.TablesMissing):
             admin.history(db_url, "tick")
