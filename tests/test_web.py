@@ -12,6 +12,9 @@ import contextlib
 import html
 import io
 import re
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -202,3 +205,32 @@ class TestReadOnly:
         engine = create_async_engine("sqlite+aiosqlite://")
         with pytest.raises(TypeError, match="a database URL or a sync Engine"):
             web.wsgi_app(engine)  # type: ignore[arg-type]
+
+
+class TestServe:
+    def test_cronjob_status_serve_serves_the_page_until_stopped(self, tmp_path, clock):
+        url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+        registry = Registry()
+        registry.register(report, "0 0 * * * *", "report")
+        with Scheduler(url, registry=registry, clock=clock, replica_id="web-1"):
+            clock.advance(3600 + 60)
+        command = [sys.executable, "-m", "cronjob", "status", "--serve", "127.0.0.1:0"]
+        process = subprocess.Popen(
+            [*command, "--database-url", url], stderr=subprocess.PIPE, text=True
+        )
+        try:
+            assert process.stderr is not None
+            line = process.stderr.readline()  # blocks until it listens (or dies)
+            [address] = re.findall(r"http://127\.0\.0\.1:\d+/", line)
+            with urllib.request.urlopen(address, timeout=30) as response:
+                assert response.status == 200
+                assert ">report</a>" in response.read().decode()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+    def test_a_bad_address_is_one_line_and_exit_2(self, capsys):
+        from cronjob._cli import main
+
+        assert main(["status", "--serve", "localhost"]) == 2
+        assert "must be HOST:PORT, like 127.0.0.1:8321, got 'localhost'" in capsys.readouterr().err
