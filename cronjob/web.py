@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 from urllib.parse import parse_qs
 
@@ -123,7 +124,7 @@ class _Pages:
             found[0], rounds, prefix, failed=failed, checked_at=report.checked_at
         )
 
-    def _now(self) -> Any:
+    def _now(self) -> datetime | None:
         return None if self._clock is None else self._clock.now()
 
 
@@ -142,7 +143,7 @@ def wsgi_app(database: str | sa.Engine | None = None, *, clock: Clock | None = N
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         # PEP 3333: PATH_INFO is the request's bytes decoded as latin-1.
-        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        path = environ.get("PATH_INFO", "").encode("latin-1", "replace").decode("utf-8", "replace")
         method = environ.get("REQUEST_METHOD", "GET")
         reply = pages.reply(
             method, path, environ.get("QUERY_STRING", ""), environ.get("SCRIPT_NAME", "")
