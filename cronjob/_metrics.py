@@ -21,7 +21,7 @@ pluralized; counters of countable things pluralized, with a ``{annotation}`` uni
 ``total``; an up-down counter not pluralized (``.active``, like ``cicd.pipeline.run.active``);
 durations in seconds (``s``). Attribute values are the ones spans and logs already use:
 ``cronjob.job`` is the job's name, ``cronjob.outcome`` one of ``succeeded``, ``failed``,
-``cut short`` and ``gave up`` (a second round cut short), ``cronjob.reason`` why a round
+``cut short`` and ``given up`` (a second round cut short), ``cronjob.reason`` why a round
 ran (``schedule``, ``catch-up``, ``catch-up after an outage``, ``re-run``, ``start-up``) or
 why an instant was skipped (``overrun``, ``database unreachable``), and ``error.type`` the
 qualified class name of a failed round's exception.
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters"]
 
 #: The ``cronjob.outcome`` of a round cut short on its second run (the instant is given up).
-GIVEN_UP = "gave up"
+GIVEN_UP = "given up"
 #: Overrun instants counted for one round at most (an ``@every 1s`` job stuck for a day
 #: would otherwise cost the dispatcher 86,400 steps of its schedule).
 SKIP_COUNT_LIMIT = 10_000

@@ -79,7 +79,7 @@ class Outcome(enum.StrEnum):
     #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
     CUT_SHORT = "cut short"
     #: A second run cut short: the instant is given up.
-    GAVE_UP = "gave up"
+    GAVE_UP = "given up"
 
 
 class Activity(enum.StrEnum):

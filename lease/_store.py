@@ -161,7 +161,7 @@ class LeaseRow:
     last_end: datetime | None = None
     last_success: datetime | None = None
     #: How the latest round on record ended (``'succeeded'``, ``'failed'``,
-    #: ``'cut short'``, ``'gave up'``), and the failure's summary.
+    #: ``'cut short'``, ``'given up'``), and the failure's summary.
     last_outcome: str | None = None
     last_error: str | None = None
     #: Rounds in a row that failed or were given up.
@@ -745,7 +745,7 @@ class LeaseStore:
     def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
 
-        On record, the round ended ``'cut short'`` — or ``'gave up'`` for a second run,
+        On record, the round ended ``'cut short'`` — or ``'given up'`` for a second run,
         which counts as one more failure in a row. ``record``, if given, is added to the
         history in the same transaction.
 
@@ -763,7 +763,7 @@ class LeaseStore:
                 state=LeaseState.CUT.value,
                 expires_ms=None,
                 last_end_ms=now,
-                last_outcome=sa.case((second, "gave up"), else_="cut short"),
+                last_outcome=sa.case((second, "given up"), else_="cut short"),
                 failures=sa.case(
                     (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
                 ),

@@ -221,7 +221,7 @@ class TestSecondRunsAndLosses:
         a.scheduler.stop()
         clock.advance(15)
         b.scheduler.stop()  # cut short again: given up
-        assert b.value("cronjob.rounds", cronjob_outcome="gave up") == 1
+        assert b.value("cronjob.rounds", cronjob_outcome="given up") == 1
         assert b.value("cronjob.rounds", cronjob_outcome="cut short") == 0
 
     def test_a_lease_taken_under_a_round_is_a_lost_lease_and_a_round_cut_short(
