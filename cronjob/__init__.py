@@ -26,6 +26,8 @@ Layout, one private module per concern:
   (``cronjob status``, ``cronjob history``).
 - ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
   (entry point ``pytest11``). Importing ``cronjob`` imports neither.
+- :mod:`cronjob.web` (public): the status page as a WSGI or ASGI app (``cronjob status
+  --serve``); ``_page`` renders its HTML.
 
 Threads, and who may touch what::
 

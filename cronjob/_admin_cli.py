@@ -53,6 +53,13 @@ def add_commands(commands: Any, database_help: str) -> None:
         ),
     )
     status.add_argument("name", metavar="NAME", nargs="?", help="show this job only")
+    status.add_argument(
+        "--serve",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the status page (read only) at http://HOST:PORT/ until interrupted",
+    )
     history = commands.add_parser(
         "history",
         help="list a job's latest rounds",
@@ -86,6 +93,8 @@ def run_status(
     ``out`` and ``err`` default to the standard streams of the moment of the call.
     """
     out, err = out or sys.stdout, err or sys.stderr
+    if args.serve is not None:
+        return _serve(args, err)
 
     def show() -> int:
         report = admin.status(_database(args))
@@ -270,6 +279,33 @@ def _guarded(show: Callable[[], int], err: TextIO) -> int:
     except lease.LeaseError as exc:
         print(f"cronjob: error: the database could not be read: {exc}", file=err)
         return EXIT_DATABASE
+
+
+def _serve(args: argparse.Namespace, err: TextIO) -> int:
+    """``cronjob status --serve HOST:PORT``: the page, until interrupted (exit 0)."""
+    from . import web
+
+    host, port = args.serve
+    try:
+        web.serve(
+            _database(args),
+            host,
+            port,
+            ready=lambda url: print(f"cronjob: status page at {url} (Ctrl-C stops)", file=err),
+        )
+    except OSError as exc:
+        print(f"cronjob: error: cannot serve at {host}:{port}: {exc.strerror or exc}", file=err)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, like 127.0.0.1:8321, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def _limit(text: str) -> int:

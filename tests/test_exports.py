@@ -52,6 +52,7 @@ SURFACE = {
         "history",
         "status",
     ],
+    "cronjob.web": ["asgi_app", "serve", "wsgi_app"],
 }
 
 
