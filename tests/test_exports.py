@@ -37,7 +37,9 @@ SURFACE = {
     "cronjob.admin": [
         "Activity",
         "JobStatus",
+        "NotPausable",
         "Outcome",
+        "PauseChange",
         "ReplicaStatus",
         "RoundRecord",
         "SchemaNewer",
@@ -48,6 +50,10 @@ SURFACE = {
         "UnknownJob",
         "Why",
         "history",
+        "pause",
+        "pause_all",
+        "resume",
+        "resume_all",
         "status",
     ],
 }

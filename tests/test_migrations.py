@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0002"
+HEAD = "0003"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -65,7 +65,8 @@ class TestUpgrade:
 
     def test_a_blank_database_without_auto_migrate_requires_a_migration(self, db_engine):
         message = (
-            r"^the lease tables are at revision none \(never migrated\) but the head is 0002; "
+            r"^the lease tables are at revision none \(never migrated\) but the head is "
+            rf"{HEAD}; "
             r"run lease.migrate\(\) or allow auto_migrate$"
         )
         with pytest.raises(lease.MigrationRequired, match=message):
@@ -100,6 +101,8 @@ class TestUpgrade:
         assert "CREATE TABLE cronjob_alembic_version" in sql
         assert "INSERT INTO cronjob_alembic_version (version_num) VALUES ('0001')" in sql
         assert "UPDATE cronjob_alembic_version SET version_num='0002'" in sql
+        assert "ALTER TABLE cronjob_lease ADD COLUMN paused_ms BIGINT" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0003'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
