@@ -5,14 +5,15 @@ a batch of ends; at most once per clock hour, the replica tries to take that hou
 (one claim of a lease of its own, see :meth:`lease.LeaseStore.take_turn`), and the one
 replica whose claim wins deletes, in one statement, the rounds older than
 :attr:`History.days` and each job's rounds past its :attr:`History.per_job` newest, then
-the replicas gone for a day. A deployment whose rounds stop ending stops growing its
-history too, so pruning rides on the ends and needs no timer.
+the replicas gone for a day, on a thread of its own. A deployment whose rounds stop
+ending stops growing its history too, so pruning rides on the ends and needs no timer.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -58,7 +59,7 @@ class History:
 
 
 class Pruner:
-    """Prunes the history when it is this replica's turn (finisher thread only)."""
+    """Prunes the history when it is this replica's turn (asked by the finisher thread)."""
 
     def __init__(
         self, *, store: lease.LeaseStore, clock: Clock, holder: str, history: History
@@ -71,13 +72,24 @@ class Pruner:
         self._created = False  # the chore's row, made by the first try of this replica
 
     def maybe_prune(self) -> None:
-        """Take this hour's turn, if not tried yet, and prune if it is ours. Never raises."""
+        """Take this hour's turn, if not tried yet, and prune if it is ours, on a thread of
+        its own (the ranking of a large history takes seconds, which the ends of rounds
+        must not wait for). Never raises."""
         now = self._clock.now()
         turn = int(now.timestamp()) // PRUNE_EVERY
         if turn == self._last_turn:
             return
         self._last_turn = turn
         instant = datetime.fromtimestamp(turn * PRUNE_EVERY, now.tzinfo)
+        self._clock._work_started()  # a fake clock's advance() waits for it
+        try:
+            threading.Thread(
+                target=self._prune, args=(instant,), name="cronjob-prune", daemon=True
+            ).start()
+        except RuntimeError:  # no thread: try again next hour
+            self._clock._work_finished()
+
+    def _prune(self, instant: datetime) -> None:
         try:
             mine = self._store.take_turn(
                 PRUNE_CHORE, instant, self._holder, create=not self._created
@@ -93,5 +105,7 @@ class Pruner:
         except lease.LeaseError as exc:
             log.warning("pruning the round history failed: %s", exc)
             return
+        finally:
+            self._clock._work_finished()
         if rounds or replicas:
             log.info("pruned %d round(s) from the history and %d replica(s) gone", rounds, replicas)

@@ -389,7 +389,7 @@ class RoundRunner:
         summary = None if outcome is Outcome.SUCCEEDED or error is None else error_summary(error)
         word = outcome.value
         if outcome is Outcome.CUT_SHORT and ctx.attempt >= 2:
-            word = "gave up"
+            word = "given up"
         record = None
         if self._history:
             record = lease.RoundRow(

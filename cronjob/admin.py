@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import getpass
 import os
 import socket
@@ -86,7 +87,7 @@ class Outcome(enum.StrEnum):
     #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
     CUT_SHORT = "cut short"
     #: A second run cut short: the instant is given up.
-    GAVE_UP = "gave up"
+    GAVE_UP = "given up"
 
 
 class Activity(enum.StrEnum):
@@ -587,7 +588,7 @@ def _job_status(
         ended = row.instant
         if ended is None or ended > row.skipped_through:
             ended = row.prev_instant
-        overrun = None if ended is None else schedule.next(ended)
+        overrun = None if ended is None else _next(schedule, ended)
         if overrun is not None and overrun <= row.skipped_through:
             skipped = row.skipped_through
     return JobStatus(
@@ -595,7 +596,7 @@ def _job_status(
         spec=spec,
         zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
         per_instance=per_instance,
-        next_instant=None if schedule is None else schedule.next(now),
+        next_instant=None if schedule is None else _next(schedule, now),
         activity=(
             Activity.RUNNING
             if running
@@ -633,13 +634,9 @@ def _stale(
     """``"stale: ..."`` when no successful end came within two periods plus the slack."""
     if schedule is None or row is None:
         return None  # per-instance jobs keep no state; an unknown spec has no period
-    latest = schedule.prev(now + timedelta(seconds=1))
-    if latest is None:
+    period = _period(schedule, now)
+    if period is None:
         return None
-    following = schedule.next(latest)
-    if following is None:
-        return None
-    period = following - latest
     allowed = 2 * period + timedelta(seconds=STALE_SLACK_SECONDS)
     since = row.last_success
     if since is None:
@@ -654,7 +651,23 @@ def _stale(
     return f"stale: no successful end within {_human(allowed)} ({seen})"
 
 
+@functools.lru_cache(maxsize=65536)
+def _next(schedule: Schedule, now: datetime) -> datetime | None:
+    """``schedule.next(now)``, once per schedule and moment (jobs share both)."""
+    return schedule.next(now)
+
+
+@functools.lru_cache(maxsize=4096)
+def _period(schedule: Schedule, now: datetime) -> timedelta | None:
+    """The current period: from the latest instant at or before ``now`` to the next."""
+    latest = schedule.prev(now + timedelta(seconds=1))
+    following = None if latest is None else schedule.next(latest)
+    return None if latest is None or following is None else following - latest
+
+
+@functools.lru_cache(maxsize=4096)
 def _schedule(spec: str | None) -> Schedule | None:
+    """The schedule of ``spec`` (parsed once per spec: jobs share specs), or ``None``."""
     if spec is None:
         return None
     try:

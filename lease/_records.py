@@ -53,7 +53,7 @@ class RoundRow:
     #: On the holder's clock.
     started: datetime
     ended: datetime
-    #: ``'succeeded'``, ``'failed'``, ``'cut short'`` or ``'gave up'``.
+    #: ``'succeeded'``, ``'failed'``, ``'cut short'`` or ``'given up'``.
     outcome: str
     error: str | None = None
     trace_id: str | None = None

@@ -161,7 +161,7 @@ class LeaseRow:
     last_end: datetime | None = None
     last_success: datetime | None = None
     #: How the latest round on record ended (``'succeeded'``, ``'failed'``,
-    #: ``'cut short'``, ``'gave up'``), and the failure's summary.
+    #: ``'cut short'``, ``'given up'``), and the failure's summary.
     last_outcome: str | None = None
     last_error: str | None = None
     #: Rounds in a row that failed or were given up.
@@ -560,10 +560,16 @@ class LeaseStore:
         my = mysql.insert(_p).values(values)
         return my.on_duplicate_key_update({column: my.inserted[column] for column in changed})
 
-    def prune(self, *, days: float, per_name: int, replicas_gone: float) -> tuple[int, int]:
+    def prune(
+        self, *, days: float, per_name: int, replicas_gone: float, timeout: float = 60.0
+    ) -> tuple[int, int]:
         """Delete the history's rounds that ended more than ``days`` ago and each name's
         rounds past its ``per_name`` newest (one statement), and the replicas not seen for
         ``replicas_gone`` seconds (one more), in one transaction.
+
+        Ranking a name's rounds reads the whole history (about 3 s for a million rows
+        on a busy 2-core machine), so these statements have a bound of their own,
+        ``timeout`` seconds, not :attr:`statement_timeout`.
 
         Returns:
             How many rounds and replicas were deleted.
@@ -571,7 +577,11 @@ class LeaseStore:
         now_ms = self.now_ms()
         cutoff = now_ms - round(days * 86_400_000)
         gone = _p.delete().where(_p.c.seen_ms < now_ms - round(replicas_gone * 1000))
-        with translate_errors("prune the history"), self._transaction() as conn:
+        bound = max(1, round(timeout * 1000))
+        with (
+            translate_errors("prune the history"),
+            self._transaction(timeout_ms=bound) as conn,
+        ):
             rounds = conn.execute(prune_statement(cutoff_ms=cutoff, per_name=per_name)).rowcount
             replicas = conn.execute(gone).rowcount
         return rounds, replicas
@@ -747,7 +757,7 @@ class LeaseStore:
     def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
 
-        On record, the round ended ``'cut short'`` — or ``'gave up'`` for a second run,
+        On record, the round ended ``'cut short'`` — or ``'given up'`` for a second run,
         which counts as one more failure in a row. ``record``, if given, is added to the
         history in the same transaction.
 
@@ -765,7 +775,7 @@ class LeaseStore:
                 state=LeaseState.CUT.value,
                 expires_ms=None,
                 last_end_ms=now,
-                last_outcome=sa.case((second, "gave up"), else_="cut short"),
+                last_outcome=sa.case((second, "given up"), else_="cut short"),
                 failures=sa.case(
                     (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
                 ),
@@ -1147,7 +1157,9 @@ class LeaseStore:
             watcher(write)
 
     @contextlib.contextmanager
-    def _transaction(self, *, read: bool = False) -> Iterator[Connection]:
+    def _transaction(
+        self, *, read: bool = False, timeout_ms: int | None = None
+    ) -> Iterator[Connection]:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
@@ -1165,11 +1177,11 @@ class LeaseStore:
         A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
-        with self._bounded(read=read) as conn:
+        with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn
 
     @contextlib.contextmanager
-    def _bounded(self, *, read: bool) -> Iterator[Connection]:
+    def _bounded(self, *, read: bool, timeout_ms: int) -> Iterator[Connection]:
         conn = self._engine.connect()
         if read:
             # A read needs no write lock: on an engine from lease.create_engine, its
@@ -1177,7 +1189,7 @@ class LeaseStore:
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
         with conn, conn.begin():
-            restore = self._bound(conn)
+            restore = self._bound(conn, timeout_ms)
             try:
                 yield conn
             finally:
@@ -1188,17 +1200,17 @@ class LeaseStore:
                         conn.invalidate()  # never pool a session that keeps our bound
                         raise
 
-    def _bound(self, conn: Connection) -> str | None:
+    def _bound(self, conn: Connection, timeout_ms: int) -> str | None:
         """Bound the statements of ``conn``'s transaction; return what undoes it, if any."""
         dialect = conn.dialect.name
         if dialect == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {self._timeout_ms}")
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {timeout_ms}")
             return None
         if dialect in ("mysql", "mariadb"):
             # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
             # only): a statement of ours that waits is waiting for a lock, and these two
             # bound that wait on both servers.
-            seconds = max(1, math.ceil(self._timeout_ms / 1000))
+            seconds = max(1, math.ceil(timeout_ms / 1000))
             conn.exec_driver_sql(
                 "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"

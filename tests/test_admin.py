@@ -145,7 +145,7 @@ class TestJobState:
         b.stop()  # cut short again: given up
         job = job_status(db_url, clock, "hourly")
         assert (job.last_outcome, job.consecutive_failures) == (Outcome.GAVE_UP, 1)
-        assert job.problems == ("failing: 1 round in a row gave up",)
+        assert job.problems == ("failing: 1 round in a row given up",)
         rounds = admin.history(db_url, "hourly")
         assert [(r.attempt, r.replica, r.why, r.outcome) for r in rounds] == [
             (2, "b", Why.RERUN, Outcome.GAVE_UP),
@@ -313,7 +313,7 @@ class TestHistory:
 
 class TestBadDatabase:
     def test_a_database_without_tables_says_so_and_changes_nothing(self, db_url):
-        with pytest.raises(admin.TablesMissing, match=r"^no cronjob tables in .*nothing was"):
+        with pytest.raises(admin.TablesMissing, match=r"^no cronjob tables.*nothing was changed"):
             admin.status(db_url)
         with pytest.raises(admin.TablesMissing):
             admin.history(db_url, "tick")
