@@ -1,10 +1,11 @@
-"""What the scheduler did, read from the database the replicas share: a read-only API.
+"""What the scheduler did, read from the database the replicas share; and the pause.
 
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
-a job's spec is on record, so its next instant is computed from it. Nothing here writes,
-and nothing migrates: a database without the tables, or at an older revision, is an error
-that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
+:func:`resume` and their ``_all`` forms write (the pause on the lease row, a note in the
+history). Nothing migrates: a database without the tables, or at an older revision, is an
+error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
 Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
 the leases and the replicas' ``last_seen`` are kept on.
@@ -18,6 +19,7 @@ the leases and the replicas' ``last_seen`` are kept on.
         print(job.name, job.last_outcome, job.consecutive_failures, job.problems)
     for record in admin.history("postgresql+psycopg://app@db/app", "send-invoices", limit=5):
         print(record.instant, record.outcome, record.error)
+    admin.pause("postgresql+psycopg://app@db/app", "send-invoices", reason="API down")
 """
 
 from __future__ import annotations
@@ -491,7 +493,7 @@ def _set_paused(
 
 @contextlib.contextmanager
 def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
-    """A store on ``database`` whose tables are at this release's revision; no writes."""
+    """A store on ``database`` whose tables are at this release's revision (it never migrates)."""
     if isinstance(database, sa.Engine):
         engine, owned = database, False
     elif isinstance(database, str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -82,7 +83,10 @@ def history_whys(url: str, name: str) -> list[str]:
 
 
 class TestPause:
-    def test_paused_between_two_instants_no_replica_runs_the_next(self, db_url, replicas, clock):
+    def test_paused_between_two_instants_no_replica_runs_the_next(
+        self, db_url, replicas, clock, caplog
+    ):
+        caplog.set_level(logging.INFO)
         tick = Runs()
         two_replicas(replicas, tick=tick)
         clock.advance(60 + 5)
@@ -92,6 +96,8 @@ class TestPause:
         assert change.paused_since == at(1, 5)
         clock.advance(5 * 60)
         assert tick.instants == [at(1)]
+        # A claim refused for the pause is no missing row and no lost claim: no warning.
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
         job = next(j for j in admin.status(db_url, now=clock.now()).jobs if j.name == "tick")
         assert job.activity is Activity.PAUSED
         assert (job.paused_since, job.paused_by, job.pause_reason) == (
