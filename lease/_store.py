@@ -594,6 +594,7 @@ class LeaseStore:
         than ``claim_ahead`` seconds (:data:`CLAIM_AHEAD_LIMIT`) past the lease clock's
         ``now``: a replica whose clock runs far ahead must not claim instants the others
         have not reached (its claims win nothing; the others run the instants on time).
+        A paused row (``paused_ms`` set, see :meth:`set_paused`) is never claimed.
         Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
         before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
@@ -680,8 +681,8 @@ class LeaseStore:
         """Claim the second run (attempt 2) of ``instant``, a round cut short.
 
         Succeeds only when the row's instant is ``instant``, its attempt is 1, its state
-        is ``running`` or ``cut`` (not ``done``), and its lease is free. A new token is
-        drawn; ``superseded`` is ``None`` (the round is the same one).
+        is ``running`` or ``cut`` (not ``done``), its lease is free, and it is not paused.
+        A new token is drawn; ``superseded`` is ``None`` (the round is the same one).
 
         Returns:
             The claim, or ``None`` when the rule refuses it (another replica re-ran it
