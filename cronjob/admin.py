@@ -578,7 +578,9 @@ def _job_status(
     if failures:
         what = outcome if outcome is not None else "failed"
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
-    stale = _stale(schedule, row, registered, replicas, now)
+    # A paused job is not run on purpose: shown as paused, never as stale.
+    paused = row is not None and row.paused is not None
+    stale = None if paused else _stale(schedule, row, registered, replicas, now)
     if stale is not None:
         problems.append(stale)
     duration = None

@@ -105,6 +105,7 @@ class TestPause:
             "ops@laptop",
             "bad release",
         )
+        assert job.problems == ()  # paused on purpose: not stale, after 5 periods
         [note] = [r for r in admin.history(db_url, "tick") if r.why is Why.PAUSE]
         assert (note.replica, note.outcome, note.ended) == ("ops@laptop", "paused", at(1, 5))
 
