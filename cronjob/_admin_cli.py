@@ -35,6 +35,8 @@ EXIT_DATABASE: Final = 3
 
 #: The widest an error is shown in a table (``--json`` has it whole).
 ERROR_WIDTH: Final = 80
+#: The widest a pause reason is shown in the table (``--json`` has it whole).
+REASON_WIDTH: Final = 40
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])(?:\s+ago)?$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -202,10 +204,20 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
 def _state(job: admin.JobStatus) -> str:
     if job.per_instance:
         return "per instance"
+    paused = _paused(job)
     if job.activity is admin.Activity.RUNNING:
         since = job.running_since.strftime("%H:%M:%S") if job.running_since else "?"
-        return f"running on {_cell(job.running_on or '?')} since {since}"
-    return str(job.activity)
+        running = f"running on {_cell(job.running_on or '?')} since {since}"
+        return running if paused is None else f"{running}; {paused}"
+    return str(job.activity) if paused is None else paused
+
+
+def _paused(job: admin.JobStatus) -> str | None:
+    """``paused by WHO since TIME (REASON)``, or ``None``: not paused."""
+    if job.paused_since is None:
+        return None
+    reason = f" ({_cell(job.pause_reason, REASON_WIDTH)})" if job.pause_reason else ""
+    return f"paused by {_cell(job.paused_by or '?')} since {_time(job.paused_since)}{reason}"
 
 
 def _last(job: admin.JobStatus) -> str:

@@ -3,7 +3,8 @@
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
 modules that register jobs and runs the scheduler (see :mod:`cronjob._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
-:mod:`cronjob._admin_cli`).
+:mod:`cronjob._admin_cli`); ``cronjob pause`` and ``cronjob resume`` stop and restart a
+job on every replica (see :mod:`cronjob._pause_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
@@ -21,6 +22,8 @@ from typing import NoReturn, TextIO
 
 from ._admin_cli import add_commands, run_history, run_status
 from ._exceptions import ScheduleError
+from ._pause_cli import add_commands as add_pause_commands
+from ._pause_cli import run_pause, run_resume
 from ._schedule import DstMark, Schedule, parse
 
 __all__ = ["main"]
@@ -126,6 +129,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         help="a module to import",
     )
     add_commands(commands, _DATABASE_HELP)
+    add_pause_commands(commands, _DATABASE_HELP)
     return parser
 
 
@@ -167,6 +171,10 @@ def main(
             return run_status(args)
         if args.command == "history":
             return run_history(args)
+        if args.command == "pause":
+            return run_pause(args)
+        if args.command == "resume":
+            return run_resume(args)
         return _show_next(args.spec, args.count, args.after, sys.stdout)
     except (_UsageError, ScheduleError) as exc:
         print(f"cronjob: error: {exc}", file=sys.stderr)

@@ -1,10 +1,11 @@
-"""What the scheduler did, read from the database the replicas share: a read-only API.
+"""What the scheduler did, read from the database the replicas share; and the pause.
 
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
-a job's spec is on record, so its next instant is computed from it. Nothing here writes,
-and nothing migrates: a database without the tables, or at an older revision, is an error
-that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
+:func:`resume` and their ``_all`` forms write (the pause on the lease row, a note in the
+history). Nothing migrates: a database without the tables, or at an older revision, is an
+error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
 Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
 the leases and the replicas' ``last_seen`` are kept on.
@@ -18,6 +19,7 @@ the leases and the replicas' ``last_seen`` are kept on.
         print(job.name, job.last_outcome, job.consecutive_failures, job.problems)
     for record in admin.history("postgresql+psycopg://app@db/app", "send-invoices", limit=5):
         print(record.instant, record.outcome, record.error)
+    admin.pause("postgresql+psycopg://app@db/app", "send-invoices", reason="API down")
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import getpass
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -41,7 +45,9 @@ from ._schedule import Schedule
 __all__ = [
     "Activity",
     "JobStatus",
+    "NotPausable",
     "Outcome",
+    "PauseChange",
     "ReplicaStatus",
     "RoundRecord",
     "SchemaNewer",
@@ -52,6 +58,10 @@ __all__ = [
     "UnknownJob",
     "Why",
     "history",
+    "pause",
+    "pause_all",
+    "resume",
+    "resume_all",
     "status",
 ]
 
@@ -63,7 +73,7 @@ STALE_SLACK_SECONDS: Final = 60.0
 #: The most rounds :func:`history` returns at once.
 HISTORY_LIMIT: Final = 10_000
 #: The revision of the tables this release reads.
-REVISION: Final = "0002"
+REVISION: Final = "0003"
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -87,7 +97,7 @@ class Activity(enum.StrEnum):
 
     IDLE = "idle"
     RUNNING = "running"
-    #: Reserved for pausing (issue #13).
+    #: Paused by an operator (:func:`pause`): no replica starts a round of it.
     PAUSED = "paused"
 
 
@@ -104,6 +114,12 @@ class Why(enum.StrEnum):
     START = "start"
     #: An operator asked for it (reserved for issue #13).
     MANUAL = "manual"
+    #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
+    #: ``replica`` is who paused it, its outcome ``'paused'``.
+    PAUSE = "pause"
+    #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
+    #: ``'resumed'``.
+    RESUME = "resume"
 
 
 class StatusError(CronjobError):
@@ -162,6 +178,11 @@ class JobStatus:
     specs_seen: tuple[str, ...]
     #: One line each: failing, stale, specs that disagree. Empty when healthy.
     problems: tuple[str, ...]
+    #: Paused since, by whom, why (:func:`pause`); ``None`` when not paused. A paused
+    #: job with a round running shows :attr:`Activity.RUNNING`: the round runs to its end.
+    paused_since: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,12 +332,168 @@ def history(
     ]
 
 
+# -- pause and resume ----------------------------------------------------------------------
+
+
+#: The longest pause reason, in characters: a longer one is refused, never cut.
+REASON_LENGTH: Final = lease.REASON_LENGTH
+
+
+class NotPausable(CronjobError, ValueError):
+    """Raised for a job that cannot be paused: a per-instance job (it has no lease row;
+    not supported in this release)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseChange:
+    """What :func:`pause` or :func:`resume` did to one job."""
+
+    job: str
+    #: ``False`` when the job was already in the state asked for: nothing was written.
+    changed: bool
+    #: Whether the job is paused now, and since when, by whom, why.
+    paused: bool
+    paused_since: datetime | None
+    paused_by: str | None
+    pause_reason: str | None
+    #: A round running now (on this replica): pausing does not cancel it, it runs to
+    #: its end; ``None`` when idle.
+    running_on: str | None
+
+
+def pause(
+    database: str | sa.Engine,
+    name: str,
+    *,
+    reason: str | None = None,
+    by: str | None = None,
+    now: datetime | None = None,
+) -> PauseChange:
+    """Pause job ``name`` on every replica: from its next instant, no replica claims it
+    (the claim statement refuses a paused row), nor re-runs or catches it up. A round
+    running now runs to its end. Noted in the history (:attr:`Why.PAUSE`).
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        reason: why, at most :data:`REASON_LENGTH` characters.
+        by: who; ``user@host`` of this process by default.
+        now: when, on the lease clock; the database's clock by default.
+
+    Returns:
+        The change; ``changed`` is ``False`` (nothing written) if it was paused already.
+
+    Raises:
+        UnknownJob: no job ``name`` is on record; nothing was written.
+        NotPausable: ``name`` is a per-instance job; nothing was written.
+        ValueError: ``reason`` is longer than :data:`REASON_LENGTH`; nothing was written.
+        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+    """
+    return _set_paused(database, name, paused=True, reason=reason, by=by, now=now)[0]
+
+
+def pause_all(
+    database: str | sa.Engine,
+    *,
+    reason: str | None = None,
+    by: str | None = None,
+    now: datetime | None = None,
+) -> tuple[PauseChange, ...]:
+    """Pause every leased job on record (a maintenance window), as :func:`pause` each,
+    in one transaction. A job a later release registers (no row yet) is not paused.
+    Returns one change per job on record, sorted by name."""
+    return _set_paused(database, None, paused=True, reason=reason, by=by, now=now)
+
+
+def resume(
+    database: str | sa.Engine,
+    name: str,
+    *,
+    by: str | None = None,
+    now: datetime | None = None,
+) -> PauseChange:
+    """Resume job ``name``: its next instant runs as usual. The instants skipped while
+    it was paused are never run: not caught up at start-up, not re-run by the sweep.
+    Noted in the history (:attr:`Why.RESUME`); ``changed`` is ``False`` (nothing
+    written) if it was not paused. Raises as :func:`pause`."""
+    return _set_paused(database, name, paused=False, reason=None, by=by, now=now)[0]
+
+
+def resume_all(
+    database: str | sa.Engine, *, by: str | None = None, now: datetime | None = None
+) -> tuple[PauseChange, ...]:
+    """Resume every paused job, as :func:`resume` each, in one transaction."""
+    return _set_paused(database, None, paused=False, reason=None, by=by, now=now)
+
+
+def _operator() -> str:
+    """``user@host`` of this process: who pauses or resumes unless told."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (a container)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _set_paused(
+    database: str | sa.Engine,
+    name: str | None,
+    *,
+    paused: bool,
+    reason: str | None,
+    by: str | None,
+    now: datetime | None,
+) -> tuple[PauseChange, ...]:
+    who = _operator() if by is None else by
+    if not isinstance(who, str) or not 0 < len(who) <= lease.HOLDER_LENGTH:
+        raise ValueError(f"by must be 1 to {lease.HOLDER_LENGTH} characters, not {who!r}")
+    if reason is not None and len(reason) > REASON_LENGTH:
+        raise ValueError(
+            f"the reason is {len(reason)} characters, more than the {REASON_LENGTH} kept; "
+            "nothing was changed"
+        )
+    now_ms = None if now is None else _ms(_aware(now, "now"))
+    with _store(database) as store:
+        if name is not None:
+            rows = store.read([name])
+            if name not in rows:
+                if store.known(name):
+                    raise NotPausable(
+                        f"job {name!r} runs on every replica without a lease (per instance):"
+                        " pausing it is not supported; nothing was changed"
+                    )
+                raise UnknownJob(f"no job named {name!r} is on record")
+        names = None if name is None else [name]
+        changed = set(
+            store.set_paused(names, paused=paused, by=who, reason=reason, now_ms=now_ms)
+        )
+        rows = store.read_all() if name is None else store.read([name])
+        clock_ms = store.now_ms() if now_ms is None else now_ms
+    return tuple(
+        PauseChange(
+            job=row.name,
+            changed=row.name in changed,
+            paused=row.paused is not None,
+            paused_since=row.paused,
+            paused_by=row.paused_by,
+            pause_reason=row.pause_reason,
+            running_on=(
+                row.holder
+                if row.state is lease.LeaseState.RUNNING
+                and row.expires_ms is not None
+                and row.expires_ms > clock_ms
+                else None
+            ),
+        )
+        for row in sorted(rows.values(), key=lambda row: row.name)
+    )
+
+
 # -- helpers -----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
-    """A store on ``database`` whose tables are at this release's revision; no writes."""
+    """A store on ``database`` whose tables are at this release's revision (it never migrates)."""
     if isinstance(database, sa.Engine):
         engine, owned = database, False
     elif isinstance(database, str):
@@ -401,7 +578,9 @@ def _job_status(
     if failures:
         what = outcome if outcome is not None else "failed"
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
-    stale = _stale(schedule, row, registered, replicas, now)
+    # A paused job is not run on purpose: shown as paused, never as stale.
+    paused = row is not None and row.paused is not None
+    stale = None if paused else _stale(schedule, row, registered, replicas, now)
     if stale is not None:
         problems.append(stale)
     duration = None
@@ -422,7 +601,13 @@ def _job_status(
         zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
         per_instance=per_instance,
         next_instant=None if schedule is None else _next(schedule, now),
-        activity=Activity.RUNNING if running else Activity.IDLE,
+        activity=(
+            Activity.RUNNING
+            if running
+            else Activity.PAUSED
+            if row is not None and row.paused is not None
+            else Activity.IDLE
+        ),
         running_on=row.holder if running and row is not None else None,
         running_since=row.last_start if running and row is not None else None,
         instant=None if row is None else row.instant,
@@ -437,6 +622,9 @@ def _job_status(
         skipped_through=skipped,
         specs_seen=tuple(sorted(specs)) if len(specs) > 1 else (),
         problems=tuple(problems),
+        paused_since=None if row is None else row.paused,
+        paused_by=None if row is None else row.paused_by,
+        pause_reason=None if row is None else row.pause_reason,
     )
 
 

@@ -51,6 +51,7 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._schema import REASON_LENGTH as REASON_LENGTH
 from ._schema import TABLE_NAME as TABLE_NAME
 from ._schema import VERSION_TABLE as VERSION_TABLE
 from ._schema import metadata as metadata
@@ -66,6 +67,7 @@ from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
 from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
+from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
 
@@ -81,6 +83,7 @@ __all__ = [
     "DatabaseRefused",
     "DatabaseUnavailable",
     "Ending",
+    "HOLDER_LENGTH",
     "LeaseError",
     "LeaseRow",
     "LeaseState",
@@ -88,6 +91,7 @@ __all__ = [
     "LeaseWrite",
     "MigrationFailed",
     "MigrationRequired",
+    "REASON_LENGTH",
     "ReplicaRow",
     "RoundRow",
     "Survey",

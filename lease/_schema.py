@@ -6,6 +6,8 @@
   pruned by age and by a cap per name (revision 0002).
 - ``cronjob_replica``: one row per holder (replica) that said it is alive, refreshed
   with its sweep (revision 0002).
+- revision 0003 adds the pause (``paused_ms``, ``paused_by``, ``pause_reason``) to
+  ``cronjob_lease``.
 
 ``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -22,6 +24,7 @@ __all__ = [
     "ERROR_LENGTH",
     "NAME_LENGTH",
     "NEVER",
+    "REASON_LENGTH",
     "REPLICA_TABLE",
     "ROUND_TABLE",
     "TABLE_NAME",
@@ -45,6 +48,8 @@ REPLICA_TABLE = "cronjob_replica"
 ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
 NAME_LENGTH = 200
+#: The longest reason a pause can carry, in characters (a longer one is refused).
+REASON_LENGTH = 200
 #: The ``instant`` of a row whose lease was never claimed.
 NEVER = -1
 
@@ -100,6 +105,11 @@ lease_table = sa.Table(
     sa.Column("last_error", sa.String(ERROR_LENGTH), nullable=True),
     # Rounds in a row that failed or were given up; 0 after a success.
     sa.Column("failures", sa.Integer(), nullable=True),
+    # Revision 0003, all nullable: paused since (epoch ms on the lease clock), by whom,
+    # why. A claim refuses a row whose ``paused_ms`` is set; NULL means not paused.
+    sa.Column("paused_ms", sa.BigInteger(), nullable=True),
+    sa.Column("paused_by", sa.String(HOLDER_LENGTH), nullable=True),
+    sa.Column("pause_reason", sa.String(REASON_LENGTH), nullable=True),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

@@ -59,7 +59,7 @@ from ._records import (
     round_from,
     round_values,
 )
-from ._schema import NAME_LENGTH, NEVER, lease_table, replica_table, round_table
+from ._schema import NAME_LENGTH, NEVER, REASON_LENGTH, lease_table, replica_table, round_table
 from ._text import check_holder, unstorable
 
 if TYPE_CHECKING:
@@ -166,6 +166,11 @@ class LeaseRow:
     last_error: str | None = None
     #: Rounds in a row that failed or were given up.
     failures: int = 0
+    #: Paused since (lease clock), by whom, why (revision 0003); ``None`` when not
+    #: paused. A paused row is never claimed.
+    paused: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -589,6 +594,7 @@ class LeaseStore:
         than ``claim_ahead`` seconds (:data:`CLAIM_AHEAD_LIMIT`) past the lease clock's
         ``now``: a replica whose clock runs far ahead must not claim instants the others
         have not reached (its claims win nothing; the others run the instants on time).
+        A paused row (``paused_ms`` set, see :meth:`set_paused`) is never claimed.
         Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
         before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
@@ -639,7 +645,13 @@ class LeaseStore:
         )
         stmt = (
             _t.update()
-            .where(_t.c.name.in_(wanted), _t.c.instant < epoch, _is_free(now), reached)
+            .where(
+                _t.c.name.in_(wanted),
+                _t.c.instant < epoch,
+                _is_free(now),
+                reached,
+                _t.c.paused_ms.is_(None),
+            )
             .ordered_values(
                 # MySQL assigns left to right, each assignment seeing the previous ones:
                 # copy the old values before overwriting them.
@@ -669,8 +681,8 @@ class LeaseStore:
         """Claim the second run (attempt 2) of ``instant``, a round cut short.
 
         Succeeds only when the row's instant is ``instant``, its attempt is 1, its state
-        is ``running`` or ``cut`` (not ``done``), and its lease is free. A new token is
-        drawn; ``superseded`` is ``None`` (the round is the same one).
+        is ``running`` or ``cut`` (not ``done``), its lease is free, and it is not paused.
+        A new token is drawn; ``superseded`` is ``None`` (the round is the same one).
 
         Returns:
             The claim, or ``None`` when the rule refuses it (another replica re-ran it
@@ -690,6 +702,7 @@ class LeaseStore:
                 _t.c.attempt == 1,
                 _t.c.state.in_(_UNFINISHED),
                 _is_free(now),
+                _t.c.paused_ms.is_(None),
             )
             .ordered_values(
                 (_t.c.prev_instant, _t.c.instant),
@@ -921,7 +934,7 @@ class LeaseStore:
         now = self._now()
         stmt = sa.select(
             _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
-        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED))
+        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _t.c.paused_ms.is_(None))
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
         upsert = None if replica is None else self._replica_upsert(replica)
@@ -981,6 +994,85 @@ class LeaseStore:
                 _WATCHERS.get(key, []).remove(callback)
 
         return stop
+
+    def set_paused(
+        self,
+        names: Iterable[str] | None,
+        *,
+        paused: bool,
+        by: str,
+        reason: str | None = None,
+        now_ms: int | None = None,
+    ) -> list[str]:
+        """Pause (``paused``) or resume ``names`` (``None``: every row but the chores'),
+        and note each change in the history; one transaction. Returns the names whose
+        state changed, sorted: a name already in that state, or without a row, is left
+        as it was.
+
+        A paused row is refused by :meth:`claim` and :meth:`claim_rerun` and left out of
+        :meth:`survey`'s rounds cut short; a round already running is not touched. On
+        resume, ``skipped_through`` is raised to now (in seconds), so the instants skipped
+        while paused are never caught up at start-up (the catch-up rule honours it).
+        The note is a row of ``cronjob_round`` with ``why`` ``'pause'`` or ``'resume'``,
+        outcome ``'paused'`` or ``'resumed'``, ``holder`` = ``by``, ``instant`` = now.
+
+        Raises:
+            ValueError: ``by`` is empty or too long, ``reason`` is too long
+                (:data:`REASON_LENGTH`), a name is empty or too long.
+        """
+        wanted = None if names is None else _names(names)
+        check_holder(by)
+        if reason is not None and len(reason) > REASON_LENGTH:
+            raise ValueError(
+                f"a pause reason is at most {REASON_LENGTH} characters, not {len(reason)}"
+            )
+        if wanted == []:
+            return []
+        now = self.now_ms() if now_ms is None else now_ms
+        which = _t.c.paused_ms.is_(None) if paused else _t.c.paused_ms.is_not(None)
+        where = [which, ~_t.c.name.startswith(" ")]
+        if wanted is not None:
+            where.append(_t.c.name.in_(wanted))
+        if paused:
+            values: dict[Any, Any] = {
+                _t.c.paused_ms: now,
+                _t.c.paused_by: by,
+                _t.c.pause_reason: reason,
+            }
+        else:
+            seconds = now // 1000
+            values = {
+                _t.c.paused_ms: None,
+                _t.c.paused_by: None,
+                _t.c.pause_reason: None,
+                _t.c.skipped_through: sa.case(
+                    (_t.c.skipped_through > seconds, _t.c.skipped_through), else_=seconds
+                ),
+            }
+        verb = "pause" if paused else "resume"
+        with translate_errors(f"{verb} jobs"), self._transaction() as conn:
+            found = sorted(
+                conn.execute(sa.select(_t.c.name).where(*where).with_for_update()).scalars()
+            )
+            if not found:
+                return []
+            conn.execute(_t.update().where(_t.c.name.in_(found), which).values(values))
+            at = _EPOCH + now * _MS
+            notes = [
+                RoundRow(
+                    name=name,
+                    instant=at.replace(microsecond=0),
+                    attempt=1,
+                    holder=by,
+                    why=verb,
+                    started=at,
+                    ended=at,
+                    outcome=f"{verb}d",
+                )
+                for name in found
+            ]
+            conn.execute(_h.insert(), [round_values(note) for note in notes])
+        return found
 
     def holds(self, connection: Connection, name: str, token: int, *, final: bool = False) -> bool:
         """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
@@ -1266,6 +1358,9 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             last_outcome=_text_or_none(row.get("last_outcome")),
             last_error=_text_or_none(row.get("last_error")),
             failures=int(row.get("failures") or 0) if _is_int(row.get("failures") or 0) else 0,
+            paused=_ms_or_none(row.get("paused_ms")),
+            paused_by=_text_or_none(row.get("paused_by")),
+            pause_reason=_text_or_none(row.get("pause_reason")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0002"
+HEAD = "0003"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -65,7 +65,8 @@ class TestUpgrade:
 
     def test_a_blank_database_without_auto_migrate_requires_a_migration(self, db_engine):
         message = (
-            r"^the lease tables are at revision none \(never migrated\) but the head is 0002; "
+            r"^the lease tables are at revision none \(never migrated\) but the head is "
+            rf"{HEAD}; "
             r"run lease.migrate\(\) or allow auto_migrate$"
         )
         with pytest.raises(lease.MigrationRequired, match=message):
@@ -100,6 +101,8 @@ class TestUpgrade:
         assert "CREATE TABLE cronjob_alembic_version" in sql
         assert "INSERT INTO cronjob_alembic_version (version_num) VALUES ('0001')" in sql
         assert "UPDATE cronjob_alembic_version SET version_num='0002'" in sql
+        assert "ALTER TABLE cronjob_lease ADD COLUMN paused_ms BIGINT" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0003'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
@@ -357,3 +360,46 @@ class TestUpgradeTo0002:
         assert rows["old-job"].instant == t0 + timedelta(minutes=1)
         assert rows["new-job"].last_outcome == "succeeded"
         assert [r.name for r in new.rounds("new-job", limit=5)] == ["new-job"]
+
+
+class TestUpgradeTo0003:
+    """Revision 0003 only adds the pause's nullable columns: a round in flight survives the
+    upgrade, and release 0002's claim (which never names them) keeps claiming beside it."""
+
+    def test_a_round_in_flight_survives_and_a_release_0002_claim_ignores_the_pause(
+        self, db_engine, manual_clock
+    ):
+        from datetime import timedelta
+
+        TestUpgradeTo0002.upgrade_to(db_engine, "0002")
+        t0 = manual_clock.now()
+        with db_engine.begin() as conn:  # release 0002 made the rows and runs a round
+            for name in ("old-job", "new-job"):
+                conn.execute(
+                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
+                )
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job")
+                .values(instant=int(t0.timestamp()), state="running", token=42, holder="old")
+            )
+        lease.migrate(db_engine)  # the new release starts: 0002 -> 0003, live
+        assert lease.current_revision(db_engine) == HEAD
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        row = new.read(["old-job"])["old-job"]
+        assert (row.state, row.token, row.holder, row.paused) == (
+            lease.LeaseState.RUNNING,
+            42,
+            "old",
+            None,
+        )
+        assert new.set_paused(["new-job"], paused=True, by="ops") == ["new-job"]
+        later = t0 + timedelta(minutes=1)
+        assert new.claim(["new-job"], later, "new-replica") == []  # this release obeys it
+        with db_engine.begin() as conn:  # release 0002's claim names old columns only
+            claimed = conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "new-job", _OLD.c.instant < int(later.timestamp()))
+                .values(instant=int(later.timestamp()), state="running", token=7)
+            )
+            assert claimed.rowcount == 1
