@@ -73,15 +73,35 @@ class TestUpgrade:
             lease.migrate(db_engine, auto_migrate=False)
         assert lease.current_revision(db_engine) is None
 
-    def test_a_revision_from_a_newer_release_is_refused(self, sqlite_url):
+    def test_a_newer_additive_revision_is_run_beside_without_migrating(self, sqlite_url, caplog):
+        """A rolling deploy: the new release migrated to a later numbered revision; a
+        replica of this release still starts, and its statements still work."""
         engine = lease.create_engine(sqlite_url)
         lease.migrate(engine)
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE cronjob_alembic_version SET version_num = '9999'")
-        with pytest.raises(
-            lease.MigrationFailed, match=r"^the lease tables are at revision '9999'"
-        ):
+        with caplog.at_level("INFO", logger="lease"):
             lease.migrate(engine)
+            lease.migrate(engine, auto_migrate=False)
+        assert versions(engine) == ["9999"]  # left as the newer release made it
+        assert "newer than this release's" in caplog.text
+        store = lease.LeaseStore(engine, claim_ahead=None)
+        store.ensure(["a"])
+        assert store.read(["a"])["a"].state is lease.LeaseState.NEW
+        engine.dispose()
+
+    def test_an_unknown_revision_that_is_not_additive_is_refused(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        for revision in ("g2-0001", "0000abc"):
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text("UPDATE cronjob_alembic_version SET version_num = :v"), {"v": revision}
+                )
+            with pytest.raises(
+                lease.MigrationFailed, match=rf"^the lease tables are at revision '{revision}'"
+            ):
+                lease.migrate(engine)
         engine.dispose()
 
     def test_an_unreachable_database_raises_database_unavailable(self):
