@@ -13,7 +13,7 @@ fixtures available, with nothing to import. Fixtures:
   registry, of the modules the tests imported, if ``None``) on that clock and database,
   and returns them; they are drained and stopped after the test.
 - ``cronjob_rounds``: the rounds those replicas ran, in the order they ended, as
-  :class:`~cronjob.testing.RoundRecord` (job, instant, attempt, replica, outcome).
+  :class:`~cronjob.testing.RanRound` (job, instant, attempt, replica, outcome).
 
 On a database given with ``--cronjob-database-url``, ``cronjob_replicas`` first deletes
 the lease rows and the round history of the jobs it runs, so that each test starts from
@@ -34,7 +34,7 @@ import lease
 
 from ._registry import Registry, default_registry
 from ._scheduler import Scheduler
-from .testing import FakeClock, RoundRecord, record_rounds
+from .testing import FakeClock, RanRound, record_rounds
 
 __all__ = ["DEFAULT_START", "StartReplicas"]
 
@@ -76,7 +76,7 @@ def cronjob_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def cronjob_rounds() -> list[RoundRecord]:
+def cronjob_rounds() -> list[RanRound]:
     """The rounds the test's replicas ran, in the order they ended."""
     return []
 
@@ -86,7 +86,7 @@ def cronjob_replicas(
     request: pytest.FixtureRequest,
     cronjob_clock: FakeClock,
     cronjob_database_url: str,
-    cronjob_rounds: list[RoundRecord],
+    cronjob_rounds: list[RanRound],
 ) -> Iterator[StartReplicas]:
     """A factory of started replicas; all are drained and stopped after the test."""
     started: list[Scheduler] = []

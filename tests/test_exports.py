@@ -33,7 +33,7 @@ SURFACE = {
         "register",
         "register_per_instance",
     ],
-    "cronjob.testing": ["FakeClock", "RoundRecord", "crash", "make_round", "record_rounds"],
+    "cronjob.testing": ["FakeClock", "RanRound", "crash", "make_round", "record_rounds"],
     "cronjob.contrib.django": ["database_url", "fenced"],
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
