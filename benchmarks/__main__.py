@@ -2,14 +2,16 @@
 
 In order: schedule math (``bench_schedule``), lateness and correctness with the peers
 interleaved (``bench_lateness``), scale (``bench_scale``), idle cost (``bench_idle``), a
-fake day in a user's test (``bench_fakeday``).
+fake day in a user's test (``bench_fakeday``), ``cronjob status`` over 10,000 jobs and a
+million history rows (``bench_status``), the cost of metrics and of the status page
+(``bench_metrics``).
 Each also runs alone (``python -m benchmarks.bench_<name> --help``). Results go to
 ``benchmarks/results/*.json``; the peers' virtualenvs to ``benchmarks/.venvs/`` (created
 on first use, from PyPI, pinned in ``benchmarks/peers/requirements.py``).
 
 Flags: ``--quick`` (short windows: 15 s lateness, 20 s scale, 30 s idle; for a smoke
 test, not for the numbers), ``--only NAME[,NAME]`` (schedule, lateness, scale, idle,
-fakeday),
+fakeday, status, metrics),
 ``--impl`` (schedulers for lateness and idle; default all three).
 """
 
@@ -17,13 +19,23 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import bench_fakeday, bench_idle, bench_lateness, bench_scale, bench_schedule
+from benchmarks import (
+    bench_fakeday,
+    bench_idle,
+    bench_lateness,
+    bench_metrics,
+    bench_scale,
+    bench_schedule,
+    bench_status,
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="schedule,lateness,scale,idle,fakeday")
+    parser.add_argument(
+        "--only", default="schedule,lateness,scale,idle,fakeday,status,metrics"
+    )
     parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -42,6 +54,12 @@ def main() -> None:
     if "fakeday" in only:
         print("\n== a fake day in a test ==", flush=True)
         bench_fakeday.main(["--hours", "6"] if args.quick else [])
+    if "status" in only:
+        print("\n== cronjob status over a full history ==", flush=True)
+        bench_status.main(["--rounds", "100000", "--runs", "3"] if args.quick else [])
+    if "metrics" in only:
+        print("\n== metrics and the status page ==", flush=True)
+        bench_metrics.main([])
 
 
 if __name__ == "__main__":

@@ -22,8 +22,13 @@ Layout, one private module per concern:
 - ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
 - ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
   command.
+- ``_history``: :class:`History`, the round history's retention, and its pruning.
+- :mod:`cronjob.admin` (public): what the scheduler did, read from the database
+  (``cronjob status``, ``cronjob history``).
 - ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
   (entry point ``pytest11``). Importing ``cronjob`` imports neither.
+- :mod:`cronjob.web` (public): the status page as a WSGI or ASGI app (``cronjob status
+  --serve``); ``_page`` renders its HTML.
 
 Threads, and who may touch what::
 
@@ -60,6 +65,7 @@ from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import RegistrationError as RegistrationError
 from ._exceptions import ScheduleError as ScheduleError
 from ._exceptions import Shutdown as Shutdown
+from ._history import History as History
 from ._lifespan import lifespan as lifespan
 from ._registry import Job as Job
 from ._registry import Registry as Registry
@@ -78,6 +84,7 @@ __all__ = [
     "Cancelled",
     "Clock",
     "CronjobError",
+    "History",
     "Job",
     "LeaseLost",
     "Outcome",

@@ -1,11 +1,15 @@
 """The ``cronjob`` command line.
 
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
-modules that register jobs and runs the scheduler (see :mod:`cronjob._run`).
+modules that register jobs and runs the scheduler (see :mod:`cronjob._run`);
+``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
+:mod:`cronjob._admin_cli`); ``cronjob pause`` and ``cronjob resume`` stop and restart a
+job on every replica (see :mod:`cronjob._pause_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
-``--after`` of ``cronjob next`` is now.
+``--after`` of ``cronjob next`` is now, and so are the relative times of ``history
+--since``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, TextIO
 
+from ._admin_cli import add_commands, run_history, run_status
 from ._exceptions import ScheduleError
+from ._pause_cli import add_commands as add_pause_commands
+from ._pause_cli import run_pause, run_resume
 from ._schedule import DstMark, Schedule, parse
 from ._scheduler import DEFAULT_MAX_WORKERS
 
@@ -30,6 +37,12 @@ _DST_NOTES = {
     DstMark.FIRST_PASS: "[DST: repeated local time, first pass]",
     DstMark.SECOND_PASS: "[DST: repeated local time, second pass]",
 }
+
+
+_DATABASE_HELP = (
+    "the primary database (default: $CRONJOB_DATABASE_URL, else an embedded SQLite file "
+    "in the working directory)"
+)
 
 
 class _UsageError(Exception):
@@ -108,13 +121,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
             "SIGTERM or SIGINT, then drain."
         ),
     )
-    run.add_argument(
-        "--database-url",
-        metavar="URL",
-        default=None,
-        help="the primary database (default: $CRONJOB_DATABASE_URL, else an embedded "
-        "SQLite file in the working directory)",
-    )
+    run.add_argument("--database-url", metavar="URL", default=None, help=_DATABASE_HELP)
     run.add_argument(
         "--max-workers",
         metavar="N",
@@ -129,6 +136,8 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         nargs="*" if jobs_imported else "+",
         help="a module to import",
     )
+    add_commands(commands, _DATABASE_HELP)
+    add_pause_commands(commands, _DATABASE_HELP)
     return parser
 
 
@@ -163,7 +172,9 @@ def main(
             ``run`` needs no ``MODULE`` (with none, it runs the default registry).
 
     Returns:
-        The exit status: 0 on success, 2 for bad input (after one line on stderr).
+        The exit status: 0 on success, 2 for bad input (after one line on stderr);
+        ``status`` returns 1 when a job needs a human, and ``status``/``history`` 3 when
+        the database could not be read.
     """
     parser = _build_parser(prog, jobs_imported)
     try:
@@ -174,6 +185,14 @@ def main(
             from ._run import run_command  # deferred: the scheduler is not needed for `next`
 
             return run_command(args)
+        if args.command == "status":
+            return run_status(args)
+        if args.command == "history":
+            return run_history(args)
+        if args.command == "pause":
+            return run_pause(args)
+        if args.command == "resume":
+            return run_resume(args)
         return _show_next(args.spec, args.count, args.after, sys.stdout)
     except (_UsageError, ScheduleError) as exc:
         print(f"cronjob: error: {exc}", file=sys.stderr)

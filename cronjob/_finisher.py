@@ -3,8 +3,9 @@
 A worker whose round ran to its end hands the end to :meth:`Finisher.finish_later` and
 is free for the next round at once; the finisher thread writes every end waiting with
 one :meth:`lease.LeaseStore.finish_many` transaction (one UPDATE per distinct ``ended``
-second, usually one), then calls each end's callback with whether it was recorded. With
-one round ending at a time that is one statement per round, as before; when thousands of
+second and outcome, usually one, and one INSERT of their history rows), then calls each
+end's callback with whether it was recorded. With one round ending at a time that is one
+or two statements per round; when thousands of
 rounds of one instant end together, their ends share a few statements, and the round
 workers never queue behind the database to record them.
 
@@ -19,7 +20,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 
 import lease
 
@@ -33,9 +33,7 @@ BATCH_LIMIT = 5_000
 
 @dataclass(eq=False)
 class _End:
-    name: str
-    token: int
-    ended: datetime
+    ending: lease.Ending
     then: Callable[[bool | BaseException], None]
 
 
@@ -45,10 +43,19 @@ class Finisher:
     Args:
         store: The lease store.
         name: The thread's name.
+        after_batch: Called on the thread after each batch is written, before its callbacks (the
+            history's pruning, see :class:`cronjob._history.Pruner`).
     """
 
-    def __init__(self, store: lease.LeaseStore, name: str = "cronjob-finisher") -> None:
+    def __init__(
+        self,
+        store: lease.LeaseStore,
+        name: str = "cronjob-finisher",
+        *,
+        after_batch: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
+        self._after_batch = after_batch
         self._name = name
         self._cond = threading.Condition()
         self._pending: collections.deque[_End] = collections.deque()
@@ -58,9 +65,10 @@ class Finisher:
         self._thread.start()
 
     def finish_later(
-        self, name: str, token: int, ended: datetime, then: Callable[[bool | BaseException], None]
+        self, ending: lease.Ending, then: Callable[[bool | BaseException], None]
     ) -> None:
-        """Record the end of ``name``'s round (as :meth:`lease.LeaseStore.finish`) soon.
+        """Record the end of a round (as :meth:`lease.LeaseStore.finish`) soon: its
+        outcome, and its history row if it carries one.
 
         ``then`` is called on the finisher thread with ``True`` (recorded), ``False``
         (another claim replaced the token) or the :class:`lease.LeaseError` raised.
@@ -68,7 +76,7 @@ class Finisher:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"{self._name}: the finisher is closed")
-            self._pending.append(_End(name, token, ended, then))
+            self._pending.append(_End(ending, then))
             self._cond.notify()
 
     def close(self) -> None:
@@ -86,26 +94,37 @@ class Finisher:
                     return
                 count = min(len(self._pending), BATCH_LIMIT)
                 batch = [self._pending.popleft() for _ in range(count)]
-            for end, outcome in zip(batch, self._write(batch), strict=True):
+            outcomes = self._write(batch)
+            if self._after_batch is not None:
+                # Before the callbacks: the rounds' ends still count as work in progress
+                # on a fake clock, so a test's advance() waits for this too.
+                self._after_batch()
+            for end, outcome in zip(batch, outcomes, strict=True):
                 try:
                     end.then(outcome)
                 except Exception:  # a callback's failure must not stop the others
-                    log.exception("recording the end of job %r's round: callback failed", end.name)
+                    log.exception(
+                        "recording the end of job %r's round: callback failed", end.ending.name
+                    )
 
     def _write(self, batch: list[_End]) -> list[bool | BaseException]:
         try:
             if len(batch) == 1:
-                (one,) = batch
-                return [self._store.finish(one.name, one.token, ended=one.ended)]
-            written = self._store.finish_many([(e.name, e.token, e.ended) for e in batch])
-            return [(end.name, end.token) in written for end in batch]
+                return [self._finish(batch[0].ending)]
+            written = self._store.finish_many([end.ending for end in batch])
+            return [(end.ending.name, end.ending.token) in written for end in batch]
         except lease.LeaseError as exc:
             if len(batch) == 1:
                 return [exc]
         outcomes: list[bool | BaseException] = []
         for end in batch:  # the batch failed: one at a time, each its own outcome
             try:
-                outcomes.append(self._store.finish(end.name, end.token, ended=end.ended))
+                outcomes.append(self._finish(end.ending))
             except lease.LeaseError as single:
                 outcomes.append(single)
         return outcomes
+
+    def _finish(self, e: lease.Ending) -> bool:
+        return self._store.finish(
+            e.name, e.token, ended=e.ended, succeeded=e.succeeded, error=e.error, record=e.record
+        )

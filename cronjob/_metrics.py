@@ -3,18 +3,18 @@
 The instruments, made once per scheduler from its meter provider (OpenTelemetry's global
 one by default, whose instruments do nothing until an SDK is configured):
 
-=============================  ==============  ==========  =================================
-name                           instrument      unit        attributes
-=============================  ==============  ==========  =================================
-``cronjob.rounds``             counter         ``{round}`` job, outcome, ``error.type``
-``cronjob.round.duration``     histogram       ``s``       job, outcome
-``cronjob.round.lateness``     histogram       ``s``       job, reason
-``cronjob.round.active``       up-down counter ``{round}`` job
-``cronjob.reruns``             counter         ``{round}`` job
-``cronjob.catch_ups``          counter         ``{round}`` job, reason
-``cronjob.lost_leases``        counter         ``{lease}`` job
-``cronjob.skipped_instants``   counter         ``{instant}`` job, reason
-=============================  ==============  ==========  =================================
+============================  ===============  =============  ==========================
+name                          instrument       unit           attributes
+============================  ===============  =============  ==========================
+``cronjob.rounds``            counter          ``{round}``    job, outcome, ``error.type``
+``cronjob.round.duration``    histogram        ``s``          job, outcome
+``cronjob.round.lateness``    histogram        ``s``          job, reason
+``cronjob.round.active``      up-down counter  ``{round}``    job
+``cronjob.reruns``            counter          ``{round}``    job
+``cronjob.catch_ups``         counter          ``{round}``    job, reason
+``cronjob.lost_leases``       counter          ``{lease}``    job
+``cronjob.skipped_instants``  counter          ``{instant}``  job, reason
+============================  ===============  =============  ==========================
 
 Names follow OpenTelemetry's naming rules: a namespace of our own (``cronjob``), never
 pluralized; counters of countable things pluralized, with a ``{annotation}`` unit and no

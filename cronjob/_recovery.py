@@ -22,6 +22,8 @@ Dispatcher thread only; the statements run on the control thread.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -100,6 +102,7 @@ class Recovery:
             replica_id=replica_id,
             names=self._leased_names,
             post=post,
+            replica=_replica_record(replica_id, clock, dispatcher),
         )
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
@@ -184,7 +187,9 @@ class Recovery:
         self._control.run(self._read_rows, done)
 
     def _read_rows(self) -> dict[str, lease.LeaseRow]:
-        self._store.ensure(self._leased_names)
+        # The specs go on record for tools that read the table (cronjob status).
+        specs = {state.job.name: state.job.schedule.spec for state in self._leased}
+        self._store.ensure(self._leased_names, specs=specs)
         return self._store.read(self._leased_names)
 
     # -- an outage after start --------------------------------------------------------------
@@ -292,3 +297,20 @@ class Recovery:
     def close(self) -> None:
         """Stop watching the lease writes (the scheduler stopped)."""
         self.sweeper.close()
+
+
+def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
+    """This replica as the sweep puts it on record: who, where, since when, which jobs."""
+    from . import __version__  # the package is imported by the time a scheduler starts
+
+    now = clock.now()
+    jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}
+    return lease.ReplicaRow(
+        holder=replica_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        version=__version__,
+        started=now,
+        seen=now,
+        jobs=jobs,
+    )

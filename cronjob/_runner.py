@@ -30,6 +30,7 @@ from ._clock import Clock
 from ._exceptions import LeaseLost, Shutdown
 from ._fencing import Fencing
 from ._finisher import Finisher
+from ._history import History, Pruner
 from ._loop import OwnLoop
 from ._round import Outcome, Round, classify, iter_own_errors
 from ._state import Flags, JobState, Reason, Run
@@ -77,6 +78,8 @@ class RoundRunner:
         async_engine: The engine of async rounds' fenced transactions, or the error that
             explains why there is none (raised by ``ctx.transaction_async()``).
         owns_async_engine: Dispose ``async_engine`` at shutdown (the scheduler made it).
+        history: Keep the round history (a row with each end recorded, pruned as it
+            says); ``None`` keeps none.
     """
 
     def __init__(
@@ -94,8 +97,10 @@ class RoundRunner:
         tracer_provider: TracerProvider | None,
         async_engine: AsyncEngine | lease.LeaseError | None = None,
         owns_async_engine: bool = False,
+        history: History | None = None,
     ) -> None:
         self._clock = clock
+        self._history = history is not None
         self._replica_id = replica_id
         self._store = store
         self._flags = flags
@@ -112,7 +117,15 @@ class RoundRunner:
         self._workers = Workers(
             max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
         )
-        self._finisher = Finisher(store)  # ends of rounds that end together: batched
+        pruner = (
+            None
+            if history is None
+            else Pruner(store=store, clock=clock, holder=replica_id, history=history)
+        )
+        # Ends of rounds that end together: batched; the history pruned in their wake.
+        self._finisher = Finisher(
+            store, after_batch=None if pruner is None else pruner.maybe_prune
+        )
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
 
@@ -224,6 +237,7 @@ class RoundRunner:
                     run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
                 ) as scope:
                     ctx = run.ctx
+                    run.started = self._clock.now()
                     log.info(
                         "round of job %r instant %s attempt %d started on %s%s",
                         ctx.name,
@@ -330,7 +344,8 @@ class RoundRunner:
         # A round that ran to its end has its end written by the finisher, in a batch
         # with the others ending now; the worker is free for the next round at once.
         later = outcome is not Outcome.CUT_SHORT and self._records_end(run)
-        recorded = False if later else self._record_end(run, outcome, ended)
+        ending = self._ending(run, outcome, error, ended)
+        recorded = False if later else self._record_end(run, ending)
         if outcome is Outcome.SUCCEEDED:
             log.info("round of %s ran to its end", where)
         elif outcome is Outcome.FAILED:
@@ -361,7 +376,7 @@ class RoundRunner:
             else:
                 log.info("round of %s cut short (%s)", where, cause)
         if later:
-            self._finish_later(run, ended, where)
+            self._finish_later(run, ending, where)
             return True
         if not recorded and run.token is not None and not self._flags.crashed:
             log.warning("round of %s: its end is not on record (the lease is gone)", where)
@@ -370,9 +385,42 @@ class RoundRunner:
     def _records_end(self, run: Run) -> bool:
         return run.token is not None and not self._flags.crashed and run.lost_at is None
 
-    def _finish_later(self, run: Run, ended: datetime, where: str) -> None:
+    def _ending(
+        self, run: Run, outcome: Outcome, error: BaseException | None, ended: datetime
+    ) -> lease.Ending:
+        """The end to record: outcome, error summary, and the history row (if kept)."""
+        ctx = run.ctx
+        summary = None if outcome is Outcome.SUCCEEDED or error is None else error_summary(error)
+        word = outcome.value
+        if outcome is Outcome.CUT_SHORT and ctx.attempt >= 2:
+            word = "given up"
+        record = None
+        if self._history:
+            record = lease.RoundRow(
+                name=ctx.name,
+                instant=ctx.instant,
+                attempt=ctx.attempt,
+                holder=self._replica_id,
+                why=run.reason.why,
+                started=run.started if run.started is not None else ended,
+                ended=ended,
+                outcome=word,
+                error=summary,
+                trace_id=ctx.trace_id or None,
+            )
+        return lease.Ending(
+            name=ctx.name,
+            token=run.token if run.token is not None else 0,
+            ended=ended,
+            succeeded=outcome is Outcome.SUCCEEDED,
+            error=summary,
+            record=record,
+        )
+
+    def _finish_later(self, run: Run, ending: lease.Ending, where: str) -> None:
         """Hand the end to the finisher; log and tell the dispatcher once it is written."""
         assert run.token is not None
+        ended = ending.ended
         context = contextvars.copy_context()  # the round's: its log lines keep its trace id
 
         def then(result: bool | BaseException) -> None:
@@ -388,18 +436,16 @@ class RoundRunner:
 
         self._clock._work_started()
         try:
-            self._finisher.finish_later(run.ctx.name, run.token, ended, then)
+            self._finisher.finish_later(ending, then)
         except RuntimeError:  # stopped meanwhile: the end is not recorded
             then(False)
 
-    def _record_end(self, run: Run, outcome: Outcome, ended: datetime) -> bool:
+    def _record_end(self, run: Run, e: lease.Ending) -> bool:
+        """Give back the lease of a round cut short (ends that ran go to the finisher)."""
         if not self._records_end(run):
             return False
-        assert run.token is not None
         try:
-            if outcome is Outcome.CUT_SHORT:
-                return self._store.give_back(run.ctx.name, run.token)
-            return self._store.finish(run.ctx.name, run.token, ended=ended)
+            return self._store.give_back(e.name, e.token, record=e.record)
         except lease.LeaseError as exc:
             log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
             return False
@@ -419,6 +465,17 @@ class RoundRunner:
         self._fencing.dispose_async_engine(self._loop)
         if self._own_loop is not None:
             self._own_loop.stop()
+
+
+def error_summary(error: BaseException) -> str:
+    """``"Type: message"`` of a job's failure, for the record: never its traceback or
+    locals (bounded when stored, see :func:`lease.RoundRow`)."""
+    kind = type(error).__qualname__
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not keep the end from its record
+        message = "<the message could not be read>"
+    return f"{kind}: {message}" if message else kind
 
 
 def _not_awaitable(name: str, result: object) -> None:

@@ -18,7 +18,7 @@ import socket
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Final, Self
 
 import lease
 
@@ -27,6 +27,7 @@ from ._control import Control, Inbox
 from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_database
 from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
+from ._history import History
 from ._keeper import LeaseKeeper, exit_process
 from ._metrics import Meters
 from ._recovery import Recovery
@@ -50,6 +51,10 @@ DEFAULT_DRAIN_TIMEOUT = 5.0
 DEFAULT_MAX_WORKERS = 64
 #: Real seconds a stopping scheduler gives its queued lease statements to finish.
 CONTROL_SETTLE_SECONDS = 10.0
+#: The round history kept unless told otherwise: 14 days, 1,000 rounds per job.
+DEFAULT_HISTORY: Final = History()
+
+
 class Scheduler:
     """Runs a registry's jobs: each leased instant once across replicas, each per-instance
     job on every replica.
@@ -87,6 +92,9 @@ class Scheduler:
             lateness, durations, re-runs, catch-ups, lost leases, skipped instants, rounds
             running; see ``cronjob._metrics``); by default OpenTelemetry's global provider
             (nothing is recorded unless an SDK is configured).
+        history: How long the round history (``cronjob history NAME``) keeps rounds, see
+            :class:`History`; ``None`` keeps none. Each job's state (last outcome, last
+            error, failures in a row, ...) is on record either way.
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
     stops it on exit. ``async with Scheduler(...)`` does the same from a coroutine (start
@@ -110,7 +118,10 @@ class Scheduler:
         loop: asyncio.AbstractEventLoop | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        history: History | None = DEFAULT_HISTORY,
     ) -> None:
+        if history is not None and not isinstance(history, History):
+            raise TypeError(f"history must be a cronjob.History or None, not {history!r}")
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         if drain_timeout < 0:
@@ -127,6 +138,7 @@ class Scheduler:
         self._given_loop = loop
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
+        self._history = history
 
         self._lock = threading.Lock()
         self._started = False
@@ -322,6 +334,7 @@ class Scheduler:
             tracer_provider=self._tracer_provider,
             async_engine=self._async_engine,
             owns_async_engine=self._owns_async_engine,
+            history=self._history,
         )
         dispatcher.keeper = LeaseKeeper(
             clock=clock,

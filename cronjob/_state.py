@@ -20,7 +20,10 @@ __all__ = ["Flags", "JobState", "Reason", "Run"]
 
 
 class Reason(enum.Enum):
-    """Why a round runs: on its span (``cronjob.reason``) and in its start line."""
+    """Why a round runs: on its span (``cronjob.reason``) and in its start line.
+
+    :attr:`why` is the word the history keeps (``cronjob.admin.Why``).
+    """
 
     #: Its instant came.
     SCHEDULE = "schedule"
@@ -32,6 +35,20 @@ class Reason(enum.Enum):
     RERUN = "re-run"
     #: A per-instance job registered with ``run_at_start=True``, as its replica starts.
     START = "start-up"
+
+    @property
+    def why(self) -> str:
+        """The reason in the history's words: an outage's catch-up is a catch-up."""
+        return _WHY[self]
+
+
+_WHY = {
+    Reason.SCHEDULE: "schedule",
+    Reason.CATCH_UP: "catch-up",
+    Reason.OUTAGE: "catch-up",
+    Reason.RERUN: "re-run",
+    Reason.START: "start",
+}
 
 
 @dataclass(eq=False)
@@ -68,6 +85,8 @@ class Run:
     ended: bool = False
     #: The end is settled (recorded, given back, or known lost): the lease is let go.
     settled: bool = False
+    #: When the job began, on the scheduler's clock (for the history).
+    started: datetime | None = None
     #: An async round's task, once it runs.
     task: asyncio.Task[None] | None = None
     #: Clock time and monotonic time the job began, set by its worker.

@@ -4,6 +4,10 @@
   cut short that run a second time (attempt 2): not run to its end, or its end not on
   record; not run a second time already; no later instant claimed since. Each is
   claimed with its own statement, so two replicas never both run it.
+- **Replica record**: each sweep also puts this replica on record as seen now
+  (``cronjob_replica``: host, pid, version, start, the jobs it registered), in the
+  sweep's own statement on PostgreSQL, in its transaction elsewhere (see
+  :meth:`lease.LeaseStore.survey`); ``cronjob status`` lists the replicas seen lately.
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
@@ -54,7 +58,8 @@ CLOCK_SKEW_WARNING = 2.0
 
 
 class Sweeper:
-    """Sweeps for rounds cut short, and checks rows and clocks, for ``names``."""
+    """Sweeps for rounds cut short, and checks rows and clocks, for ``names``; keeps
+    ``replica`` on record with each sweep."""
 
     def __init__(
         self,
@@ -66,8 +71,10 @@ class Sweeper:
         replica_id: str,
         names: list[str],
         post: Callable[[Callable[[], None]], object],
+        replica: lease.ReplicaRow | None = None,
     ) -> None:
         self._clock = clock
+        self._replica = replica
         self._store = store
         self._control = control
         self._dispatcher = dispatcher
@@ -131,7 +138,8 @@ class Sweeper:
                 self._read_expiry = result.next_expiry
                 self._suspend(given_back)
 
-        self._control.run(lambda: self._store.survey(names), done)
+        replica = self._replica  # on record as seen, by the same statement (PostgreSQL)
+        self._control.run(lambda: self._store.survey(names, replica=replica), done)
 
     # -- idle sweeps on an in-process clock ------------------------------------------------
 

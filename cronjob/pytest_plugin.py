@@ -13,11 +13,11 @@ fixtures available, with nothing to import. Fixtures:
   registry, of the modules the tests imported, if ``None``) on that clock and database,
   and returns them; they are drained and stopped after the test.
 - ``cronjob_rounds``: the rounds those replicas ran, in the order they ended, as
-  :class:`~cronjob.testing.RoundRecord` (job, instant, attempt, replica, outcome).
+  :class:`~cronjob.testing.RanRound` (job, instant, attempt, replica, outcome).
 
 On a database given with ``--cronjob-database-url``, ``cronjob_replicas`` first deletes
-the lease rows of the jobs it runs, so that each test starts from its own clock: the
-lease table there is the tests', never a production one.
+the lease rows and the round history of the jobs it runs, so that each test starts from
+its own clock: the tables there are the tests', never a production one.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import lease
 
 from ._registry import Registry, default_registry
 from ._scheduler import Scheduler
-from .testing import FakeClock, RoundRecord, record_rounds
+from .testing import FakeClock, RanRound, record_rounds
 
 __all__ = ["DEFAULT_START", "StartReplicas"]
 
@@ -76,7 +76,7 @@ def cronjob_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def cronjob_rounds() -> list[RoundRecord]:
+def cronjob_rounds() -> list[RanRound]:
     """The rounds the test's replicas ran, in the order they ended."""
     return []
 
@@ -86,7 +86,7 @@ def cronjob_replicas(
     request: pytest.FixtureRequest,
     cronjob_clock: FakeClock,
     cronjob_database_url: str,
-    cronjob_rounds: list[RoundRecord],
+    cronjob_rounds: list[RanRound],
 ) -> Iterator[StartReplicas]:
     """A factory of started replicas; all are drained and stopped after the test."""
     started: list[Scheduler] = []
@@ -119,15 +119,22 @@ def cronjob_replicas(
 
 
 def _forget(url: str, names: list[str]) -> None:
-    """Delete the lease rows of ``names`` at ``url``, if the lease table exists."""
+    """Delete the lease rows and the round history of ``names`` at ``url``, and the turn
+    to prune the history (its instant is another test's clock), if the tables exist."""
     import sqlalchemy as sa
 
-    from lease._schema import lease_table
+    from lease._schema import lease_table, round_table
+
+    from ._history import PRUNE_CHORE
 
     engine = lease.create_engine(url)
     try:
         with engine.begin() as conn:
-            if names and sa.inspect(conn).has_table(lease_table.name):
-                conn.execute(lease_table.delete().where(lease_table.c.name.in_(names)))
+            tables = sa.inspect(conn)
+            if names and tables.has_table(lease_table.name):
+                forgotten = [*names, f" {PRUNE_CHORE}"]
+                conn.execute(lease_table.delete().where(lease_table.c.name.in_(forgotten)))
+            if names and tables.has_table(round_table.name):
+                conn.execute(round_table.delete().where(round_table.c.name.in_(names)))
     finally:
         engine.dispose()

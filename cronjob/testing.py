@@ -3,7 +3,7 @@
 ``FakeClock`` drives every scheduler that shares it; ``crash`` stops a scheduler as a
 killed process would; ``make_round`` builds the round a job receives, to call the job
 itself in a unit test without a scheduler; ``record_rounds`` derives a registry whose
-jobs note each round they run as a ``RoundRecord``. The pytest plugin
+jobs note each round they run as a ``RanRound``. The pytest plugin
 (:mod:`cronjob.pytest_plugin`) wraps them in fixtures. A lost lease's forced exit is observed by
 passing ``on_fatal`` to the scheduler::
 
@@ -31,11 +31,11 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["FakeClock", "RoundRecord", "crash", "make_round", "record_rounds"]
+__all__ = ["FakeClock", "RanRound", "crash", "make_round", "record_rounds"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RoundRecord:
+class RanRound:
     """One round a job ran, as :func:`record_rounds` notes it.
 
     Attributes:
@@ -53,8 +53,8 @@ class RoundRecord:
     outcome: Outcome
 
 
-def record_rounds(registry: Registry, into: list[RoundRecord]) -> Registry:
-    """Derive a registry whose jobs append a :class:`RoundRecord` to ``into`` as they end.
+def record_rounds(registry: Registry, into: list[RanRound]) -> Registry:
+    """Derive a registry whose jobs append a :class:`RanRound` to ``into`` as they end.
 
     Each job runs as registered (same name, schedule, kind); when it returns or raises,
     its round is appended to ``into`` (from the round's thread), then what it raised
@@ -66,7 +66,7 @@ def record_rounds(registry: Registry, into: list[RoundRecord]) -> Registry:
 
         def note(ctx: Round, error: BaseException | None) -> None:
             into.append(
-                RoundRecord(
+                RanRound(
                     job=ctx.name,
                     instant=ctx.instant,
                     attempt=ctx.attempt,

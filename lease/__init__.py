@@ -18,7 +18,8 @@ outcomes — nothing about what the holder runs.
 
 # The layout: one private module per concern, re-exported here.
 #   _exceptions  the LeaseError tree and the one place SQLAlchemy errors are translated
-#   _schema      the MetaData and the cronjob_lease table
+#   _schema      the MetaData: the lease, round-history and replica tables
+#   _records     ends, history rows and replica records: their values and statements
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: every statement on the table, on the lease clock
 #   _engine      engines suited to leases (SQLite's single connection), their async
@@ -45,6 +46,12 @@ from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
 from ._migrate import current_revision as current_revision
 from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
+from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
+from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
+from ._records import Ending as Ending
+from ._records import ReplicaRow as ReplicaRow
+from ._records import RoundRow as RoundRow
+from ._schema import REASON_LENGTH as REASON_LENGTH
 from ._schema import TABLE_NAME as TABLE_NAME
 from ._schema import VERSION_TABLE as VERSION_TABLE
 from ._schema import metadata as metadata
@@ -60,6 +67,7 @@ from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
 from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
+from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
 
@@ -67,11 +75,15 @@ __all__ = [
     "CLAIM_AHEAD_LIMIT",
     "Claim",
     "CutShort",
+    "DEFAULT_HISTORY_DAYS",
+    "DEFAULT_HISTORY_PER_NAME",
     "DEFAULT_STATEMENT_TIMEOUT",
     "DEFAULT_TTL",
     "DatabaseError",
     "DatabaseRefused",
     "DatabaseUnavailable",
+    "Ending",
+    "HOLDER_LENGTH",
     "LeaseError",
     "LeaseRow",
     "LeaseState",
@@ -79,6 +91,9 @@ __all__ = [
     "LeaseWrite",
     "MigrationFailed",
     "MigrationRequired",
+    "REASON_LENGTH",
+    "ReplicaRow",
+    "RoundRow",
     "Survey",
     "TABLE_NAME",
     "UnsupportedDatabase",

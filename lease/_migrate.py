@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.resources
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,8 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["current_revision", "head_revision", "migrate", "migrations_location"]
+
+logger = logging.getLogger("lease")
 
 # pg_advisory_lock takes a bigint; derive one from a name no one else would pick.
 _PG_LOCK_KEY: Final = int.from_bytes(
@@ -86,7 +89,9 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
     ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL/MariaDB, an exclusive
     ``fcntl`` lock on a file beside the database on SQLite (none for an in-memory
     database, which no other process can open). A replica that waited finds the tables
-    at head and does nothing. A database already at head is not locked at all.
+    at head and does nothing. A database already at head is not locked at all, nor one
+    that a newer release migrated with additive revisions (numbered ``0002``, ``0003``,
+    …: see :func:`_newer_additive`), which this release runs beside as it is.
 
     Args:
         engine: the database; not disposed.
@@ -97,8 +102,8 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
         UnsupportedDatabase: the dialect cannot carry leases.
         MigrationRequired: ``auto_migrate`` is ``False`` and the tables are not at head.
         MigrationFailed: the migrations cannot be found, the lock cannot be had, the
-            database is at a revision these migrations do not know (a newer release
-            migrated it), or alembic fails.
+            database is at a revision these migrations do not know and that is not a
+            newer additive one, or alembic fails.
         DatabaseUnavailable, DatabaseError: the database failed a statement.
     """
     check_dialect(engine)
@@ -107,7 +112,7 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
     with translate_errors("migrate the lease tables"), engine.connect() as conn:
         current = _current(conn)
         conn.rollback()
-        if current == head:
+        if current == head or _newer_additive(current, head):
             return
         _check_known(script, current, head)
         if not auto_migrate:
@@ -120,7 +125,7 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
             # End the transaction that read the revision: alembic then begins and
             # commits its own, instead of leaving the upgrade to an outer one.
             conn.commit()
-            if current == head:
+            if current == head or _newer_additive(current, head):
                 return
             _check_known(script, current, head)
             config = _config()
@@ -149,6 +154,26 @@ def _current(conn: Connection) -> str | None:
     return context.get_current_revision()
 
 
+def _newer_additive(current: str | None, head: str) -> bool:
+    """Whether ``current`` is a newer release's revision that this release runs beside.
+
+    The rule of these migrations: a revision named by digits alone (``0002``, ``0003``)
+    only adds — nullable columns, tables, indexes — so the statements of every earlier
+    release keep working on it, and a replica of the previous release can still start
+    (and restart) during a rolling deploy. A migration that breaks this must take a name
+    that is not digits alone, which earlier releases refuse.
+    """
+    if current is None or not (current.isdigit() and head.isdigit()) or int(current) <= int(head):
+        return False
+    logger.info(
+        "the lease tables are at revision %s, newer than this release's %s: a newer "
+        "release migrated them, adding only; running beside it without migrating",
+        current,
+        head,
+    )
+    return True
+
+
 def _check_known(script: ScriptDirectory, current: str | None, head: str) -> None:
     if current is None:
         return
@@ -157,7 +182,8 @@ def _check_known(script: ScriptDirectory, current: str | None, head: str) -> Non
     except alembic.util.CommandError as exc:
         raise MigrationFailed(
             f"the lease tables are at revision {current!r}, which these migrations "
-            f"(head {head}) do not know: was the database migrated by a newer release?"
+            f"(head {head}) do not know and that is not a newer additive revision: was "
+            "the database migrated by a newer release that this one cannot run beside?"
         ) from exc
 
 

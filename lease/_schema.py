@@ -1,4 +1,13 @@
-"""The lease table: the package's one :class:`~sqlalchemy.MetaData` and its table.
+"""The lease tables: the package's one :class:`~sqlalchemy.MetaData` and its tables.
+
+- ``cronjob_lease``: one row per lease name: the latest claim, and (since revision
+  0002) how the latest rounds under it ended — the record an operator reads.
+- ``cronjob_round``: one row per round that ended, written in batches with the ends,
+  pruned by age and by a cap per name (revision 0002).
+- ``cronjob_replica``: one row per holder (replica) that said it is alive, refreshed
+  with its sweep (revision 0002).
+- revision 0003 adds the pause (``paused_ms``, ``paused_by``, ``pause_reason``) to
+  ``cronjob_lease``.
 
 ``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -12,12 +21,18 @@ from sqlalchemy.dialects import mysql
 from ._text import HOLDER_LENGTH
 
 __all__ = [
+    "ERROR_LENGTH",
     "NAME_LENGTH",
     "NEVER",
+    "REASON_LENGTH",
+    "REPLICA_TABLE",
+    "ROUND_TABLE",
     "TABLE_NAME",
     "VERSION_TABLE",
     "lease_table",
     "metadata",
+    "replica_table",
+    "round_table",
 ]
 
 #: The name of the lease table.
@@ -25,8 +40,16 @@ TABLE_NAME = "cronjob_lease"
 #: The alembic version table of these migrations; the application's own
 #: ``alembic_version`` is never touched.
 VERSION_TABLE = "cronjob_alembic_version"
+#: The table of rounds that ended (the history).
+ROUND_TABLE = "cronjob_round"
+#: The table of replicas (holders) on record.
+REPLICA_TABLE = "cronjob_replica"
+#: The longest error summary kept, in characters (longer ones are cut, marked so).
+ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
 NAME_LENGTH = 200
+#: The longest reason a pause can carry, in characters (a longer one is refused).
+REASON_LENGTH = 200
 #: The ``instant`` of a row whose lease was never claimed.
 NEVER = -1
 
@@ -68,6 +91,68 @@ lease_table = sa.Table(
     sa.Column("prev_instant", sa.BigInteger(), nullable=True),
     sa.Column("prev_state", sa.String(16), nullable=True),
     sa.Column("prev_attempt", sa.SmallInteger(), nullable=True),
+    # Revision 0002, all nullable (a replica of release 0001 never writes them):
+    # What the holders registered under the name (a cron spec, for cronjob), written at
+    # start by LeaseStore.ensure; the latest start wins.
+    sa.Column("spec", sa.Text(), nullable=True),
+    # Epoch milliseconds on the lease clock: the latest claim, the latest end on record,
+    # the latest end that succeeded.
+    sa.Column("last_start_ms", sa.BigInteger(), nullable=True),
+    sa.Column("last_end_ms", sa.BigInteger(), nullable=True),
+    sa.Column("last_success_ms", sa.BigInteger(), nullable=True),
+    # How the latest round on record ended (see lease.Ending), and its error summary.
+    sa.Column("last_outcome", sa.String(16), nullable=True),
+    sa.Column("last_error", sa.String(ERROR_LENGTH), nullable=True),
+    # Rounds in a row that failed or were given up; 0 after a success.
+    sa.Column("failures", sa.Integer(), nullable=True),
+    # Revision 0003, all nullable: paused since (epoch ms on the lease clock), by whom,
+    # why. A claim refuses a row whose ``paused_ms`` is set; NULL means not paused.
+    sa.Column("paused_ms", sa.BigInteger(), nullable=True),
+    sa.Column("paused_by", sa.String(HOLDER_LENGTH), nullable=True),
+    sa.Column("pause_reason", sa.String(REASON_LENGTH), nullable=True),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+# SQLite gives a row id to an INTEGER PRIMARY KEY only, not to a BIGINT one.
+_Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+round_table = sa.Table(
+    ROUND_TABLE,
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("name", _Name, nullable=False),
+    # Epoch seconds (UTC) of the round's instant, and its attempt (1 or 2).
+    sa.Column("instant", sa.BigInteger(), nullable=False),
+    sa.Column("attempt", sa.SmallInteger(), nullable=False),
+    sa.Column("holder", sa.String(HOLDER_LENGTH), nullable=False),
+    # Why the round ran ('schedule', 'catch-up', 're-run', 'start', ...): the holder's word.
+    sa.Column("why", sa.String(16), nullable=False),
+    # Epoch milliseconds on the holder's clock: when the round began and ended.
+    sa.Column("started_ms", sa.BigInteger(), nullable=False),
+    sa.Column("ended_ms", sa.BigInteger(), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
+    sa.Column("trace_id", sa.String(32), nullable=True),
+    # The latest rounds of a name (newest id first), and pruning by age.
+    sa.Index("ix_cronjob_round_name_id", "name", "id"),
+    sa.Index("ix_cronjob_round_ended_ms", "ended_ms"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+replica_table = sa.Table(
+    REPLICA_TABLE,
+    metadata,
+    sa.Column("holder", sa.String(HOLDER_LENGTH), primary_key=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer(), nullable=False),
+    sa.Column("version", sa.String(64), nullable=False),
+    # Epoch milliseconds on the lease clock: when it started, when it was last seen.
+    sa.Column("started_ms", sa.BigInteger(), nullable=False),
+    sa.Column("seen_ms", sa.BigInteger(), nullable=False),
+    # JSON: the names it registered, each with its spec and whether it is leased.
+    sa.Column("jobs", sa.Text(), nullable=False),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

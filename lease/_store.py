@@ -34,7 +34,7 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
@@ -48,7 +48,18 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
-from ._schema import NAME_LENGTH, NEVER, lease_table
+from ._records import (
+    Ending,
+    ReplicaRow,
+    RoundRow,
+    bounded_error,
+    jobs_json,
+    prune_statement,
+    replica_from,
+    round_from,
+    round_values,
+)
+from ._schema import NAME_LENGTH, NEVER, REASON_LENGTH, lease_table, replica_table, round_table
 from ._text import check_holder, unstorable
 
 if TYPE_CHECKING:
@@ -105,6 +116,8 @@ _MS: Final = timedelta(milliseconds=1)
 _TOKEN_LIMIT: Final = 2**63
 
 _t = lease_table
+_h = round_table
+_p = replica_table
 
 
 class LeaseState(enum.StrEnum):
@@ -141,6 +154,23 @@ class LeaseRow:
     prev_instant: datetime | None
     prev_state: LeaseState | None
     prev_attempt: int | None
+    #: What the holders registered under the name (revision 0002; ``None`` before).
+    spec: str | None = None
+    #: The latest claim, the latest end on record, the latest success (lease clock).
+    last_start: datetime | None = None
+    last_end: datetime | None = None
+    last_success: datetime | None = None
+    #: How the latest round on record ended (``'succeeded'``, ``'failed'``,
+    #: ``'cut short'``, ``'given up'``), and the failure's summary.
+    last_outcome: str | None = None
+    last_error: str | None = None
+    #: Rounds in a row that failed or were given up.
+    failures: int = 0
+    #: Paused since (lease clock), by whom, why (revision 0003); ``None`` when not
+    #: paused. A paused row is never claimed.
+    paused: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,11 +376,13 @@ class LeaseStore:
             value = conn.execute(sa.select(_db_now_ms())).scalar_one()
         return int(value)
 
-    def ensure(self, names: Iterable[str]) -> None:
+    def ensure(self, names: Iterable[str], *, specs: Mapping[str, str] | None = None) -> None:
         """Insert a row for each name that has none: never claimed, state ``new``.
 
-        Existing rows are left as they are. One statement (run once per batch of
-        parameters), whatever the number of names.
+        Existing rows are left as they are, but for their ``spec`` when ``specs`` gives
+        one (what the caller registered under the name, shown by status tools): the
+        latest caller's spec wins. One statement (run once per batch of parameters),
+        whatever the number of names.
 
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
@@ -358,22 +390,41 @@ class LeaseStore:
             TypeError: ``names`` is a single string.
         """
         wanted = _names(names)
-        if not wanted:
-            return
-        defaults = {"instant": NEVER, "attempt": 1, "state": LeaseState.NEW.value, "token": 0}
+        if wanted:
+            self._ensure(wanted, specs)
+
+    def _ensure(self, wanted: list[str], specs: Mapping[str, str] | None) -> None:
+        defaults: dict[str, Any] = {
+            "instant": NEVER,
+            "attempt": 1,
+            "state": LeaseState.NEW.value,
+            "token": 0,
+        }
+        params: list[dict[str, Any]] = [{"name": name} for name in wanted]
+        if specs is not None:
+            defaults["spec"] = sa.bindparam("spec")
+            params = [{"name": name, "spec": specs.get(name)} for name in wanted]
         dialect = self._engine.dialect.name
         stmt: sa.Executable
-        if dialect == "postgresql":
-            stmt = postgresql.insert(_t).values(defaults).on_conflict_do_nothing()
-        elif dialect == "sqlite":
-            stmt = sqlite.insert(_t).values(defaults).on_conflict_do_nothing()
+        if dialect in ("postgresql", "sqlite"):
+            insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_t)
+            insert = insert.values(defaults)
+            if specs is None:
+                stmt = insert.on_conflict_do_nothing()
+            else:
+                stmt = insert.on_conflict_do_update(
+                    index_elements=[_t.c.name], set_={"spec": insert.excluded.spec}
+                )
         else:
             # Not INSERT IGNORE: IGNORE also turns data errors into warnings, so a value
             # the column cannot hold would be truncated and stored instead of refused.
             my = mysql.insert(_t).values(defaults)
-            stmt = my.on_duplicate_key_update(name=my.inserted.name)
+            if specs is None:
+                stmt = my.on_duplicate_key_update(name=my.inserted.name)
+            else:
+                stmt = my.on_duplicate_key_update(spec=my.inserted.spec)
         with translate_errors("ensure leases"), self._transaction() as conn:
-            conn.execute(stmt, [{"name": name} for name in wanted])
+            conn.execute(stmt, params)
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Return the names, among ``names``, that have no row (in the order given).
@@ -434,7 +485,11 @@ class LeaseStore:
         """
         stmt = (
             sa.select(_t.c.holder, sa.func.max(_t.c.instant))
-            .where(_t.c.instant >= _seconds_floor(since, "since"), _t.c.holder.is_not(None))
+            .where(
+                _t.c.instant >= _seconds_floor(since, "since"),
+                _t.c.holder.is_not(None),
+                sa.not_(_t.c.name.startswith(" ")),  # chores' rows (see take_turn)
+            )
             .group_by(_t.c.holder)
         )
         with translate_errors("read the lease holders"), self._transaction(read=True) as conn:
@@ -445,6 +500,118 @@ class LeaseStore:
             if isinstance(holder, str) and _is_int(epoch) and epoch >= 0
         }
 
+    def read_all(self) -> dict[str, LeaseRow]:
+        """Read every row, by name (malformed ones logged and left out, as :meth:`read`;
+        the rows of chores, see :meth:`take_turn`, left out too)."""
+        with translate_errors("read leases"), self._transaction(read=True) as conn:
+            rows = conn.execute(sa.select(_t)).mappings().all()
+        found: dict[str, LeaseRow] = {}
+        for row in rows:
+            if row["name"].startswith(" "):
+                continue  # a chore's row (see take_turn), not a lease of a caller's
+            try:
+                found[row["name"]] = _parse_row(row)
+            except _MalformedRow as exc:
+                logger.warning("lease row %r is malformed (%s); skipped", row["name"], exc)
+        return found
+
+    def rounds(
+        self,
+        name: str,
+        *,
+        limit: int,
+        outcomes: Collection[str] | None = None,
+        since_ms: int | None = None,
+    ) -> list[RoundRow]:
+        """The latest ``limit`` rounds of ``name`` in the history, newest first.
+
+        ``outcomes`` keeps those outcomes only; ``since_ms`` those that ended at or after
+        it (epoch milliseconds). One query, on the index of ``(name, id)``.
+        """
+        (wanted,) = _names([name])
+        stmt = sa.select(_h).where(_h.c.name == wanted).order_by(_h.c.id.desc()).limit(limit)
+        if outcomes is not None:
+            stmt = stmt.where(_h.c.outcome.in_(list(outcomes)))
+        if since_ms is not None:
+            stmt = stmt.where(_h.c.ended_ms >= since_ms)
+        with translate_errors("read the history"), self._transaction(read=True) as conn:
+            rows = conn.execute(stmt).mappings().all()
+        return [round_from(row) for row in rows]
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` has a lease row, a round in the history, or a replica that
+        registered it (a per-instance job has only the last). One query."""
+        (wanted,) = _names([name])
+        in_leases = sa.select(_t.c.name).where(_t.c.name == wanted)
+        in_rounds = sa.select(_h.c.name).where(_h.c.name == wanted).limit(1)
+        with translate_errors("look a name up"), self._transaction(read=True) as conn:
+            if conn.execute(sa.union_all(in_leases, sa.select(in_rounds.subquery()))).first():
+                return True
+            replicas = conn.execute(sa.select(_p)).mappings().all()
+        return any(wanted in replica_from(row).jobs for row in replicas)
+
+    def replicas(self, *, seen_since_ms: int) -> list[ReplicaRow]:
+        """The holders on record last seen at or after ``seen_since_ms`` (lease clock)."""
+        stmt = sa.select(_p).where(_p.c.seen_ms >= seen_since_ms).order_by(_p.c.holder)
+        with translate_errors("read replicas"), self._transaction(read=True) as conn:
+            return [replica_from(row) for row in conn.execute(stmt).mappings()]
+
+    def record_replica(self, replica: ReplicaRow) -> None:
+        """Put ``replica`` on record as seen now (lease clock; its ``seen`` is ignored):
+        insert, or refresh. One statement. :meth:`survey` can do it on its way."""
+        stmt = self._replica_upsert(replica)
+        with translate_errors("record a replica"), self._transaction() as conn:
+            conn.execute(stmt)
+
+    def _replica_upsert(self, replica: ReplicaRow) -> sa.Insert:
+        check_holder(replica.holder)
+        values: dict[str, Any] = {
+            "holder": replica.holder,
+            "host": replica.host[:255],
+            "pid": replica.pid,
+            "version": replica.version[:64],
+            "started_ms": _to_ms(replica.started),
+            "seen_ms": self._now(),
+            "jobs": jobs_json(replica.jobs),
+        }
+        changed = ("host", "pid", "version", "started_ms", "seen_ms", "jobs")
+        dialect = self._engine.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_p)
+            insert = insert.values(values)
+            return insert.on_conflict_do_update(
+                index_elements=[_p.c.holder],
+                set_={column: insert.excluded[column] for column in changed},
+            )
+        my = mysql.insert(_p).values(values)
+        return my.on_duplicate_key_update({column: my.inserted[column] for column in changed})
+
+    def prune(
+        self, *, days: float, per_name: int, replicas_gone: float, timeout: float = 60.0
+    ) -> tuple[int, int]:
+        """Delete the history's rounds that ended more than ``days`` ago and each name's
+        rounds past its ``per_name`` newest (one statement), and the replicas not seen for
+        ``replicas_gone`` seconds (one more), in one transaction.
+
+        Ranking a name's rounds reads the whole history (about 3 s for a million rows
+        on a busy 2-core machine), so these statements have a bound of their own,
+        ``timeout`` seconds, not :attr:`statement_timeout`.
+
+        Returns:
+            How many rounds and replicas were deleted.
+        """
+        now_ms = self.now_ms()
+        cutoff = now_ms - round(days * 86_400_000)
+        gone = _p.delete().where(_p.c.seen_ms < now_ms - round(replicas_gone * 1000))
+        bound = max(1, round(timeout * 1000))
+        with (
+            translate_errors("prune the history"),
+            self._transaction(timeout_ms=bound) as conn,
+        ):
+            rounds = conn.execute(prune_statement(cutoff_ms=cutoff, per_name=per_name)).rowcount
+            replicas = conn.execute(gone).rowcount
+        return rounds, replicas
+
     def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
         """Claim ``instant`` as a first run, for every name whose lease allows it.
 
@@ -453,6 +620,7 @@ class LeaseStore:
         than ``claim_ahead`` seconds (:data:`CLAIM_AHEAD_LIMIT`) past the lease clock's
         ``now``: a replica whose clock runs far ahead must not claim instants the others
         have not reached (its claims win nothing; the others run the instants on time).
+        A paused row (``paused_ms`` set, see :meth:`set_paused`) is never claimed.
         Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
         before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
@@ -470,6 +638,29 @@ class LeaseStore:
         check_holder(holder)
         if not wanted:
             return []
+        return self._claim(wanted, epoch, holder)
+
+    def take_turn(
+        self, chore: str, instant: datetime, holder: str, *, create: bool = True
+    ) -> bool:
+        """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
+        for the one holder whose claim won.
+
+        The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
+        can use (it starts with whitespace) — and, with ``create``, made when missing
+        (one more statement). Its lease is never finished: it expires, and the next
+        instant is claimed as usual.
+        """
+        epoch = _instant_seconds(instant)
+        check_holder(holder)
+        name = f" {chore}"
+        if not 1 < len(name) <= NAME_LENGTH or name != f" {chore.strip()}":
+            raise ValueError(f"a chore is a name without whitespace at its ends, not {chore!r}")
+        if create:
+            self._ensure([name], None)
+        return bool(self._claim([name], epoch, holder))
+
+    def _claim(self, wanted: list[str], epoch: int, holder: str) -> list[Claim]:
         token = _new_token()
         now_ms = self._clock_ms()
         now = self._now(now_ms)
@@ -480,7 +671,13 @@ class LeaseStore:
         )
         stmt = (
             _t.update()
-            .where(_t.c.name.in_(wanted), _t.c.instant < epoch, _is_free(now), reached)
+            .where(
+                _t.c.name.in_(wanted),
+                _t.c.instant < epoch,
+                _is_free(now),
+                reached,
+                _t.c.paused_ms.is_(None),
+            )
             .ordered_values(
                 # MySQL assigns left to right, each assignment seeing the previous ones:
                 # copy the old values before overwriting them.
@@ -493,6 +690,7 @@ class LeaseStore:
                 (_t.c.token, token),
                 (_t.c.holder, holder),
                 (_t.c.expires_ms, now + self._ttl_ms),
+                (_t.c.last_start_ms, now),
             )
         )
         with translate_errors("claim leases"), self._transaction() as conn:
@@ -509,8 +707,8 @@ class LeaseStore:
         """Claim the second run (attempt 2) of ``instant``, a round cut short.
 
         Succeeds only when the row's instant is ``instant``, its attempt is 1, its state
-        is ``running`` or ``cut`` (not ``done``), and its lease is free. A new token is
-        drawn; ``superseded`` is ``None`` (the round is the same one).
+        is ``running`` or ``cut`` (not ``done``), its lease is free, and it is not paused.
+        A new token is drawn; ``superseded`` is ``None`` (the round is the same one).
 
         Returns:
             The claim, or ``None`` when the rule refuses it (another replica re-ran it
@@ -530,6 +728,7 @@ class LeaseStore:
                 _t.c.attempt == 1,
                 _t.c.state.in_(_UNFINISHED),
                 _is_free(now),
+                _t.c.paused_ms.is_(None),
             )
             .ordered_values(
                 (_t.c.prev_instant, _t.c.instant),
@@ -540,6 +739,7 @@ class LeaseStore:
                 (_t.c.token, token),
                 (_t.c.holder, holder),
                 (_t.c.expires_ms, now + self._ttl_ms),
+                (_t.c.last_start_ms, now),
             )
         )
         with translate_errors("claim a second run"), self._transaction() as conn:
@@ -581,32 +781,60 @@ class LeaseStore:
         self._held([pair for pair in pairs if pair[0] in renewed], now_ms)
         return renewed
 
-    def give_back(self, name: str, token: int) -> bool:
+    def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
+
+        On record, the round ended ``'cut short'`` — or ``'given up'`` for a second run,
+        which counts as one more failure in a row. ``record``, if given, is added to the
+        history in the same transaction.
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
             when another claim replaced it (or the round already ended).
         """
         (wanted,) = _names([name])
+        second = _t.c.attempt == 2
+        now = self._now()
         stmt = (
             _t.update()
             .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
-            .values(state=LeaseState.CUT.value, expires_ms=None)
+            .values(
+                state=LeaseState.CUT.value,
+                expires_ms=None,
+                last_end_ms=now,
+                last_outcome=sa.case((second, "given up"), else_="cut short"),
+                failures=sa.case(
+                    (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
+                ),
+            )
         )
         with translate_errors("give back a lease"), self._transaction() as conn:
             given = conn.execute(stmt).rowcount == 1
+            if record is not None:
+                conn.execute(_h.insert(), [round_values(record)])
         if given:  # after the commit: a sweep it wakes must find it
             self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=((wanted, token),)))
         return given
 
-    def finish(self, name: str, token: int, *, ended: datetime) -> bool:
+    def finish(
+        self,
+        name: str,
+        token: int,
+        *,
+        ended: datetime,
+        succeeded: bool = True,
+        error: str | None = None,
+        record: RoundRow | None = None,
+    ) -> bool:
         """Record that the round ran to its end at ``ended``; the lease is free at once.
 
         Sets state ``done`` and ``skipped_through`` to ``ended`` in whole seconds
         (rounded down): every instant up to it that the round overran stays skipped.
         The end is recorded even if the lease expired meanwhile, as long as no other
-        claim replaced the token.
+        claim replaced the token. On record too: the outcome (``succeeded``, or failed
+        with ``error``, bounded), the end and the last success on the lease clock, the
+        failures in a row; and ``record``, if given, is added to the history, all in
+        the same transaction.
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
@@ -615,44 +843,77 @@ class LeaseStore:
         Raises:
             ValueError: ``ended`` is not an aware datetime.
         """
-        (wanted,) = _names([name])
-        ended_s = _seconds_floor(ended, "ended")
-        stmt = (
-            _t.update()
-            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
-            .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+        ending = Ending(
+            name=name, token=token, ended=ended, succeeded=succeeded, error=error, record=record
         )
-        with translate_errors("finish a lease"), self._transaction() as conn:
-            finished = conn.execute(stmt).rowcount == 1
-        if finished:
-            self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=((wanted, token),)))
-        return finished
+        return (name, token) in self._finish([ending], "finish a lease")
 
-    def finish_many(self, ends: Collection[tuple[str, int, datetime]]) -> set[tuple[str, int]]:
-        """:meth:`finish` for many rounds at once: ``(name, token, ended)`` triples.
+    def finish_many(
+        self, ends: Collection[tuple[str, int, datetime] | Ending]
+    ) -> set[tuple[str, int]]:
+        """:meth:`finish` for many rounds at once: :class:`Ending` values, or
+        ``(name, token, ended)`` triples for rounds that succeeded without a record.
 
-        One transaction; one UPDATE per distinct ``ended`` second (usually one), each
-        with the same conditions as :meth:`finish`. None for an empty ``ends``.
+        One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
+        one), each with the same conditions as :meth:`finish`, then one INSERT of every
+        history row given. None for an empty ``ends``.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its
             token replaced by another claim (or had already ended).
         """
-        groups: dict[int, list[tuple[str, int]]] = {}
-        for name, token, ended in ends:
-            (wanted,) = _names([name])
-            pair = (wanted, _check_token(token))
-            groups.setdefault(_seconds_floor(ended, "ended"), []).append(pair)
+        return self._finish(ends, "finish leases")
+
+    def _finish(
+        self, ends: Collection[tuple[str, int, datetime] | Ending], action: str
+    ) -> set[tuple[str, int]]:
+        groups: dict[tuple[int, bool], list[Ending]] = {}
+        records: list[dict[str, Any]] = []
+        for end in ends:
+            if not isinstance(end, Ending):
+                name, token, ended = end
+                end = Ending(name=name, token=token, ended=ended)
+            (wanted,) = _names([end.name])
+            _check_token(end.token)
+            if wanted != end.name:  # pragma: no cover - _names returns the name as given
+                raise ValueError(end.name)
+            key = (_seconds_floor(end.ended, "ended"), end.succeeded)
+            groups.setdefault(key, []).append(end)
+            if end.record is not None:
+                records.append(round_values(end.record))
         if not groups:
             return set()
         recorded: set[tuple[str, int]] = set()
-        with translate_errors("finish leases"), self._transaction() as conn:
-            for ended_s, pairs in groups.items():
+        now = self._now()
+        with translate_errors(action), self._transaction() as conn:
+            for (ended_s, succeeded), group in groups.items():
+                pairs = [(end.name, end.token) for end in group]
                 mine = sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+                outcome: dict[str, Any]
+                if succeeded:
+                    outcome = {
+                        "last_outcome": "succeeded",
+                        "last_success_ms": now,
+                        "last_error": None,
+                        "failures": 0,
+                    }
+                else:
+                    errors = {end.name: bounded_error(end.error) for end in group}
+                    outcome = {
+                        "last_outcome": "failed",
+                        "last_error": sa.case(errors, value=_t.c.name, else_=None),
+                        "failures": sa.func.coalesce(_t.c.failures, 0) + 1,
+                    }
                 stmt = (
                     _t.update()
                     .where(mine, _is_running())
-                    .values(state=LeaseState.DONE.value, expires_ms=None, skipped_through=ended_s)
+                    .values(
+                        state=LeaseState.DONE.value,
+                        expires_ms=None,
+                        skipped_through=ended_s,
+                        last_end_ms=now,
+                        **outcome,
+                    )
                 )
                 # Without RETURNING: a token is drawn per claim and ends once, so a row
                 # with one of these tokens that is now done was finished here.
@@ -663,6 +924,8 @@ class LeaseStore:
                 )
                 rows = self._update_returning(conn, stmt, (_t.c.name, _t.c.token), done)
                 recorded.update((row["name"], int(row["token"])) for row in rows)
+            if records:
+                conn.execute(_h.insert(), records)
         if recorded:
             self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(recorded)))
         return recorded
@@ -681,20 +944,33 @@ class LeaseStore:
         """
         return self.survey(names).cut_short
 
-    def survey(self, names: Iterable[str]) -> Survey:
+    def survey(self, names: Iterable[str], *, replica: ReplicaRow | None = None) -> Survey:
         """:meth:`find_cut_short`, and the earliest expiry of a first round's lease still
         held (the next moment a round of ``names`` may be found cut short without any
-        write before it). One query, whatever the number of names."""
+        write before it). One query, whatever the number of names.
+
+        With ``replica``, the replica is put on record as seen now too (as
+        :meth:`record_replica`), in the same statement on PostgreSQL (a data-modifying
+        ``WITH``), in the same transaction elsewhere (two statements)."""
         wanted = _names(names)
         if not wanted:
+            if replica is not None:
+                self.record_replica(replica)
             return Survey(cut_short=[], next_expiry=None)
         now = self._now()
         stmt = sa.select(
             _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
-        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED))
+        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _t.c.paused_ms.is_(None))
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
-        with translate_errors("find rounds cut short"), self._transaction(read=True) as conn:
+        upsert = None if replica is None else self._replica_upsert(replica)
+        if upsert is not None and self._engine.dialect.name == "postgresql":
+            stmt = stmt.add_cte(upsert.returning(_p.c.holder).cte("seen"))
+            upsert = None
+        read = replica is None
+        with translate_errors("find rounds cut short"), self._transaction(read=read) as conn:
+            if upsert is not None:
+                conn.execute(upsert)
             rows = conn.execute(stmt).all()
         wanted_set = set(wanted)
         found: list[CutShort] = []
@@ -745,9 +1021,86 @@ class LeaseStore:
 
         return stop
 
-    def holds(
-        self, connection: Connection, name: str, token: int, *, final: bool = False
-    ) -> bool:
+    def set_paused(
+        self,
+        names: Iterable[str] | None,
+        *,
+        paused: bool,
+        by: str,
+        reason: str | None = None,
+        now_ms: int | None = None,
+    ) -> list[str]:
+        """Pause (``paused``) or resume ``names`` (``None``: every row but the chores'),
+        and note each change in the history; one transaction. Returns the names whose
+        state changed, sorted: a name already in that state, or without a row, is left
+        as it was.
+
+        A paused row is refused by :meth:`claim` and :meth:`claim_rerun` and left out of
+        :meth:`survey`'s rounds cut short; a round already running is not touched. On
+        resume, ``skipped_through`` is raised to now (in seconds), so the instants skipped
+        while paused are never caught up at start-up (the catch-up rule honours it).
+        The note is a row of ``cronjob_round`` with ``why`` ``'pause'`` or ``'resume'``,
+        outcome ``'paused'`` or ``'resumed'``, ``holder`` = ``by``, ``instant`` = now.
+
+        Raises:
+            ValueError: ``by`` is empty or too long, ``reason`` is too long
+                (:data:`REASON_LENGTH`), a name is empty or too long.
+        """
+        wanted = None if names is None else _names(names)
+        check_holder(by)
+        if reason is not None and len(reason) > REASON_LENGTH:
+            raise ValueError(
+                f"a pause reason is at most {REASON_LENGTH} characters, not {len(reason)}"
+            )
+        if wanted == []:
+            return []
+        now = self.now_ms() if now_ms is None else now_ms
+        which = _t.c.paused_ms.is_(None) if paused else _t.c.paused_ms.is_not(None)
+        where = [which, ~_t.c.name.startswith(" ")]
+        if wanted is not None:
+            where.append(_t.c.name.in_(wanted))
+        if paused:
+            values: dict[Any, Any] = {
+                _t.c.paused_ms: now,
+                _t.c.paused_by: by,
+                _t.c.pause_reason: reason,
+            }
+        else:
+            seconds = now // 1000
+            values = {
+                _t.c.paused_ms: None,
+                _t.c.paused_by: None,
+                _t.c.pause_reason: None,
+                _t.c.skipped_through: sa.case(
+                    (_t.c.skipped_through > seconds, _t.c.skipped_through), else_=seconds
+                ),
+            }
+        verb = "pause" if paused else "resume"
+        with translate_errors(f"{verb} jobs"), self._transaction() as conn:
+            found = sorted(
+                conn.execute(sa.select(_t.c.name).where(*where).with_for_update()).scalars()
+            )
+            if not found:
+                return []
+            conn.execute(_t.update().where(_t.c.name.in_(found), which).values(values))
+            at = _EPOCH + now * _MS
+            notes = [
+                RoundRow(
+                    name=name,
+                    instant=at.replace(microsecond=0),
+                    attempt=1,
+                    holder=by,
+                    why=verb,
+                    started=at,
+                    ended=at,
+                    outcome=f"{verb}d",
+                )
+                for name in found
+            ]
+            conn.execute(_h.insert(), [round_values(note) for note in notes])
+        return found
+
+    def holds(self, connection: Connection, name: str, token: int, *, final: bool = False) -> bool:
         """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
 
         True when the row still has ``token`` and ``expires_ms > now``. The row is read
@@ -842,7 +1195,9 @@ class LeaseStore:
             watcher(write)
 
     @contextlib.contextmanager
-    def _transaction(self, *, read: bool = False) -> Iterator[Connection]:
+    def _transaction(
+        self, *, read: bool = False, timeout_ms: int | None = None
+    ) -> Iterator[Connection]:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
@@ -860,11 +1215,11 @@ class LeaseStore:
         A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
-        with self._bounded(read=read) as conn:
+        with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn
 
     @contextlib.contextmanager
-    def _bounded(self, *, read: bool) -> Iterator[Connection]:
+    def _bounded(self, *, read: bool, timeout_ms: int) -> Iterator[Connection]:
         conn = self._engine.connect()
         if read:
             # A read needs no write lock: on an engine from lease.create_engine, its
@@ -872,7 +1227,7 @@ class LeaseStore:
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
         with conn, conn.begin():
-            restore = self._bound(conn)
+            restore = self._bound(conn, timeout_ms)
             try:
                 yield conn
             finally:
@@ -883,17 +1238,17 @@ class LeaseStore:
                         conn.invalidate()  # never pool a session that keeps our bound
                         raise
 
-    def _bound(self, conn: Connection) -> str | None:
+    def _bound(self, conn: Connection, timeout_ms: int) -> str | None:
         """Bound the statements of ``conn``'s transaction; return what undoes it, if any."""
         dialect = conn.dialect.name
         if dialect == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {self._timeout_ms}")
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {timeout_ms}")
             return None
         if dialect in ("mysql", "mariadb"):
             # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
             # only): a statement of ours that waits is waiting for a lock, and these two
             # bound that wait on both servers.
-            seconds = max(1, math.ceil(self._timeout_ms / 1000))
+            seconds = max(1, math.ceil(timeout_ms / 1000))
             conn.exec_driver_sql(
                 "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
@@ -1022,9 +1377,33 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             ),
             prev_state=previous_state,
             prev_attempt=prev_attempt,
+            spec=_text_or_none(row.get("spec")),
+            last_start=_ms_or_none(row.get("last_start_ms")),
+            last_end=_ms_or_none(row.get("last_end_ms")),
+            last_success=_ms_or_none(row.get("last_success_ms")),
+            last_outcome=_text_or_none(row.get("last_outcome")),
+            last_error=_text_or_none(row.get("last_error")),
+            failures=int(row.get("failures") or 0) if _is_int(row.get("failures") or 0) else 0,
+            paused=_ms_or_none(row.get("paused_ms")),
+            paused_by=_text_or_none(row.get("paused_by")),
+            pause_reason=_text_or_none(row.get("pause_reason")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _ms_or_none(value: object) -> datetime | None:
+    """Epoch milliseconds as a datetime; anything else (or out of range) as ``None``."""
+    if not _is_int(value):
+        return None
+    try:
+        return _EPOCH + int(value) * _MS  # type: ignore[call-overload, no-any-return]
+    except OverflowError:
+        return None
 
 
 def _is_int(value: object) -> bool:

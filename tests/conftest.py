@@ -38,7 +38,7 @@ POSTGRES_URL = os.environ.get(
 #: The MariaDB/MySQL server of the development and CI machines.
 MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 #: The tables the lease package owns.
-LEASE_TABLES = ("cronjob_lease", "cronjob_alembic_version")
+LEASE_TABLES = ("cronjob_round", "cronjob_replica", "cronjob_lease", "cronjob_alembic_version")
 #: A fixed start for manual clocks: Sunday 2026-03-08 06:00 UTC.
 START = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)
 

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0001"
+HEAD = "0003"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -65,22 +65,43 @@ class TestUpgrade:
 
     def test_a_blank_database_without_auto_migrate_requires_a_migration(self, db_engine):
         message = (
-            r"^the lease tables are at revision none \(never migrated\) but the head is 0001; "
+            r"^the lease tables are at revision none \(never migrated\) but the head is "
+            rf"{HEAD}; "
             r"run lease.migrate\(\) or allow auto_migrate$"
         )
         with pytest.raises(lease.MigrationRequired, match=message):
             lease.migrate(db_engine, auto_migrate=False)
         assert lease.current_revision(db_engine) is None
 
-    def test_a_revision_from_a_newer_release_is_refused(self, sqlite_url):
+    def test_a_newer_additive_revision_is_run_beside_without_migrating(self, sqlite_url, caplog):
+        """A rolling deploy: the new release migrated to a later numbered revision; a
+        replica of this release still starts, and its statements still work."""
         engine = lease.create_engine(sqlite_url)
         lease.migrate(engine)
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE cronjob_alembic_version SET version_num = '9999'")
-        with pytest.raises(
-            lease.MigrationFailed, match=r"^the lease tables are at revision '9999'"
-        ):
+        with caplog.at_level("INFO", logger="lease"):
             lease.migrate(engine)
+            lease.migrate(engine, auto_migrate=False)
+        assert versions(engine) == ["9999"]  # left as the newer release made it
+        assert "newer than this release's" in caplog.text
+        store = lease.LeaseStore(engine, claim_ahead=None)
+        store.ensure(["a"])
+        assert store.read(["a"])["a"].state is lease.LeaseState.NEW
+        engine.dispose()
+
+    def test_an_unknown_revision_that_is_not_additive_is_refused(self, sqlite_url):
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        for revision in ("g2-0001", "0000abc"):
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text("UPDATE cronjob_alembic_version SET version_num = :v"), {"v": revision}
+                )
+            with pytest.raises(
+                lease.MigrationFailed, match=rf"^the lease tables are at revision '{revision}'"
+            ):
+                lease.migrate(engine)
         engine.dispose()
 
     def test_an_unreachable_database_raises_database_unavailable(self):
@@ -99,6 +120,9 @@ class TestUpgrade:
         assert "CREATE TABLE cronjob_lease" in sql
         assert "CREATE TABLE cronjob_alembic_version" in sql
         assert "INSERT INTO cronjob_alembic_version (version_num) VALUES ('0001')" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0002'" in sql
+        assert "ALTER TABLE cronjob_lease ADD COLUMN paused_ms BIGINT" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0003'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
@@ -251,3 +275,151 @@ print(lease.current_revision(engine))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == HEAD
+
+
+#: The lease table as release 0001 knows it: its statements name only these columns.
+_OLD = sa.Table(
+    "cronjob_lease",
+    sa.MetaData(),
+    *(
+        sa.Column(name, sa.BigInteger() if name != "name" else sa.String(200))
+        for name in ("name", "instant", "attempt", "token", "expires_ms", "skipped_through")
+    ),
+    sa.Column("state", sa.String(16)),
+    sa.Column("holder", sa.String(255)),
+    sa.Column("prev_instant", sa.BigInteger()),
+    sa.Column("prev_state", sa.String(16)),
+    sa.Column("prev_attempt", sa.SmallInteger()),
+)
+
+
+class TestUpgradeTo0002:
+    """Revision 0002 only adds, so a live database upgrades under rounds in flight and a
+    replica of release 0001 (whose statements name only 0001's columns) keeps working."""
+
+    @staticmethod
+    def upgrade_to(engine: sa.Engine, revision: str) -> None:
+        with engine.connect() as conn:
+            config = _migrate._config()
+            config.attributes["connection"] = conn
+            alembic.command.upgrade(config, revision)
+            conn.commit()
+
+    def test_a_round_in_flight_survives_the_upgrade_and_old_statements_keep_working(
+        self, db_engine, manual_clock
+    ):
+        from datetime import timedelta
+
+        self.upgrade_to(db_engine, "0001")
+        t0 = manual_clock.now()
+        expires = int(t0.timestamp() * 1000) + 15_000
+        with db_engine.begin() as conn:  # release 0001 made the rows and runs a round
+            for name in ("old-job", "new-job"):
+                conn.execute(
+                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
+                )
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job")
+                .values(
+                    instant=int(t0.timestamp()),
+                    state="running",
+                    token=42,
+                    holder="old-replica",
+                    expires_ms=expires,
+                )
+            )
+        lease.migrate(db_engine)  # the new release starts: 0001 -> 0002, live
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        new.ensure(["new-job"], specs={"new-job": "0 * * * * *"})
+        assert lease.current_revision(db_engine) == HEAD
+
+        row = new.read(["old-job"])["old-job"]
+        assert (row.instant, row.state, row.token, row.holder, row.expires_ms) == (
+            t0,
+            lease.LeaseState.RUNNING,
+            42,
+            "old-replica",
+            expires,
+        )
+        assert (row.spec, row.last_outcome, row.failures) == (None, None, 0)
+
+        # Release 0001 ends its round and claims the next instant, naming old columns only.
+        manual_clock.advance(3)
+        now_ms = int(manual_clock.now().timestamp() * 1000)
+        mine = sa.and_(_OLD.c.name == "old-job", _OLD.c.token == 42)
+        with db_engine.begin() as conn:
+            done = conn.execute(
+                _OLD.update()
+                .where(mine, _OLD.c.state == "running")
+                .values(state="done", expires_ms=None, skipped_through=now_ms // 1000)
+            )
+            assert done.rowcount == 1
+            later = int((t0 + timedelta(minutes=1)).timestamp())
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job", _OLD.c.instant < later)
+                .values(instant=later, attempt=1, state="running", token=7, holder="old-replica")
+            )
+            assert conn.execute(sa.select(_OLD).where(_OLD.c.name == "new-job")).one()
+
+        # Beside it, the new release runs its own job and puts the end on record.
+        [claim] = new.claim(["new-job"], t0 + timedelta(minutes=1), "new-replica")
+        record = lease.RoundRow(
+            name="new-job",
+            instant=claim.instant,
+            attempt=1,
+            holder="new-replica",
+            why="schedule",
+            started=manual_clock.now(),
+            ended=manual_clock.now(),
+            outcome="succeeded",
+        )
+        assert new.finish("new-job", claim.token, ended=manual_clock.now(), record=record)
+        rows = new.read(["old-job", "new-job"])
+        assert rows["old-job"].instant == t0 + timedelta(minutes=1)
+        assert rows["new-job"].last_outcome == "succeeded"
+        assert [r.name for r in new.rounds("new-job", limit=5)] == ["new-job"]
+
+
+class TestUpgradeTo0003:
+    """Revision 0003 only adds the pause's nullable columns: a round in flight survives the
+    upgrade, and release 0002's claim (which never names them) keeps claiming beside it."""
+
+    def test_a_round_in_flight_survives_and_a_release_0002_claim_ignores_the_pause(
+        self, db_engine, manual_clock
+    ):
+        from datetime import timedelta
+
+        TestUpgradeTo0002.upgrade_to(db_engine, "0002")
+        t0 = manual_clock.now()
+        with db_engine.begin() as conn:  # release 0002 made the rows and runs a round
+            for name in ("old-job", "new-job"):
+                conn.execute(
+                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
+                )
+            conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job")
+                .values(instant=int(t0.timestamp()), state="running", token=42, holder="old")
+            )
+        lease.migrate(db_engine)  # the new release starts: 0002 -> 0003, live
+        assert lease.current_revision(db_engine) == HEAD
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        row = new.read(["old-job"])["old-job"]
+        assert (row.state, row.token, row.holder, row.paused) == (
+            lease.LeaseState.RUNNING,
+            42,
+            "old",
+            None,
+        )
+        assert new.set_paused(["new-job"], paused=True, by="ops") == ["new-job"]
+        later = t0 + timedelta(minutes=1)
+        assert new.claim(["new-job"], later, "new-replica") == []  # this release obeys it
+        with db_engine.begin() as conn:  # release 0002's claim names old columns only
+            claimed = conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "new-job", _OLD.c.instant < int(later.timestamp()))
+                .values(instant=int(later.timestamp()), state="running", token=7)
+            )
+            assert claimed.rowcount == 1

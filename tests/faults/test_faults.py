@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from cronjob import admin
+
 from .harness import (
     DATABASES,
     DRAIN_LIMIT,
@@ -887,6 +889,72 @@ def scenario_file_locked(db: str = "sqlite") -> Figures:
         )
 
 
+def scenario_pause(db: str = "postgres") -> Figures:
+    """Pause a job, then kill one replica and cut another off (on SQLite, where nothing
+    can be cut, kill one only): no replica runs it — not on schedule, not at the killed
+    replica's restart, not in the catch-up when the cut one reaches the database again —
+    while the other job goes on. Resumed, its next instant runs once, and none of the
+    instants skipped while paused."""
+    jobs = [
+        JobSpec("five", "*/5 * * * * *", "work", 0.5),
+        JobSpec("tick", "*/1 * * * * *", "work", 0.1),
+    ]
+    with Scenario("pause", jobs, db=db) as s:
+        killed = s.replica("a")
+        s.replica("b")
+        cut_off = s.replica("c", proxy=True) if s.db.server else None
+        s.start()
+        s.wait_start("five", 15)
+        change = admin.pause(s.url, "five", reason="fault suite", by="faults")
+        assert change.changed and change.paused_since is not None
+        paused_at, paused_mono = change.paused_since, time.monotonic()
+        s.emit("pause", job="five")
+        killed.kill9().wait(5)
+        if cut_off is not None:
+            cut_off.cut()
+        time.sleep(2 * 5 + 1)  # two instants pass, paused
+        killed.start()
+        killed.wait_started()  # start-up while paused: five is owed, and refused
+        if cut_off is not None:
+            cut_off.heal()  # back from its outage: the catch-up of five is refused
+        time.sleep(5 + 1)
+        before_resume = wall_now()
+        admin.resume(s.url, "five", by="faults")
+        resumed_mono = time.monotonic()
+        s.emit("resume", job="five")
+        after = s.wait_start("five", 10, after=resumed_mono)
+        first_after = datetime.fromisoformat(after["instant"])
+        s.wait_start("tick", 5, after=resumed_mono)
+        s.stop()
+        rounds = s.rounds()
+        paused = [
+            r.describe()
+            for r in rounds
+            if r.job == "five" and paused_at < r.instant < first_after
+        ]
+        assert paused == [], f"rounds of a paused job: {paused}"
+        assert first_after > before_resume, "an instant skipped while paused was run"
+        ticks = [r for r in rounds if r.job == "tick" and paused_mono < r.start < resumed_mono]
+        assert len(ticks) >= 10, f"the other job stopped while five was paused: {len(ticks)}"
+        outputs = "".join(s.outputs().values())
+        report = s.check()
+        report.assert_clean()
+        skipped = int((before_resume - paused_at).total_seconds() // 5)
+        return _finish(
+            s,
+            {
+                "paused_instants_skipped": skipped,
+                "rounds_while_paused": 0,
+                "first_after_resume_s": _round(after["mono"] - resumed_mono),
+                "ticks_while_paused": len(ticks),
+                "cut_off": cut_off is not None,
+                "outage_catch_up_tried": "catching up what the outage owes" in outputs,
+                "rounds": report.rounds,
+                "violations": 0,
+            },
+        )
+
+
 #: The scenarios started together, by test name; each takes the database's name.
 PARALLEL: dict[str, Callable[[str], Figures]] = {
     "steady": scenario_steady,
@@ -905,6 +973,7 @@ PARALLEL: dict[str, Callable[[str], Figures]] = {
     "base_exception": scenario_base_exception,
     "thousand_jobs": scenario_thousand_jobs,
     "bad_url": scenario_bad_url,
+    "pause": scenario_pause,
 }
 
 _MARKS = {"postgres": [pytest.mark.postgres], "mysql": [pytest.mark.mysql], "sqlite": []}
@@ -1071,6 +1140,11 @@ def test_thousand_jobs(launched, db):
 @on("postgres")
 def test_bad_url(launched, db):
     launched.outcome("bad_url", db)
+
+
+@on(*ALL)
+def test_pause(launched, db):
+    launched.outcome("pause", db)
 
 
 # -- bad job modules: no database needed -----------------------------------------------------

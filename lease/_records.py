@@ -1,0 +1,181 @@
+"""What the holders leave on record beside their leases: round ends, history, replicas.
+
+The values passed to and read from :class:`~lease.LeaseStore` for revision 0002's
+columns and tables (see :mod:`lease._schema`), and the statements' pieces that do not
+depend on the store's clock. The store runs the statements.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import RowMapping
+
+from ._schema import ERROR_LENGTH, replica_table, round_table
+
+__all__ = [
+    "DEFAULT_HISTORY_DAYS",
+    "DEFAULT_HISTORY_PER_NAME",
+    "Ending",
+    "ReplicaRow",
+    "RoundRow",
+    "bounded_error",
+    "replica_from",
+    "round_from",
+    "round_values",
+]
+
+#: Rounds older than this many days are pruned.
+DEFAULT_HISTORY_DAYS: Final = 14
+#: At most this many rounds of one name are kept.
+DEFAULT_HISTORY_PER_NAME: Final = 1000
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+_CUT: Final = " [...]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRow:
+    """One round that ended: a row of the history (``cronjob_round``)."""
+
+    name: str
+    instant: datetime
+    attempt: int
+    holder: str
+    #: Why it ran, in the holder's words (at most 16 characters).
+    why: str
+    #: On the holder's clock.
+    started: datetime
+    ended: datetime
+    #: ``'succeeded'``, ``'failed'``, ``'cut short'`` or ``'given up'``.
+    outcome: str
+    error: str | None = None
+    trace_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ending:
+    """The end of a round to record with :meth:`LeaseStore.finish_many`."""
+
+    name: str
+    token: int
+    ended: datetime
+    #: ``False`` for a round that raised an error of its own (it still ran to its end).
+    succeeded: bool = True
+    #: The failure's summary (bounded with :func:`bounded_error` before it is stored).
+    error: str | None = None
+    #: The history row to add, or ``None`` (history off).
+    record: RoundRow | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaRow:
+    """One holder's record (``cronjob_replica``)."""
+
+    holder: str
+    host: str
+    pid: int
+    version: str
+    #: On the lease clock.
+    started: datetime
+    seen: datetime
+    #: The names it registered: ``name -> (spec, leased)``.
+    jobs: Mapping[str, tuple[str, bool]]
+
+
+def bounded_error(text: str | None) -> str | None:
+    """``text`` cut to :data:`~lease._schema.ERROR_LENGTH` characters, marked when cut,
+    with characters no database stores (NUL, lone surrogates) replaced."""
+    if text is None:
+        return None
+    clean = text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if len(clean) > ERROR_LENGTH:
+        clean = clean[: ERROR_LENGTH - len(_CUT)] + _CUT
+    return clean
+
+
+def round_values(row: RoundRow) -> dict[str, Any]:
+    """The column values of ``row`` for an INSERT into the history."""
+    return {
+        "name": row.name,
+        "instant": (row.instant - _EPOCH) // timedelta(seconds=1),
+        "attempt": row.attempt,
+        "holder": row.holder,
+        "why": row.why[:16],
+        "started_ms": (row.started - _EPOCH) // _MS,
+        "ended_ms": (row.ended - _EPOCH) // _MS,
+        "outcome": row.outcome[:16],
+        "error": bounded_error(row.error),
+        "trace_id": None if row.trace_id is None else row.trace_id[:32],
+    }
+
+
+def round_from(row: RowMapping) -> RoundRow:
+    """A history row as read."""
+    return RoundRow(
+        name=row["name"],
+        instant=_EPOCH + timedelta(seconds=int(row["instant"])),
+        attempt=int(row["attempt"]),
+        holder=row["holder"],
+        why=row["why"],
+        started=_EPOCH + int(row["started_ms"]) * _MS,
+        ended=_EPOCH + int(row["ended_ms"]) * _MS,
+        outcome=row["outcome"],
+        error=row["error"],
+        trace_id=row["trace_id"],
+    )
+
+
+def replica_from(row: RowMapping) -> ReplicaRow:
+    """A replica's row as read; a ``jobs`` value that is not what we write reads as none."""
+    jobs: dict[str, tuple[str, bool]] = {}
+    try:
+        listed = json.loads(row["jobs"])
+    except (TypeError, ValueError):
+        listed = None
+    if isinstance(listed, dict):
+        for name, entry in listed.items():
+            if isinstance(entry, dict) and isinstance(entry.get("spec"), str):
+                jobs[str(name)] = (entry["spec"], bool(entry.get("leased", True)))
+    return ReplicaRow(
+        holder=row["holder"],
+        host=row["host"],
+        pid=int(row["pid"]),
+        version=row["version"],
+        started=_EPOCH + int(row["started_ms"]) * _MS,
+        seen=_EPOCH + int(row["seen_ms"]) * _MS,
+        jobs=jobs,
+    )
+
+
+def jobs_json(jobs: Mapping[str, tuple[str, bool]]) -> str:
+    """The ``jobs`` column of a replica: ``{name: {"spec": ..., "leased": ...}}``."""
+    return json.dumps(
+        {name: {"spec": spec, "leased": leased} for name, (spec, leased) in sorted(jobs.items())},
+        separators=(",", ":"),
+    )
+
+
+_r = round_table
+_p = replica_table
+
+
+def prune_statement(*, cutoff_ms: int, per_name: int) -> sa.Delete:
+    """One DELETE of the rounds that ended before ``cutoff_ms``, and of each name's
+    rounds past its ``per_name`` newest.
+
+    The ranked ids sit in a derived table of their own: MySQL/MariaDB refuse a subquery
+    on the table a DELETE changes, unless it is materialized first.
+    """
+    rank = sa.func.row_number().over(partition_by=_r.c.name, order_by=_r.c.id.desc())
+    ranked = sa.select(_r.c.id.label("id"), rank.label("rank")).subquery("ranked")
+    surplus = sa.select(ranked.c.id).where(ranked.c.rank > per_name).subquery("surplus")
+    return _r.delete().where(
+        sa.or_(_r.c.ended_ms < cutoff_ms, _r.c.id.in_(sa.select(surplus.c.id)))
+    )
