@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -171,7 +172,10 @@ class FakeClock(Clock):
         self._cond.notify_all()
 
     def _add_timer(self, seconds: float, waiter: _Waiter) -> None:
-        due = self._now + timedelta(seconds=seconds)
+        # Rounded up to whole microseconds, the clock's resolution: a wait shorter than
+        # one would otherwise be due at once, wake without time moving, and wait again
+        # forever.
+        due = self._now + timedelta(microseconds=math.ceil(seconds * 1_000_000))
         heapq.heappush(self._timers, (due, next(self._seq), waiter))
 
     def _idle(self, waiter: _Waiter) -> None:

@@ -189,3 +189,26 @@ class TestAsync:
         clock.advance(15)
         thread.join(5)
         assert result == [(False, NOW + timedelta(seconds=15))]
+
+
+class TestShortWaits:
+    def test_a_wait_shorter_than_a_microsecond_lets_time_move_on(self):
+        """A caller waiting until a monotonic deadline a fraction of a microsecond away
+        must see time pass, not be woken at the same moment forever."""
+        clock = FakeClock(NOW)
+        deadline = clock.monotonic() + 1e-7
+        waits: list[float] = []
+
+        def until_deadline() -> None:
+            event = clock.event()
+            while (left := deadline - clock.monotonic()) > 0:
+                waits.append(left)
+                event.wait(left)
+
+        thread = tracked_thread(clock, until_deadline)
+        advancing = threading.Thread(target=clock.advance, args=(1,), daemon=True)
+        advancing.start()
+        advancing.join(10)
+        assert not advancing.is_alive(), "advance(1) never returned"
+        thread.join(5)
+        assert len(waits) == 1
