@@ -167,7 +167,7 @@ class Dispatcher:
             self.recovery.probe(mono)
             if self.recovery.db_ready:
                 self.peers.tick(now)
-            if not self.draining:
+            if not self.draining and not self.recovery.catch_up_pending:
                 self._fire_due(now, mono)
                 self._start_held(now)
                 self._claim_rest(now)
@@ -202,7 +202,7 @@ class Dispatcher:
         timeouts: list[float] = []
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
-        if self._heap and not self.draining:
+        if self._heap and not self.draining and not self.recovery.catch_up_pending:
             timeouts.append((self._heap[0].when - now).total_seconds() - self.peers.lead)
         if self._held and not self.draining:
             timeouts.append((self._held[0].instant - now).total_seconds())

@@ -88,6 +88,10 @@ class Recovery:
         self._leased_names = [state.job.name for state in self._leased]
         #: The tables are at head and the database answered (read from any thread).
         self.db_ready = False
+        #: Start-up's catch-up is being decided (its read of the rows is in flight): no
+        #: instant may be claimed meanwhile, or a claim of the next instant sent just
+        #: before it could overtake the catch-up of the one missed.
+        self.catch_up_pending = False
         #: Why the database was not reached at start, while it is not (any thread reads).
         self.database_error: str | None = None
         # Local timers, on the clock's monotonic time.
@@ -176,8 +180,10 @@ class Recovery:
             return
         leased = self._leased
         now = self._clock.now()
+        self.catch_up_pending = True
 
         def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            self.catch_up_pending = False
             if isinstance(result, BaseException):
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
