@@ -935,7 +935,9 @@ def scenario_pause(db: str = "postgres") -> Figures:
         assert paused == [], f"rounds of a paused job: {paused}"
         assert first_after > before_resume, "an instant skipped while paused was run"
         ticks = [r for r in rounds if r.job == "tick" and paused_mono < r.start < resumed_mono]
-        assert len(ticks) >= 10, f"the other job stopped while five was paused: {len(ticks)}"
+        # Not every second: the replica killed in a round of tick keeps its lease for the
+        # lease's 15 s (the round is then given up to a later instant, as the rules say).
+        assert len(ticks) >= 3, f"the other job stopped while five was paused: {len(ticks)}"
         outputs = "".join(s.outputs().values())
         report = s.check()
         report.assert_clean()
