@@ -76,6 +76,7 @@ from ._registry import register as register
 from ._registry import register_per_instance as register_per_instance
 from ._round import Outcome as Outcome
 from ._round import Round as Round
+from ._round import Trigger as Trigger
 from ._schedule import Schedule as Schedule
 from ._schedule import parse as parse
 from ._scheduler import Scheduler as Scheduler
@@ -95,6 +96,7 @@ __all__ = [
     "Scheduler",
     "Shutdown",
     "SystemClock",
+    "Trigger",
     "default_registry",
     "job",
     "job_per_instance",

@@ -202,14 +202,26 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
 
 
 def _state(job: admin.JobStatus) -> str:
-    if job.per_instance:
-        return "per instance"
+    return "; ".join(part for part in (_activity(job), _asked(job)) if part)
+
+
+def _activity(job: admin.JobStatus) -> str:
     paused = _paused(job)
+    if job.per_instance:
+        return "per instance" if paused is None else f"per instance, {paused}"
     if job.activity is admin.Activity.RUNNING:
         since = job.running_since.strftime("%H:%M:%S") if job.running_since else "?"
         running = f"running on {_cell(job.running_on or '?')} since {since}"
         return running if paused is None else f"{running}; {paused}"
     return str(job.activity) if paused is None else paused
+
+
+def _asked(job: admin.JobStatus) -> str:
+    """``round now asked by WHO at TIME (pending)``, one per open request."""
+    return "; ".join(
+        f"round now asked by {_cell(r.requested_by)} at {r.requested:%H:%M:%S} ({r.state})"
+        for r in job.requests
+    )
 
 
 def _paused(job: admin.JobStatus) -> str | None:

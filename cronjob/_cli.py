@@ -3,8 +3,8 @@
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
 modules that register jobs and runs the scheduler (see :mod:`cronjob._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
-:mod:`cronjob._admin_cli`); ``cronjob pause`` and ``cronjob resume`` stop and restart a
-job on every replica (see :mod:`cronjob._pause_cli`).
+:mod:`cronjob._admin_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
+and run a job now on every replica (see :mod:`cronjob._control_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from typing import NoReturn, TextIO
 
 from ._admin_cli import add_commands, run_history, run_status
+from ._control_cli import add_commands as add_control_commands
+from ._control_cli import run_pause, run_resume, run_trigger
 from ._exceptions import ScheduleError
-from ._pause_cli import add_commands as add_pause_commands
-from ._pause_cli import run_pause, run_resume
 from ._schedule import DstMark, Schedule, parse
 from ._scheduler import DEFAULT_MAX_WORKERS
 
@@ -137,7 +137,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         help="a module to import",
     )
     add_commands(commands, _DATABASE_HELP)
-    add_pause_commands(commands, _DATABASE_HELP)
+    add_control_commands(commands, _DATABASE_HELP)
     return parser
 
 
@@ -193,6 +193,8 @@ def main(
             return run_pause(args)
         if args.command == "resume":
             return run_resume(args)
+        if args.command == "trigger":
+            return run_trigger(args)
         return _show_next(args.spec, args.count, args.after, sys.stdout)
     except (_UsageError, ScheduleError) as exc:
         print(f"cronjob: error: {exc}", file=sys.stderr)

@@ -262,7 +262,11 @@ class Dispatcher:
             if entry.generation != state.generation or state.busy:
                 continue
             self.take(state)
-            if not state.job.leased:
+            if not state.job.leased and state.paused:
+                when = entry.when.isoformat()
+                log.info("job %r: instant %s skipped: paused", state.job.name, when)
+                self.schedule_after(state, entry.when)
+            elif not state.job.leased:
                 start = functools.partial(
                     self.start_round,
                     state,
@@ -515,13 +519,45 @@ class Dispatcher:
                 )
             self.schedule_after(state, instant)
 
+    def start_manual(
+        self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float
+    ) -> None:
+        """Start the manual round ``request`` asked for, taken with ``token`` (``None`` for
+        a per-instance job). It leaves the job's schedule alone: its next instant stays
+        in the heap, and its end schedules nothing."""
+        run = self.runner.prepare(
+            state,
+            request.requested,
+            attempt=request.attempt + 1,
+            token=token,
+            claimed_at=claimed_at,
+            reason=Reason.MANUAL,
+            request=request,
+        )
+        self.runs.add(run)
+        if token is not None:
+            self.keeper.hold(run, claimed_at)
+        if self.runner.submit(run) is not Start.STARTED:
+            run.ended = True  # it never runs: on record as cut short, so it is taken again
+            self._forget(run)
+            triggers, name = lease.Triggers(self._store), state.job.name
+            self._control.run(
+                lambda: triggers.end(
+                    request.id, name, token or 0, leased=token is not None, outcome="cut short"
+                ),
+                lambda _result: None,
+            )
+
     def post_round_ended(self, run: Run, ended: datetime) -> None:
         """Tell the dispatcher thread that ``run`` ended (from the round's thread)."""
         self._inbox.post(lambda: self.round_ended(run, ended))
 
     def round_ended(self, run: Run, ended: datetime) -> None:
-        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant."""
+        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant
+        (not after a manual round: the schedule never moved for it)."""
         self._forget(run)
+        if run.request is not None:
+            return
         state = run.state
         if state.run is run:
             state.run = None

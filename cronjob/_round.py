@@ -18,7 +18,16 @@ if TYPE_CHECKING:
 
     from ._clock import Clock
 
-__all__ = ["Outcome", "Round", "classify"]
+__all__ = ["Outcome", "Round", "Trigger", "classify"]
+
+
+class Trigger(enum.StrEnum):
+    """What started a round (:attr:`Round.trigger`)."""
+
+    #: The schedule: its instant came (also a catch-up, a second run, a start-up round).
+    SCHEDULE = "schedule"
+    #: An operator asked for it now (``cronjob trigger``, :func:`cronjob.admin.trigger`).
+    MANUAL = "manual"
 
 
 class Outcome(enum.Enum):
@@ -51,8 +60,13 @@ class Round:
     Attributes:
         name: The job's name.
         instant: The scheduled instant this round runs for, an aware UTC datetime — the
-            same on a second run and on a catch-up.
+            same on a second run and on a catch-up. For a manual round, the moment the
+            request was made (lease clock, to the millisecond).
         attempt: 1, or 2 for the second run of a round cut short.
+        trigger: :attr:`Trigger.SCHEDULE`, or :attr:`Trigger.MANUAL` for a round an
+            operator asked for; a manual round never moves the schedule.
+        requested_by: Who asked for a manual round (``user@host`` unless told); ``None``
+            for a scheduled one.
         trace_id: The round's trace id (32 hex digits, W3C format), in its logs and SQL.
         replica: The id of the replica running the round.
     """
@@ -69,7 +83,9 @@ class Round:
         "instant",
         "name",
         "replica",
+        "requested_by",
         "trace_id",
+        "trigger",
     )
 
     def __init__(
@@ -84,8 +100,12 @@ class Round:
         transaction: TransactionFactory,
         transaction_async: AsyncTransactionFactory | None = None,
         fence: FenceCheck | None = None,
+        trigger: Trigger = Trigger.SCHEDULE,
+        requested_by: str | None = None,
     ) -> None:
         self.name = name
+        self.trigger = trigger
+        self.requested_by = requested_by
         self.instant = instant
         self.attempt = attempt
         self.replica = replica
@@ -100,9 +120,10 @@ class Round:
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""
+        manual = "" if self.trigger is Trigger.SCHEDULE else f" manual ({self.requested_by})"
         return (
             f"<Round {self.name!r} {self.instant.isoformat()} attempt {self.attempt}"
-            f" on {self.replica!r}{state}>"
+            f"{manual} on {self.replica!r}{state}>"
         )
 
     @property

@@ -32,7 +32,7 @@ from ._fencing import Fencing
 from ._finisher import Finisher
 from ._history import History, Pruner
 from ._loop import OwnLoop
-from ._round import Outcome, Round, classify, iter_own_errors
+from ._round import Outcome, Round, Trigger, classify, iter_own_errors
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
 from ._workers import NoWorkerThread, Workers, WorkersClosed
@@ -103,6 +103,7 @@ class RoundRunner:
         self._history = history is not None
         self._replica_id = replica_id
         self._store = store
+        self._triggers = lease.Triggers(store)
         self._flags = flags
         self._ended = ended
         self._tracer_provider = tracer_provider
@@ -145,8 +146,10 @@ class RoundRunner:
         token: int | None,
         claimed_at: float,
         reason: Reason,
+        request: lease.TriggerRow | None = None,
     ) -> Run:
-        """Build the round of ``state``'s job for ``instant`` (not started yet)."""
+        """Build the round of ``state``'s job for ``instant`` (not started yet); a manual
+        round carries its ``request``."""
 
         def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
             return self._fencing.transaction(run)
@@ -169,8 +172,17 @@ class RoundRunner:
             transaction=transaction,
             transaction_async=transaction_async,
             fence=fence,
+            trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
+            requested_by=None if request is None else request.requested_by,
         )
-        run = Run(state=state, ctx=ctx, token=token, reason=reason, renewed_at=claimed_at)
+        run = Run(
+            state=state,
+            ctx=ctx,
+            token=token,
+            reason=reason,
+            renewed_at=claimed_at,
+            request=request,
+        )
         return run
 
     def submit(self, run: Run) -> Start:
@@ -244,7 +256,7 @@ class RoundRunner:
                         ctx.instant.isoformat(),
                         ctx.attempt,
                         ctx.replica,
-                        "" if run.reason is Reason.SCHEDULE else f" ({run.reason.value})",
+                        _why(run),
                     )
                     yield scope
             except Exception:
@@ -343,9 +355,9 @@ class RoundRunner:
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
         # A round that ran to its end has its end written by the finisher, in a batch
         # with the others ending now; the worker is free for the next round at once.
-        later = outcome is not Outcome.CUT_SHORT and self._records_end(run)
+        later = outcome is not Outcome.CUT_SHORT and self._records_end(run) and run.request is None
         ending = self._ending(run, outcome, error, ended)
-        recorded = False if later else self._record_end(run, ending)
+        recorded = False if later else self._record_end(run, ending, outcome)
         if outcome is Outcome.SUCCEEDED:
             log.info("round of %s ran to its end", where)
         elif outcome is Outcome.FAILED:
@@ -391,9 +403,7 @@ class RoundRunner:
         """The end to record: outcome, error summary, and the history row (if kept)."""
         ctx = run.ctx
         summary = None if outcome is Outcome.SUCCEEDED or error is None else error_summary(error)
-        word = outcome.value
-        if outcome is Outcome.CUT_SHORT and ctx.attempt >= 2:
-            word = "given up"
+        word = _word(outcome, ctx.attempt)
         record = None
         if self._history:
             record = lease.RoundRow(
@@ -407,6 +417,7 @@ class RoundRunner:
                 outcome=word,
                 error=summary,
                 trace_id=ctx.trace_id or None,
+                requested_by=ctx.requested_by,
             )
         return lease.Ending(
             name=ctx.name,
@@ -440,8 +451,24 @@ class RoundRunner:
         except RuntimeError:  # stopped meanwhile: the end is not recorded
             then(False)
 
-    def _record_end(self, run: Run, e: lease.Ending) -> bool:
-        """Give back the lease of a round cut short (ends that ran go to the finisher)."""
+    def _record_end(self, run: Run, e: lease.Ending, outcome: Outcome) -> bool:
+        """Give back the lease of a round cut short (ends that ran go to the finisher);
+        record a manual round's end, however it ended, with its request."""
+        request = run.request
+        if request is not None and not self._flags.crashed:
+            try:
+                return self._triggers.end(
+                    request.id,
+                    e.name,
+                    e.token,
+                    leased=run.token is not None,
+                    outcome=_word(outcome, run.ctx.attempt),
+                    error=e.error,
+                    record=e.record,
+                )
+            except lease.LeaseError as exc:
+                log.error("job %r: recording the end of its round failed: %s", e.name, exc)
+                return False
         if not self._records_end(run):
             return False
         try:
@@ -465,6 +492,20 @@ class RoundRunner:
         self._fencing.dispose_async_engine(self._loop)
         if self._own_loop is not None:
             self._own_loop.stop()
+
+
+def _word(outcome: Outcome, attempt: int) -> str:
+    """The outcome in the record's words: a second run cut short is given up."""
+    return "given up" if outcome is Outcome.CUT_SHORT and attempt >= 2 else outcome.value
+
+
+def _why(run: Run) -> str:
+    """The start line's note of why the round runs; nothing for its instant."""
+    if run.reason is Reason.SCHEDULE:
+        return ""
+    if run.request is not None:
+        return f" (manual, asked by {run.request.requested_by})"
+    return f" ({run.reason.value})"
 
 
 def error_summary(error: BaseException) -> str:

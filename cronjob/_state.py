@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime
 
+import lease
+
 from ._metrics import NO_METRICS, JobMetrics
 from ._registry import Job
 from ._round import Round
@@ -35,6 +37,8 @@ class Reason(enum.Enum):
     RERUN = "re-run"
     #: A per-instance job registered with ``run_at_start=True``, as its replica starts.
     START = "start-up"
+    #: An operator asked for a round now (``cronjob trigger``); never moves the schedule.
+    MANUAL = "manual"
 
     @property
     def why(self) -> str:
@@ -48,6 +52,7 @@ _WHY = {
     Reason.OUTAGE: "catch-up",
     Reason.RERUN: "re-run",
     Reason.START: "start",
+    Reason.MANUAL: "manual",
 }
 
 
@@ -64,6 +69,9 @@ class JobState:
     run: Run | None = None
     #: Where the job's rounds are measured (see :mod:`cronjob._metrics`).
     metrics: JobMetrics = NO_METRICS
+    #: A per-instance job paused by an operator, as the latest sweep read it (a leased
+    #: job's pause is in its lease row, which the claim itself reads).
+    paused: bool = False
 
 
 @dataclass(eq=False)
@@ -92,6 +100,8 @@ class Run:
     #: Clock time and monotonic time the job began, set by its worker.
     started_at: datetime | None = None
     started_mono: float = 0.0
+    #: The request a manual round runs for (:attr:`Reason.MANUAL`); ``None`` otherwise.
+    request: lease.TriggerRow | None = None
 
 
 @dataclass(eq=False)

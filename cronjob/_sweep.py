@@ -8,6 +8,15 @@
   (``cronjob_replica``: host, pid, version, start, the jobs it registered), in the
   sweep's own statement on PostgreSQL, in its transaction elsewhere (see
   :meth:`lease.LeaseStore.survey`); ``cronjob status`` lists the replicas seen lately.
+- **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
+  the lease table, written by ``cronjob pause``) with each sweep, and skips their
+  instants while paused: a pause reaches every replica within one sweep.
+- **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep also reads the
+  open requests (one query; see :class:`lease.Triggers`) and takes those for this
+  replica's jobs: a manual round under the job's lease (refused if the lease is held),
+  its second run if it was cut short, a per-instance job's round asked of this replica,
+  or the catch-up of an instant skipped while paused (claimed as any instant). Requests
+  older than :data:`lease.REQUEST_TTL` are marked expired instead.
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
@@ -32,7 +41,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import lease
@@ -55,6 +64,12 @@ SWEEP_EVERY = 15.0
 CHECK_EVERY = 60.0
 #: A replica whose wall clock is further than this from the database's is logged.
 CLOCK_SKEW_WARNING = 2.0
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _earliest(*times: datetime | None) -> datetime | None:
+    return min((t for t in times if t is not None), default=None)
 
 
 class Sweeper:
@@ -98,6 +113,11 @@ class Sweeper:
         self._read_expiry: datetime | None = None
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
+        self._triggers = lease.Triggers(store)
+        #: The per-instance jobs: a pause of theirs is read with each sweep.
+        self._local = [name for name, state in dispatcher.states.items() if not state.job.leased]
+        #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
+        self._taking: set[int] = set()
 
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
@@ -122,24 +142,159 @@ class Sweeper:
         self._sweeping = True
         given_back = self._given_back
 
-        def done(result: lease.Survey | BaseException) -> None:
+        def done(found: tuple[lease.Survey, list[lease.TriggerRow]] | BaseException) -> None:
             self._sweeping = False
             self._last_sweep = mono = self._clock.monotonic()
             self._sweep_at = mono + SWEEP_EVERY
-            if isinstance(result, BaseException):
-                log.warning("sweep for rounds cut short failed: %s", result)
+            if isinstance(found, BaseException):
+                log.warning("sweep for rounds cut short failed: %s", found)
                 return
-            for found in result.cut_short:
-                state = self._dispatcher.states.get(found.name)
+            result, requests = found
+            self._take_requests(requests)
+            for cut in result.cut_short:
+                state = self._dispatcher.states.get(cut.name)
                 if state is None or state.busy or self._dispatcher.draining:
                     continue
-                self._rerun(state, found.instant, given_back=found.given_back)
+                self._rerun(state, cut.instant, given_back=cut.given_back)
             if self._unwatch is not None and not result.cut_short:
-                self._read_expiry = result.next_expiry
+                self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
                 self._suspend(given_back)
 
         replica = self._replica  # on record as seen, by the same statement (PostgreSQL)
-        self._control.run(lambda: self._store.survey(names, replica=replica), done)
+        store, triggers, local = self._store, self._triggers, self._local
+
+        def read() -> tuple[lease.Survey, list[lease.TriggerRow]]:
+            survey = store.survey(names, replica=replica)
+            if local:  # per-instance jobs' pauses: their rows exist only once paused
+                paused = {row.name for row in store.read(local).values() if row.paused}
+                self._post(lambda: self._set_paused(paused))
+            return survey, triggers.read()
+
+        self._control.run(read, done)
+
+    def _set_paused(self, paused: set[str]) -> None:
+        """Per-instance jobs paused (``paused``) or not, as a sweep read them."""
+        for name in self._local:
+            state = self._dispatcher.states[name]
+            if state.paused != (name in paused):
+                state.paused = name in paused
+                log.info(
+                    "per-instance job %r is %s on this replica",
+                    name,
+                    "paused: its instants are skipped" if state.paused else "resumed",
+                )
+
+    # -- requests (run-now, catch-up on resume) ------------------------------------------------
+
+    def _manual_expiry(self, rows: list[lease.TriggerRow]) -> datetime | None:
+        """The earliest expiry of a lease a manual round of these jobs holds: its round
+        may be found cut short then (its replica died), without any write before it."""
+        held = [
+            row.lease_expires_ms
+            for row in rows
+            if row.name in self._wanted and row.open and row.lease_expires_ms is not None
+        ]
+        return None if not held else _EPOCH + timedelta(milliseconds=min(held))
+
+    def _take_requests(self, rows: list[lease.TriggerRow]) -> None:
+        """Take the open requests a sweep read that this replica may run."""
+        dispatcher = self._dispatcher
+        if dispatcher.draining:
+            return
+        now = self._clock.now()
+        expired: list[int] = []
+        for row in rows:
+            state = dispatcher.states.get(row.name)
+            pending = row.state is lease.TriggerState.PENDING
+            if pending and (now - row.requested).total_seconds() > lease.REQUEST_TTL:
+                expired.append(row.id)
+                continue
+            if state is None or row.id in self._taking:
+                continue
+            leased = state.job.leased
+            if row.replica is not None:  # a per-instance job's round, asked of one replica
+                if pending and not leased and row.replica == self._replica_id:
+                    self._take(state, row, leased=False)
+            elif not leased:
+                continue
+            elif row.instant is not None:
+                if pending:
+                    self._catch_up(state, row)
+            elif pending:
+                self._take(state, row, leased=True)
+            elif row.lease_free and (row.attempt >= 2 or row.lease_token != row.token):
+                self._give_up(row)  # its second run died, or a later claim took the lease
+            elif row.lease_free and row.attempt == 1:
+                self._take(state, row, leased=True)  # cut short, or died: attempt 2
+        if expired:
+            triggers = self._triggers
+            self._control.run(lambda: triggers.close(expired, expired=True), lambda _result: None)
+
+    def _take(self, state: JobState, row: lease.TriggerRow, *, leased: bool) -> None:
+        dispatcher, triggers, holder = self._dispatcher, self._triggers, self._replica_id
+        claimed_at = self._clock.monotonic()
+        self._taking.add(row.id)
+
+        def done(result: int | BaseException | None) -> None:
+            self._taking.discard(row.id)
+            if isinstance(result, BaseException):
+                log.error("job %r: taking the request for a round now failed: %s", row.name, result)
+                return
+            if result is None:
+                log.info(
+                    "job %r: the request for a round now (asked by %s) was not run here: "
+                    "another replica took it, or a round held the lease, or the job is paused",
+                    row.name,
+                    row.requested_by,
+                )
+                return
+            token = result if leased else None
+            late = too_late(claimed_at, self._clock.monotonic())
+            if dispatcher.draining or late:
+                name = row.name
+                self._control.run(
+                    lambda: triggers.end(row.id, name, result, leased=leased, outcome="cut short"),
+                    lambda _result: None,
+                )
+                return
+            log.info(
+                "job %r: running a round now%s, asked by %s at %s",
+                row.name,
+                " a second time (the first was cut short)" if row.attempt else "",
+                row.requested_by,
+                row.requested.isoformat(),
+            )
+            dispatcher.start_manual(state, row, token=token, claimed_at=claimed_at)
+
+        self._control.run(lambda: triggers.take(row, holder, leased=leased), done)
+
+    def _give_up(self, row: lease.TriggerRow) -> None:
+        triggers, token = self._triggers, row.token or 0
+        self._taking.add(row.id)
+
+        def done(_result: object) -> None:
+            self._taking.discard(row.id)
+
+        self._control.run(
+            lambda: triggers.end(row.id, row.name, token, leased=True, outcome="given up"), done
+        )
+
+    def _catch_up(self, state: JobState, row: lease.TriggerRow) -> None:
+        """Claim the instant ``row`` asks to catch up (skipped while paused), as any
+        catch-up: at most once, never after a later instant started."""
+        dispatcher, triggers = self._dispatcher, self._triggers
+        assert row.instant is not None
+        if state.busy:
+            return  # a round of it is being claimed or runs: a later sweep tries again
+        instant = row.instant
+        self._taking.add(row.id)
+
+        def done(_result: object) -> None:
+            self._taking.discard(row.id)
+
+        self._control.run(lambda: triggers.close([row.id], expired=False), done)
+        dispatcher.take(state)
+        dispatcher.claim(instant, [state], reason=Reason.CATCH_UP)
 
     # -- idle sweeps on an in-process clock ------------------------------------------------
 
@@ -173,6 +328,10 @@ class Sweeper:
     def _on_write(self, write: lease.LeaseWrite) -> None:
         """A lease write in this process (any thread): keep the held leases; a give-back,
         or a lease held that may expire earlier, moves a suspended sweep."""
+        if write.kind is lease.WriteKind.REQUESTED:
+            if self._suspended:
+                self._post(self._resume)
+            return
         ours = [(name, token) for name, token in write.leases if name in self._wanted]
         if not ours:
             return

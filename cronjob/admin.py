@@ -3,8 +3,9 @@
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
 a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
-:func:`resume` and their ``_all`` forms write (the pause on the lease row, a note in the
-history). Nothing migrates: a database without the tables, or at an older revision, is an
+:func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
+row, a note in the history; a request for a round now), see :mod:`cronjob._admin_control`.
+Nothing migrates: a database without the tables, or at an older revision, is an
 error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
 Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
@@ -20,63 +21,87 @@ the leases and the replicas' ``last_seen`` are kept on.
     for record in admin.history("postgresql+psycopg://app@db/app", "send-invoices", limit=5):
         print(record.instant, record.outcome, record.error)
     admin.pause("postgresql+psycopg://app@db/app", "send-invoices", reason="API down")
+    request = admin.trigger("postgresql+psycopg://app@db/app", "send-invoices", force=True)
+    print(admin.wait("postgresql+psycopg://app@db/app", request, timeout=60))
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
-import getpass
-import os
-import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Final, TypeVar
+from datetime import datetime, timedelta
+from typing import Final
 
 import sqlalchemy as sa
 
 import lease
+from lease import REQUEST_TTL as REQUEST_TTL
 
-from ._exceptions import CronjobError, ScheduleError
+from ._admin_base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
+from ._admin_base import SchemaNewer as SchemaNewer
+from ._admin_base import SchemaOutdated as SchemaOutdated
+from ._admin_base import StatusError as StatusError
+from ._admin_base import TablesMissing as TablesMissing
+from ._admin_base import UnknownJob as UnknownJob
+from ._admin_base import as_enum as _enum
+from ._admin_base import at_ms as _at
+from ._admin_base import aware as _aware
+from ._admin_base import store_on as _store
+from ._admin_base import to_ms as _ms
+from ._admin_control import REASON_LENGTH as REASON_LENGTH
+from ._admin_control import PauseChange as PauseChange
+from ._admin_control import Refusal as Refusal
+from ._admin_control import RequestState as RequestState
+from ._admin_control import RequestStatus as RequestStatus
+from ._admin_control import TriggerRefused as TriggerRefused
+from ._admin_control import TriggerRequest as TriggerRequest
+from ._admin_control import pause as pause
+from ._admin_control import pause_all as pause_all
+from ._admin_control import request_status
+from ._admin_control import requests as requests
+from ._admin_control import resume as resume
+from ._admin_control import resume_all as resume_all
+from ._admin_control import trigger as trigger
+from ._admin_control import wait as wait
+from ._exceptions import ScheduleError
 from ._schedule import Schedule
 
 __all__ = [
     "Activity",
     "JobStatus",
-    "NotPausable",
     "Outcome",
     "PauseChange",
+    "Refusal",
     "ReplicaStatus",
+    "RequestState",
+    "RequestStatus",
     "RoundRecord",
     "SchemaNewer",
     "SchemaOutdated",
     "Status",
     "StatusError",
     "TablesMissing",
+    "TriggerRefused",
+    "TriggerRequest",
     "UnknownJob",
     "Why",
     "history",
     "pause",
     "pause_all",
+    "requests",
     "resume",
     "resume_all",
     "status",
+    "trigger",
+    "wait",
 ]
 
-#: A replica not seen for this long is not shown as live (four sweeps missed).
-REPLICA_LIVE_SECONDS: Final = 60.0
 #: The slack on top of two periods before a job without a successful end counts as
 #: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
 STALE_SLACK_SECONDS: Final = 60.0
 #: The most rounds :func:`history` returns at once.
 HISTORY_LIMIT: Final = 10_000
-#: The revision of the tables this release reads.
-REVISION: Final = "0003"
-
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_E = TypeVar("_E", bound=enum.StrEnum)
 
 
 class Outcome(enum.StrEnum):
@@ -112,7 +137,7 @@ class Why(enum.StrEnum):
     RERUN = "re-run"
     #: A per-instance job registered with ``run_at_start=True``, as its replica started.
     START = "start"
-    #: An operator asked for it (reserved for issue #13).
+    #: An operator asked for it now (:func:`trigger`); ``requested_by`` says who.
     MANUAL = "manual"
     #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
     #: ``replica`` is who paused it, its outcome ``'paused'``.
@@ -120,26 +145,6 @@ class Why(enum.StrEnum):
     #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
     #: ``'resumed'``.
     RESUME = "resume"
-
-
-class StatusError(CronjobError):
-    """Raised when the database cannot answer: the root of the errors below."""
-
-
-class TablesMissing(StatusError, LookupError):
-    """Raised when the database has no cronjob tables: no replica ever started on it."""
-
-
-class SchemaOutdated(StatusError):
-    """Raised when the cronjob tables are at an older revision than this release reads."""
-
-
-class SchemaNewer(StatusError):
-    """Raised when the cronjob tables are at a revision this release does not know."""
-
-
-class UnknownJob(CronjobError, LookupError):
-    """Raised when no job of that name is on record."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +188,9 @@ class JobStatus:
     paused_since: datetime | None = None
     paused_by: str | None = None
     pause_reason: str | None = None
+    #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
+    #: cut short and to be taken again; oldest first.
+    requests: tuple[RequestStatus, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,6 +241,8 @@ class RoundRecord:
     outcome: Outcome | str
     error: str | None
     trace_id: str | None
+    #: Who asked for a manual round (:attr:`Why.MANUAL`); ``None`` otherwise.
+    requested_by: str | None = None
 
     @property
     def duration(self) -> timedelta:
@@ -257,14 +267,27 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         now_ms = store.now_ms() if now is None else _ms(_aware(now, "now"))
         rows = store.read_all()
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+        open_requests = lease.Triggers(store).read()
     checked_at = _at(now_ms)
+    asked: dict[str, list[RequestStatus]] = {}
+    for found in open_requests:
+        request = request_status(found, checked_at)
+        if request.open:
+            asked.setdefault(request.job, []).append(request)
     registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
     for replica in replicas:
         for name, (spec, leased) in replica.jobs.items():
             registered.setdefault(name, {})[replica.holder] = (spec, leased)
     jobs = [
-        _job_status(name, rows.get(name), registered.get(name, {}), replicas, checked_at)
-        for name in sorted(set(rows) | set(registered))
+        _job_status(
+            name,
+            rows.get(name),
+            registered.get(name, {}),
+            replicas,
+            checked_at,
+            tuple(asked.get(name, ())),
+        )
+        for name in sorted(set(rows) | set(registered) | set(asked))
     ]
     return Status(
         checked_at=checked_at,
@@ -327,224 +350,13 @@ def history(
             outcome=_enum(Outcome, row.outcome) or row.outcome,
             error=row.error,
             trace_id=row.trace_id,
+            requested_by=row.requested_by,
         )
         for row in found
     ]
 
 
-# -- pause and resume ----------------------------------------------------------------------
-
-
-#: The longest pause reason, in characters: a longer one is refused, never cut.
-REASON_LENGTH: Final = lease.REASON_LENGTH
-
-
-class NotPausable(CronjobError, ValueError):
-    """Raised for a job that cannot be paused: a per-instance job (it has no lease row;
-    not supported in this release)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PauseChange:
-    """What :func:`pause` or :func:`resume` did to one job."""
-
-    job: str
-    #: ``False`` when the job was already in the state asked for: nothing was written.
-    changed: bool
-    #: Whether the job is paused now, and since when, by whom, why.
-    paused: bool
-    paused_since: datetime | None
-    paused_by: str | None
-    pause_reason: str | None
-    #: A round running now (on this replica): pausing does not cancel it, it runs to
-    #: its end; ``None`` when idle.
-    running_on: str | None
-
-
-def pause(
-    database: str | sa.Engine,
-    name: str,
-    *,
-    reason: str | None = None,
-    by: str | None = None,
-    now: datetime | None = None,
-) -> PauseChange:
-    """Pause job ``name`` on every replica: from its next instant, no replica claims it
-    (the claim statement refuses a paused row), nor re-runs or catches it up. A round
-    running now runs to its end. Noted in the history (:attr:`Why.PAUSE`).
-
-    Args:
-        database: a URL, or an engine (not disposed).
-        reason: why, at most :data:`REASON_LENGTH` characters.
-        by: who; ``user@host`` of this process by default.
-        now: when, on the lease clock; the database's clock by default.
-
-    Returns:
-        The change; ``changed`` is ``False`` (nothing written) if it was paused already.
-
-    Raises:
-        UnknownJob: no job ``name`` is on record; nothing was written.
-        NotPausable: ``name`` is a per-instance job; nothing was written.
-        ValueError: ``reason`` is longer than :data:`REASON_LENGTH`; nothing was written.
-        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
-    """
-    return _set_paused(database, name, paused=True, reason=reason, by=by, now=now)[0]
-
-
-def pause_all(
-    database: str | sa.Engine,
-    *,
-    reason: str | None = None,
-    by: str | None = None,
-    now: datetime | None = None,
-) -> tuple[PauseChange, ...]:
-    """Pause every leased job on record (a maintenance window), as :func:`pause` each,
-    in one transaction. A job a later release registers (no row yet) is not paused.
-    Returns one change per job on record, sorted by name."""
-    return _set_paused(database, None, paused=True, reason=reason, by=by, now=now)
-
-
-def resume(
-    database: str | sa.Engine,
-    name: str,
-    *,
-    by: str | None = None,
-    now: datetime | None = None,
-) -> PauseChange:
-    """Resume job ``name``: its next instant runs as usual. The instants skipped while
-    it was paused are never run: not caught up at start-up, not re-run by the sweep.
-    Noted in the history (:attr:`Why.RESUME`); ``changed`` is ``False`` (nothing
-    written) if it was not paused. Raises as :func:`pause`."""
-    return _set_paused(database, name, paused=False, reason=None, by=by, now=now)[0]
-
-
-def resume_all(
-    database: str | sa.Engine, *, by: str | None = None, now: datetime | None = None
-) -> tuple[PauseChange, ...]:
-    """Resume every paused job, as :func:`resume` each, in one transaction."""
-    return _set_paused(database, None, paused=False, reason=None, by=by, now=now)
-
-
-def _operator() -> str:
-    """``user@host`` of this process: who pauses or resumes unless told."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for the uid (a container)
-        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def _set_paused(
-    database: str | sa.Engine,
-    name: str | None,
-    *,
-    paused: bool,
-    reason: str | None,
-    by: str | None,
-    now: datetime | None,
-) -> tuple[PauseChange, ...]:
-    who = _operator() if by is None else by
-    if not isinstance(who, str) or not 0 < len(who) <= lease.HOLDER_LENGTH:
-        raise ValueError(f"by must be 1 to {lease.HOLDER_LENGTH} characters, not {who!r}")
-    if reason is not None and len(reason) > REASON_LENGTH:
-        raise ValueError(
-            f"the reason is {len(reason)} characters, more than the {REASON_LENGTH} kept; "
-            "nothing was changed"
-        )
-    now_ms = None if now is None else _ms(_aware(now, "now"))
-    with _store(database) as store:
-        if name is not None:
-            rows = store.read([name])
-            if name not in rows:
-                if store.known(name):
-                    raise NotPausable(
-                        f"job {name!r} runs on every replica without a lease (per instance):"
-                        " pausing it is not supported; nothing was changed"
-                    )
-                raise UnknownJob(f"no job named {name!r} is on record")
-        names = None if name is None else [name]
-        changed = set(
-            store.set_paused(names, paused=paused, by=who, reason=reason, now_ms=now_ms)
-        )
-        rows = store.read_all() if name is None else store.read([name])
-        clock_ms = store.now_ms() if now_ms is None else now_ms
-    return tuple(
-        PauseChange(
-            job=row.name,
-            changed=row.name in changed,
-            paused=row.paused is not None,
-            paused_since=row.paused,
-            paused_by=row.paused_by,
-            pause_reason=row.pause_reason,
-            running_on=(
-                row.holder
-                if row.state is lease.LeaseState.RUNNING
-                and row.expires_ms is not None
-                and row.expires_ms > clock_ms
-                else None
-            ),
-        )
-        for row in sorted(rows.values(), key=lambda row: row.name)
-    )
-
-
 # -- helpers -----------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _store(database: str | sa.Engine) -> Iterator[lease.LeaseStore]:
-    """A store on ``database`` whose tables are at this release's revision (it never migrates)."""
-    if isinstance(database, sa.Engine):
-        engine, owned = database, False
-    elif isinstance(database, str):
-        _refuse_missing_file(database)
-        engine, owned = lease.create_engine(database), True
-    else:
-        raise TypeError(f"database must be a URL or an Engine, not {type(database).__name__}")
-    try:
-        _check_revision(engine)
-        yield lease.LeaseStore(engine)
-    finally:
-        if owned:
-            engine.dispose()
-
-
-def _refuse_missing_file(url: str) -> None:
-    """A SQLite URL naming a file that does not exist: say so, and do not create it (as
-    connecting would)."""
-    parsed = sa.make_url(url)
-    path = parsed.database or ""
-    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
-        return
-    if path.startswith("file:"):
-        path = path[len("file:") :].split("?", 1)[0]
-    if not os.path.exists(path):
-        raise TablesMissing(
-            f"no cronjob tables: the SQLite file {path} does not exist (no replica has "
-            "started on it; nothing was changed)"
-        )
-
-
-def _check_revision(engine: sa.Engine) -> None:
-    revision = lease.current_revision(engine)
-    if revision == REVISION:
-        return
-    if revision is None:
-        where = lease.redact(str(engine.url.render_as_string(hide_password=True)))
-        raise TablesMissing(
-            f"no cronjob tables in {where}: no replica has started on this database "
-            "(a replica creates them as it starts; nothing was changed)"
-        )
-    if revision < REVISION and revision.isdigit():
-        raise SchemaOutdated(
-            f"the cronjob tables are at revision {revision}, older than {REVISION}, which "
-            "this release reads: start a replica of this release (it migrates at start) or "
-            "run lease.migrate(); nothing was changed"
-        )
-    raise SchemaNewer(
-        f"the cronjob tables are at revision {revision}, which this release (revision "
-        f"{REVISION}) does not know: use the release that migrated them"
-    )
 
 
 def _job_status(
@@ -553,6 +365,7 @@ def _job_status(
     registered: dict[str, tuple[str, bool]],
     replicas: list[lease.ReplicaRow],
     now: datetime,
+    requests: tuple[RequestStatus, ...] = (),
 ) -> JobStatus:
     specs = {spec for spec, _ in registered.values()}
     spec = row.spec if row is not None and row.spec is not None else None
@@ -560,19 +373,14 @@ def _job_status(
         spec = min(specs)
     if spec is not None:
         specs.add(spec)
-    per_instance = row is None and bool(registered) and not any(
-        leased for _, leased in registered.values()
-    )
+    # A per-instance job's row exists only once it was paused: what the replicas say wins.
+    per_instance = bool(registered) and not any(leased for _, leased in registered.values())
     schedule = _schedule(spec)
     problems: list[str] = []
     if len(specs) > 1:
         problems.append("replicas registered different specs: " + ", ".join(sorted(specs)))
-    running = (
-        row is not None
-        and row.state is lease.LeaseState.RUNNING
-        and row.expires_ms is not None
-        and row.expires_ms > _ms(now)
-    )
+    # Held: a scheduled round, or a manual one (which leaves the row's state alone).
+    running = row is not None and row.expires_ms is not None and row.expires_ms > _ms(now)
     outcome = None if row is None else _enum(Outcome, row.last_outcome)
     failures = 0 if row is None else row.failures
     if failures:
@@ -580,9 +388,16 @@ def _job_status(
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
     # A paused job is not run on purpose: shown as paused, never as stale.
     paused = row is not None and row.paused is not None
-    stale = None if paused else _stale(schedule, row, registered, replicas, now)
+    stale = None if paused or per_instance else _stale(schedule, row, registered, replicas, now)
     if stale is not None:
         problems.append(stale)
+    for request in requests:
+        if request.state is RequestState.PENDING and not registered:
+            expires = request.requested + timedelta(seconds=lease.REQUEST_TTL)
+            problems.append(
+                f"a round requested by {request.requested_by} is pending, but no live replica "
+                f"registers the job: it expires at {expires:%Y-%m-%d %H:%M:%S} UTC"
+            )
     duration = None
     if row is not None and row.last_end is not None and row.last_start is not None:
         duration = row.last_end - row.last_start if row.last_end >= row.last_start else None
@@ -625,6 +440,7 @@ def _job_status(
         paused_since=None if row is None else row.paused,
         paused_by=None if row is None else row.paused_by,
         pause_reason=None if row is None else row.pause_reason,
+        requests=requests,
     )
 
 
@@ -691,27 +507,9 @@ def _human(span: timedelta) -> str:
     return "".join(parts) or "0s"
 
 
-def _enum(kind: type[_E], value: str | None) -> _E | str | None:
-    """``value`` as a member of ``kind``; a value a newer release wrote stays a string."""
-    if value is None:
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        return value
-
-
-def _aware(when: datetime, what: str) -> datetime:
-    if not isinstance(when, datetime):
-        raise TypeError(f"{what} must be a datetime, not {type(when).__name__}")
-    if when.utcoffset() is None:
-        raise ValueError(f"{what} must be an aware datetime, not naive {when!r}")
-    return when
-
-
-def _ms(when: datetime) -> int:
-    return (when - _EPOCH) // timedelta(milliseconds=1)
-
-
-def _at(ms: int) -> datetime:
-    return _EPOCH + timedelta(milliseconds=ms)
+# Public objects name the public module (cronjob.admin.PauseChange, not _admin_control).
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("cronjob._admin"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -22,6 +22,7 @@ outcomes — nothing about what the holder runs.
 #   _records     ends, history rows and replica records: their values and statements
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: every statement on the table, on the lease clock
+#   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
 #   _engine      engines suited to leases (SQLite's single connection), their async
 #                counterparts and driver swaps, URL redaction
 #   _migrate     alembic migrations to head, under a lock
@@ -70,6 +71,10 @@ from ._store import check_dialect as check_dialect
 from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
+from ._trigger import REQUEST_TTL as REQUEST_TTL
+from ._trigger import TriggerRow as TriggerRow
+from ._trigger import Triggers as Triggers
+from ._trigger import TriggerState as TriggerState
 
 __all__ = [
     "CLAIM_AHEAD_LIMIT",
@@ -92,10 +97,14 @@ __all__ = [
     "MigrationFailed",
     "MigrationRequired",
     "REASON_LENGTH",
+    "REQUEST_TTL",
     "ReplicaRow",
     "RoundRow",
     "Survey",
     "TABLE_NAME",
+    "TriggerRow",
+    "TriggerState",
+    "Triggers",
     "UnsupportedDatabase",
     "VERSION_TABLE",
     "WriteKind",

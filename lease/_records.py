@@ -57,6 +57,8 @@ class RoundRow:
     outcome: str
     error: str | None = None
     trace_id: str | None = None
+    #: Who asked for a manual round (``why`` ``'manual'``, revision 0004); else ``None``.
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +115,7 @@ def round_values(row: RoundRow) -> dict[str, Any]:
         "outcome": row.outcome[:16],
         "error": bounded_error(row.error),
         "trace_id": None if row.trace_id is None else row.trace_id[:32],
+        "requested_by": row.requested_by,
     }
 
 
@@ -129,6 +132,7 @@ def round_from(row: RowMapping) -> RoundRow:
         outcome=row["outcome"],
         error=row["error"],
         trace_id=row["trace_id"],
+        requested_by=row.get("requested_by"),
     )
 
 

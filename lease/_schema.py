@@ -8,6 +8,9 @@
   with its sweep (revision 0002).
 - revision 0003 adds the pause (``paused_ms``, ``paused_by``, ``pause_reason``) to
   ``cronjob_lease``.
+- ``cronjob_trigger`` (revision 0004): one row per request for a round now (run-now), or
+  for the catch-up of an instant skipped while paused; and ``requested_by`` on
+  ``cronjob_round``, who asked for a manual round.
 
 ``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -28,11 +31,13 @@ __all__ = [
     "REPLICA_TABLE",
     "ROUND_TABLE",
     "TABLE_NAME",
+    "TRIGGER_TABLE",
     "VERSION_TABLE",
     "lease_table",
     "metadata",
     "replica_table",
     "round_table",
+    "trigger_table",
 ]
 
 #: The name of the lease table.
@@ -44,6 +49,8 @@ VERSION_TABLE = "cronjob_alembic_version"
 ROUND_TABLE = "cronjob_round"
 #: The table of replicas (holders) on record.
 REPLICA_TABLE = "cronjob_replica"
+#: The table of requests for rounds now (run-now) and catch-ups on resume.
+TRIGGER_TABLE = "cronjob_trigger"
 #: The longest error summary kept, in characters (longer ones are cut, marked so).
 ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
@@ -134,6 +141,8 @@ round_table = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
     sa.Column("trace_id", sa.String(32), nullable=True),
+    # Revision 0004: who asked for a manual round (``why`` 'manual'); NULL otherwise.
+    sa.Column("requested_by", sa.String(HOLDER_LENGTH), nullable=True),
     # The latest rounds of a name (newest id first), and pruning by age.
     sa.Index("ix_cronjob_round_name_id", "name", "id"),
     sa.Index("ix_cronjob_round_ended_ms", "ended_ms"),
@@ -153,6 +162,39 @@ replica_table = sa.Table(
     sa.Column("seen_ms", sa.BigInteger(), nullable=False),
     # JSON: the names it registered, each with its spec and whether it is leased.
     sa.Column("jobs", sa.Text(), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+trigger_table = sa.Table(
+    TRIGGER_TABLE,
+    metadata,
+    sa.Column("id", _Id, primary_key=True, autoincrement=True),
+    sa.Column("name", _Name, nullable=False),
+    # Epoch milliseconds on the lease clock: when the request was made.
+    sa.Column("requested_ms", sa.BigInteger(), nullable=False),
+    sa.Column("requested_by", sa.String(HOLDER_LENGTH), nullable=False),
+    # 1: run even while the job is paused.
+    sa.Column("forced", sa.SmallInteger(), nullable=False),
+    # For a per-instance job: the replica (holder) asked to run it; NULL for a leased job.
+    sa.Column("replica", sa.String(HOLDER_LENGTH), nullable=True),
+    # Epoch seconds: a scheduled instant to catch up (resume --catch-up), claimed as any
+    # instant; NULL for a manual round.
+    sa.Column("instant", sa.BigInteger(), nullable=True),
+    # 'pending', 'running', 'cut', 'done', 'refused' or 'expired' (lease.TriggerState).
+    sa.Column("state", sa.String(16), nullable=False),
+    # 0 until taken; 1 for the first run, 2 for the second run of a round cut short.
+    sa.Column("attempt", sa.SmallInteger(), nullable=False),
+    # The replica running (or that ran) it, and its round's fencing token.
+    sa.Column("holder", sa.String(HOLDER_LENGTH), nullable=True),
+    sa.Column("token", sa.BigInteger(), nullable=True),
+    # Epoch milliseconds on the lease clock.
+    sa.Column("started_ms", sa.BigInteger(), nullable=True),
+    sa.Column("ended_ms", sa.BigInteger(), nullable=True),
+    # How it ended (as the history's outcomes, or why it was refused), and the error.
+    sa.Column("outcome", sa.String(16), nullable=True),
+    sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
+    sa.Index("ix_cronjob_trigger_state", "state"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

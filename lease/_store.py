@@ -219,6 +219,9 @@ class WriteKind(enum.Enum):
     RELEASED = "released"
     #: Given back by a round cut short: free now, and owed a second run.
     GIVEN_BACK = "given_back"
+    #: A round was requested now (run-now, see :class:`lease.Triggers`): ``leases``
+    #: holds ``(name, 0)``; a sweep takes it.
+    REQUESTED = "requested"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1184,6 +1187,15 @@ class LeaseStore:
             self._tell(
                 LeaseWrite(kind=held, leases=tuple(leases), expires_ms=expires, instant=instant)
             )
+
+    def _released(self, name: str, token: int, *, given_back: bool) -> None:
+        """Tell the watchers that a lease was let go: its round ended, or was cut short."""
+        kind = WriteKind.GIVEN_BACK if given_back else WriteKind.RELEASED
+        self._tell(LeaseWrite(kind=kind, leases=((name, token),)))
+
+    def _requested(self, name: str) -> None:
+        """Tell the watchers that a round of ``name`` was requested (after the commit)."""
+        self._tell(LeaseWrite(kind=WriteKind.REQUESTED, leases=((name, 0),)))
 
     def _tell(self, write: LeaseWrite) -> None:
         """Call the watchers of this database with ``write`` (see :meth:`watch`)."""

@@ -156,7 +156,7 @@ class TestBadInput:
             (
                 ["frobnicate"],
                 "cronjob: error: argument COMMAND: invalid choice: 'frobnicate' "
-                "(choose from 'next', 'run', 'status', 'history', 'pause', 'resume')",
+                "(choose from 'next', 'run', 'status', 'history', 'pause', 'resume', 'trigger')",
             ),
         ],
     )

@@ -239,16 +239,26 @@ class TestBadInput:
         assert self.rows(url) == before
         admin.pause(url, "tick", reason="x" * lease.REASON_LENGTH)  # the limit itself is kept
 
-    def test_a_per_instance_job_is_refused_and_nothing_is_written(
+    def test_a_per_instance_job_pauses_on_every_replica_within_one_sweep(
         self, db_url, replicas, clock
     ):
+        local = Runs()
         registry = Registry()
         registry.register(Runs(), "0 * * * * *", "tick")
-        registry.register_per_instance(Runs(), "0 * * * * *", "local")
+        registry.register_per_instance(local, "0 * * * * *", "local")
         replicas(registry, "a")
-        clock.advance(1)  # the first sweep puts the replica (and its jobs) on record
-        with pytest.raises(admin.NotPausable, match="per instance"):
-            admin.pause(db_url, "local", now=clock.now())
+        replicas(registry, "b")
+        clock.advance(1)  # the first sweep put the replicas (and their jobs) on record
+        change = admin.pause(db_url, "local", by="ops", reason="noisy", now=clock.now())
+        assert (change.changed, change.paused, change.pause_reason) == (True, True, "noisy")
+        clock.advance(15)  # one sweep interval: both replicas read the pause
+        [job] = [j for j in admin.status(db_url, now=clock.now()).jobs if j.name == "local"]
+        assert (job.per_instance, job.activity, job.problems) == (True, Activity.PAUSED, ())
+        clock.advance(2 * 60)
+        assert local.instants == []  # 09:01 and 09:02 skipped on both
+        admin.resume(db_url, "local", by="ops", now=clock.now())
+        clock.advance(15 + 30)
+        assert local.instants == [at(3), at(3)]
 
 
 class TestCommandLine:
