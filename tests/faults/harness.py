@@ -880,7 +880,8 @@ class RoundRecord:
 
 
 def build_rounds(events: Iterable[dict[str, Any]]) -> list[RoundRecord]:
-    """Rebuild the rounds from the log: start, end, cancellation, process exit."""
+    """Rebuild the scheduled rounds from the log: start, end, cancellation, process exit
+    (manual rounds, ``cronjob trigger``'s, are left to the scenario that asks for them)."""
     rounds: dict[tuple[int, str, str, int], RoundRecord] = {}
     exits: dict[int, dict[str, Any]] = {}
     for e in events:
@@ -888,8 +889,8 @@ def build_rounds(events: Iterable[dict[str, Any]]) -> list[RoundRecord]:
         if ev == "exit":
             exits[e["pid"]] = e
             continue
-        if ev not in ("start", "end", "cancelled"):
-            continue
+        if ev not in ("start", "end", "cancelled") or e.get("trigger") == "manual":
+            continue  # a manual round runs off the schedule: the scenario checks its own
         key = (e["pid"], e["job"], e["instant"], e["attempt"])
         if ev == "start":
             rounds[key] = RoundRecord(

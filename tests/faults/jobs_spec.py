@@ -3,9 +3,10 @@
 Each entry is ``{"name", "spec", "mode", "duration", "per_instance"}``; each round appends
 JSON lines to ``$FAULTS_LOG``: ``start`` and ``end`` (with ``outcome``), and ``cancelled``
 when a job that ignores its cancellation notices it. Every line carries the job, the
-instant, the attempt, the replica, the pid, the wall time ``t`` and ``mono``, the host's
-``CLOCK_MONOTONIC`` (one time base for every process, even one whose wall clock runs
-ahead under libfaketime with ``FAKETIME_DONT_FAKE_MONOTONIC=1``).
+instant, the attempt, the trigger (``schedule`` or ``manual``), the replica, the pid, the
+wall time ``t`` and ``mono``, the host's ``CLOCK_MONOTONIC`` (one time base for every
+process, even one whose wall clock runs ahead under libfaketime with
+``FAKETIME_DONT_FAKE_MONOTONIC=1``).
 
 Modes:
 
@@ -42,6 +43,7 @@ def emit(ev: str, ctx: cronjob.Round | None = None, **fields: Any) -> None:
             attempt=ctx.attempt,
             replica=ctx.replica,
             trace=ctx.trace_id,
+            trigger=ctx.trigger.value,
         )
     record.update(fields, pid=os.getpid(), t=time.time(), mono=time.monotonic())
     line = (json.dumps(record) + "\n").encode()

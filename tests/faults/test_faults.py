@@ -957,6 +957,84 @@ def scenario_pause(db: str = "postgres") -> Figures:
         )
 
 
+def scenario_trigger(db: str = "postgres") -> Figures:
+    """Run a job now while replicas are killed and cut off: the manual round starts within
+    a sweep; its replica is killed (kill -9) in it, and another replica runs it a second
+    time, still manual, once the lease expires; a cut-off replica never runs it. A paused
+    job is refused without --force and runs once with it. The schedule goes on as if
+    nothing happened (the invariants hold for every scheduled round)."""
+    jobs = [
+        JobSpec("nightly", "0 0 3 * * *", "work", 3.0),
+        JobSpec("tick", "*/1 * * * * *", "work", 0.1),
+    ]
+    with Scenario("trigger", jobs, db=db) as s:
+        for name in ("a", "b"):
+            s.replica(name)
+        cut_off = s.replica("c", proxy=True) if s.db.server else None
+        s.start()
+        s.wait_start("tick", 15)
+        if cut_off is not None:
+            cut_off.cut()  # it cannot take the request, nor hold the lease
+        asked = time.monotonic()
+        request = admin.trigger(s.url, "nightly", by="faults")
+        s.emit("trigger", job="nightly")
+        first = _wait_manual(s, "nightly", attempt=1, timeout=SWEEP_EVERY + 15)
+        victim = next(r for r in s.replicas.values() if r.alive and r.current.pid == first["pid"])
+        victim.kill9().wait(5)
+        second = _wait_manual(s, "nightly", attempt=2, timeout=LEASE_TTL + SWEEP_EVERY + 15)
+        if cut_off is not None:
+            cut_off.heal()
+        [done] = admin.wait(s.url, request, timeout=30)
+        assert (done.state, done.outcome, done.attempt) == ("done", "succeeded", 2), done
+        admin.pause(s.url, "nightly", by="faults")
+        try:
+            admin.trigger(s.url, "nightly", by="faults")
+        except admin.TriggerRefused as refused:
+            assert refused.why is admin.Refusal.PAUSED
+        else:
+            raise AssertionError("a paused job's request was not refused")
+        forced = admin.trigger(s.url, "nightly", by="faults", force=True)
+        [ran] = admin.wait(s.url, forced, timeout=30)
+        assert ran.succeeded, ran
+        s.stop()
+        manual = [
+            e for e in s.events() if e["ev"] == "start" and e.get("trigger") == "manual"
+        ]
+        assert [(e["attempt"], e["pid"] != first["pid"]) for e in manual] == [
+            (1, False),
+            (2, True),
+            (1, True),
+        ], manual
+        if cut_off is not None:
+            assert all(e["pid"] != cut_off.pid for e in manual[:2]), "the cut-off replica ran it"
+        scheduled = [e for e in s.events() if e["ev"] == "start" and e["job"] == "nightly"]
+        assert len(scheduled) == len(manual), "a scheduled round of nightly ran"
+        report = s.check()
+        report.assert_clean()
+        return _finish(
+            s,
+            {
+                "first_start_s": _round(first["mono"] - asked),
+                "second_start_after_kill_s": _round(second["mono"] - first["mono"]),
+                "cut_off": cut_off is not None,
+                "manual_rounds": len(manual),
+                "rounds": report.rounds,
+                "violations": 0,
+            },
+        )
+
+
+def _wait_manual(s: Scenario, job: str, *, attempt: int, timeout: float) -> dict[str, Any]:
+    return s.wait_event(
+        lambda e: e["ev"] == "start"
+        and e["job"] == job
+        and e.get("trigger") == "manual"
+        and e["attempt"] == attempt,
+        timeout,
+        f"the manual round of {job} (attempt {attempt})",
+    )
+
+
 #: The scenarios started together, by test name; each takes the database's name.
 PARALLEL: dict[str, Callable[[str], Figures]] = {
     "steady": scenario_steady,
@@ -976,6 +1054,7 @@ PARALLEL: dict[str, Callable[[str], Figures]] = {
     "thousand_jobs": scenario_thousand_jobs,
     "bad_url": scenario_bad_url,
     "pause": scenario_pause,
+    "trigger": scenario_trigger,
 }
 
 #: Scenarios run at once; and those run alone, after every other one ended.
@@ -1167,6 +1246,10 @@ def test_bad_url(launched, db):
 @on(*ALL)
 def test_pause(launched, db):
     launched.outcome("pause", db)
+
+
+def test_trigger(launched, db):
+    launched.outcome("trigger", db)
 
 
 # -- bad job modules: no database needed -----------------------------------------------------
