@@ -140,7 +140,7 @@ def run_history(
             [
                 _time(r.instant),
                 str(r.attempt),
-                str(r.why),
+                _why(r),
                 _cell(r.replica),
                 _time(r.started),
                 _duration(r.duration),
@@ -199,6 +199,13 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         _print_table(headers, replicas, out)
     else:
         print("no live replicas (none seen in the last minute)", file=out)
+
+
+def _why(record: admin.RoundRecord) -> str:
+    """``manual (WHO)`` for a manual round; the reason otherwise."""
+    if record.requested_by is None:
+        return str(record.why)
+    return f"{record.why} ({_cell(record.requested_by)})"
 
 
 def _state(job: admin.JobStatus) -> str:

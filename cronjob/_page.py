@@ -151,7 +151,7 @@ def job_page(
                 "Instant (UTC)": e(_time(r.instant)),
                 "Attempt": e(r.attempt),
                 "Replica": e(r.replica),
-                "Why": e(r.why),
+                "Why": e(r.why if r.requested_by is None else f"{r.why} ({r.requested_by})"),
                 "Started (UTC)": e(_time(r.started)),
                 "Duration": e(_duration(r.duration)),
                 "Outcome": _outcome_text(r.outcome, str(r.outcome)),
