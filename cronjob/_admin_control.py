@@ -261,18 +261,9 @@ class TriggerRefused(CronjobError, RuntimeError):
         self.running_on = running_on
 
 
-class RequestState(enum.StrEnum):
-    """Where a request stands (see :func:`requests`)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    #: Its round was cut short: a replica takes it again (attempt 2).
-    CUT = "cut"
-    DONE = "done"
-    #: Not run: ``outcome`` says why (``'busy'``, ``'paused'``).
-    REFUSED = "refused"
-    #: Not taken within :data:`lease.REQUEST_TTL` seconds: it never runs.
-    EXPIRED = "expired"
+#: Where a request stands: ``lease.TriggerState`` (pending, running, cut, done, refused,
+#: expired), under the name :func:`requests` readers know it by.
+RequestState = lease.TriggerState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,7 +295,7 @@ class RequestStatus:
     replica: str | None
     #: The instant to catch up (``resume --catch-up``); ``None`` for a round now.
     instant: datetime | None
-    state: RequestState | str
+    state: RequestState
     attempt: int
     #: The replica that ran it.
     ran_on: str | None
@@ -465,7 +456,7 @@ def wait(
 
 def request_status(row: lease.TriggerRow, now: datetime) -> RequestStatus:
     """``row`` as an operator reads it: pending past the ttl reads as expired."""
-    state: RequestState | str = RequestState(row.state.value)
+    state = row.state
     outcome = row.outcome
     if state is RequestState.PENDING and (now - row.requested).total_seconds() > lease.REQUEST_TTL:
         state, outcome = RequestState.EXPIRED, "expired"

@@ -16,9 +16,10 @@ Tests that should run on every database take ``db_url`` (parametrised: ids ``sql
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+import cronjob
 import lease
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py
@@ -174,3 +176,25 @@ class ManualClock:
 def manual_clock() -> ManualClock:
     """A :class:`ManualClock` at :data:`START`."""
     return ManualClock()
+
+
+@pytest.fixture
+def replicas(
+    db_url: str, clock: cronjob.testing.FakeClock
+) -> Iterator[Callable[..., cronjob.Scheduler]]:
+    """Start replicas (schedulers) on the test module's ``clock`` fixture and each
+    database: ``replicas(registry, "a", **options)``; whatever is left is stopped after."""
+    started: list[cronjob.Scheduler] = []
+
+    def start(registry: cronjob.Registry, replica_id: str, **options: object) -> cronjob.Scheduler:
+        scheduler = cronjob.Scheduler(
+            db_url, registry=registry, clock=clock, replica_id=replica_id, **options
+        )
+        scheduler.start()
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        with contextlib.suppress(Exception):
+            scheduler.stop()

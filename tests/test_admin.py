@@ -6,9 +6,8 @@ tests read the record with ``admin.status`` / ``admin.history``, as an operator 
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +15,7 @@ import sqlalchemy as sa
 
 import cronjob
 import lease
-from cronjob import History, Registry, Scheduler, admin
+from cronjob import History, Registry, admin
 from cronjob.admin import Activity, Outcome, Why
 from cronjob.testing import FakeClock
 
@@ -31,25 +30,6 @@ def at(hours: int = 0, minutes: int = 0, seconds: int = 0) -> datetime:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)
-
-
-@pytest.fixture
-def replicas(db_url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    """Start replicas on the shared clock and database; stop whatever is left at the end."""
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str, **options: object) -> Scheduler:
-        scheduler = Scheduler(
-            db_url, registry=registry, clock=clock, replica_id=replica_id, **options
-        )
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
 
 
 def job_status(url: str, clock: FakeClock, name: str) -> admin.JobStatus:

@@ -11,7 +11,7 @@ import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -74,24 +74,6 @@ class Rounds:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)
-
-
-@pytest.fixture
-def replicas(db_url: str, clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
-    started: list[cronjob.Scheduler] = []
-
-    def start(registry: cronjob.Registry, replica_id: str, **options) -> cronjob.Scheduler:
-        scheduler = cronjob.Scheduler(
-            db_url, registry=registry, clock=clock, replica_id=replica_id, **options
-        )
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
 
 
 def lease_row(url: str, name: str) -> lease.LeaseRow:

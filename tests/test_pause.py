@@ -11,7 +11,7 @@ import contextlib
 import io
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -35,23 +35,6 @@ def at(minutes: int = 0, seconds: int = 0) -> datetime:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)
-
-
-@pytest.fixture
-def replicas(db_url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    """Start replicas on the shared clock and database; stop whatever is left at the end."""
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str) -> Scheduler:
-        scheduler = Scheduler(db_url, registry=registry, clock=clock, replica_id=replica_id)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
 
 
 class Runs:

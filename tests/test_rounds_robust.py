@@ -11,12 +11,11 @@ that hands back a coroutine. Nothing sleeps in real time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -24,7 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 import cronjob
 import lease
-from cronjob import Registry, Scheduler
+from cronjob import Registry
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour: the first every-minute instant is 09:01:00.
@@ -63,25 +62,6 @@ def clock() -> FakeClock:
 @pytest.fixture
 def rounds(clock: FakeClock) -> Rounds:
     return Rounds(clock)
-
-
-@pytest.fixture
-def replicas(db_url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    """Start replicas on the shared clock and database; stop whatever is left at the end."""
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str, **options: object) -> Scheduler:
-        scheduler = Scheduler(
-            db_url, registry=registry, clock=clock, replica_id=replica_id, **options
-        )
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
 
 
 def lease_row(url: str, name: str) -> lease.LeaseRow:

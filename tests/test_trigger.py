@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -76,22 +76,6 @@ class Job:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(START)
-
-
-@pytest.fixture
-def replicas(db_url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str) -> Scheduler:
-        scheduler = Scheduler(db_url, registry=registry, clock=clock, replica_id=replica_id)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
 
 
 def cluster(replicas: Callable[..., Scheduler], spec: str = HOURLY, **jobs: Job) -> Registry:
