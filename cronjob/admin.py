@@ -270,9 +270,11 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         open_requests = lease.Triggers(store).read()
     checked_at = _at(now_ms)
     asked: dict[str, list[RequestStatus]] = {}
+    live = {replica.holder for replica in replicas}
     for found in open_requests:
         request = request_status(found, checked_at)
-        if request.open:
+        # A per-instance round whose replica is gone ended with it (no lease tells).
+        if request.open and (request.replica is None or request.replica in live):
             asked.setdefault(request.job, []).append(request)
     registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
     for replica in replicas:

@@ -59,7 +59,15 @@ from ._records import (
     round_from,
     round_values,
 )
-from ._schema import NAME_LENGTH, NEVER, REASON_LENGTH, lease_table, replica_table, round_table
+from ._schema import (
+    NAME_LENGTH,
+    NEVER,
+    REASON_LENGTH,
+    lease_table,
+    replica_table,
+    round_table,
+    trigger_table,
+)
 from ._text import check_holder, unstorable
 
 if TYPE_CHECKING:
@@ -118,6 +126,7 @@ _TOKEN_LIMIT: Final = 2**63
 _t = lease_table
 _h = round_table
 _p = replica_table
+_q = trigger_table
 
 
 class LeaseState(enum.StrEnum):
@@ -593,8 +602,10 @@ class LeaseStore:
         self, *, days: float, per_name: int, replicas_gone: float, timeout: float = 60.0
     ) -> tuple[int, int]:
         """Delete the history's rounds that ended more than ``days`` ago and each name's
-        rounds past its ``per_name`` newest (one statement), and the replicas not seen for
-        ``replicas_gone`` seconds (one more), in one transaction.
+        rounds past its ``per_name`` newest (one statement), the replicas not seen for
+        ``replicas_gone`` seconds (one more), and the requests for a round now made more
+        than ``days`` ago (one more: however they stand, they can no longer run, see
+        :data:`lease.REQUEST_TTL`), in one transaction.
 
         Ranking a name's rounds reads the whole history (about 3 s for a million rows
         on a busy 2-core machine), so these statements have a bound of their own,
@@ -613,6 +624,7 @@ class LeaseStore:
         ):
             rounds = conn.execute(prune_statement(cutoff_ms=cutoff, per_name=per_name)).rowcount
             replicas = conn.execute(gone).rowcount
+            conn.execute(_q.delete().where(_q.c.requested_ms < cutoff))
         return rounds, replicas
 
     def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:

@@ -413,6 +413,14 @@ class TestStatements:
         assert (closed.state, closed.outcome) == (lease.TriggerState.DONE, "superseded")
 
 
+    def test_requests_are_pruned_with_the_history(self, store, manual_clock):
+        old = self.open_request(store)
+        manual_clock.advance(14 * 86400 + 1)
+        new = self.open_request(store)
+        store.prune(days=14, per_name=10, replicas_gone=3600)
+        assert [row.id for row in lease.Triggers(store).read([old.id, new.id])] == [new.id]
+
+
 def _parse(argv: list[str]) -> object:
     from cronjob._cli import _build_parser
 
