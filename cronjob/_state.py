@@ -14,7 +14,7 @@ from datetime import datetime
 
 from ._metrics import NO_METRICS, JobMetrics
 from ._registry import Job
-from ._round import Round
+from ._round import Outcome, Round
 
 __all__ = ["Flags", "JobState", "Reason", "Run"]
 
@@ -92,6 +92,8 @@ class Run:
     #: Clock time and monotonic time the job began, set by its worker.
     started_at: datetime | None = None
     started_mono: float = 0.0
+    #: How the job ended, once it did (set by its worker; counted in the summary line).
+    outcome: Outcome | None = None
 
 
 @dataclass(eq=False)
