@@ -40,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine, RowMapping
 from sqlalchemy.ext.compiler import compiles
@@ -348,6 +349,8 @@ class LeaseStore:
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
         self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
+        if not event.contains(engine, "checkout", _unbind_for_others):
+            event.listen(engine, "checkout", _unbind_for_others)
 
     @property
     def engine(self) -> Engine:
@@ -1247,18 +1250,20 @@ class LeaseStore:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
-        :attr:`statement_timeout`; it holds for this transaction only, never for the
-        next user of the pooled connection (a job's ``ctx.transaction()``):
+        :attr:`statement_timeout`. It is set on the pooled connection's session the first
+        time the store uses that connection (one statement, then none while the store
+        keeps using it), and undone before anyone else is handed the connection (a job's
+        ``ctx.transaction()``: see :func:`_unbind_for_others`), so it never bounds their
+        statements:
 
-        - PostgreSQL: ``SET LOCAL statement_timeout``, which the transaction's end undoes
-          (with no effect on an engine in ``AUTOCOMMIT`` mode);
-        - MariaDB/MySQL: the session's row-lock and metadata-lock waits
+        - PostgreSQL: ``statement_timeout``, its previous value saved;
+        - MariaDB/MySQL: the row-lock and metadata-lock waits
           (``innodb_lock_wait_timeout``, ``lock_wait_timeout``; whole seconds, at least
-          1), saved first and restored before the transaction ends; a connection whose
-          settings could not be restored is invalidated, never pooled;
+          1), their previous values saved in session variables;
         - SQLite: the engine's busy timeout (30 s from :func:`~lease.create_engine`).
 
-        A statement that gives up raises ``OperationalError``, which the callers'
+        A connection whose settings could not be restored is invalidated, never handed
+        out. A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
@@ -1266,46 +1271,74 @@ class LeaseStore:
 
     @contextlib.contextmanager
     def _bounded(self, *, read: bool, timeout_ms: int) -> Iterator[Connection]:
-        conn = self._engine.connect()
+        _store_checkout.active = True
+        try:
+            conn = self._engine.connect()
+        finally:
+            _store_checkout.active = False
         if read:
             # A read needs no write lock: on an engine from lease.create_engine, its
             # SQLite transaction begins DEFERRED, so it never waits for another
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
         with conn, conn.begin():
-            restore = self._bound(conn, timeout_ms)
+            before = conn.info.get(_BOUND)
+            if before is None or before[0] != timeout_ms:
+                try:
+                    self._bind(conn, timeout_ms, before)
+                except BaseException:
+                    if not conn.invalidated:
+                        conn.invalidate()  # the session's settings are unknown: never pooled
+                    raise
             try:
                 yield conn
-            finally:
-                if restore is not None and not conn.invalidated:
-                    try:
-                        conn.exec_driver_sql(restore)
-                    except BaseException:
-                        conn.invalidate()  # never pool a session that keeps our bound
-                        raise
+            except BaseException:
+                if conn.dialect.name == "postgresql":  # set_config rolls back with it
+                    if before is None:
+                        conn.info.pop(_BOUND, None)
+                    else:
+                        conn.info[_BOUND] = before
+                raise
 
-    def _bound(self, conn: Connection, timeout_ms: int) -> str | None:
-        """Bound the statements of ``conn``'s transaction; return what undoes it, if any."""
+    def _bind(self, conn: Connection, timeout_ms: int, bound: tuple[int, str, bool] | None) -> None:
+        """Set the bound on ``conn``'s session; note it, and what undoes it, in its info
+        (``bound``: what the session had from the store before, if anything)."""
         dialect = conn.dialect.name
         if dialect == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {timeout_ms}")
-            return None
-        if dialect in ("mysql", "mariadb"):
+            setting = f"SELECT set_config('statement_timeout', '{timeout_ms}', false)"
+            if bound is not None:
+                conn.exec_driver_sql(setting)
+                conn.info[_BOUND] = (timeout_ms, bound[1], True)
+                return
+            # Read before written (a select list is evaluated left to right).
+            (before, _) = conn.exec_driver_sql(
+                f"SELECT current_setting('statement_timeout'), {setting[7:]}"
+            ).one()
+            old = str(before).replace("'", "''")
+            undo = f"SELECT set_config('statement_timeout', '{old}', false)"
+            conn.info[_BOUND] = (timeout_ms, undo, True)
+        elif dialect in ("mysql", "mariadb"):
             # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
             # only): a statement of ours that waits is waiting for a lock, and these two
-            # bound that wait on both servers.
+            # bound that wait on both servers. Session variables are not transactional.
             seconds = max(1, math.ceil(timeout_ms / 1000))
-            conn.exec_driver_sql(
-                "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
+            save = (
+                ""
+                if bound is not None
+                else "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
-                f" SESSION innodb_lock_wait_timeout = {seconds},"
+            )
+            conn.exec_driver_sql(
+                (save or "SET")
+                + f" SESSION innodb_lock_wait_timeout = {seconds},"
                 f" SESSION lock_wait_timeout = {seconds}"
             )
-            return (
+            conn.info[_BOUND] = (
+                timeout_ms,
                 "SET SESSION innodb_lock_wait_timeout = @lease_saved_lock_wait,"
-                " SESSION lock_wait_timeout = @lease_saved_mdl_wait"
+                " SESSION lock_wait_timeout = @lease_saved_mdl_wait",
+                False,
             )
-        return None
 
     def _update_returning(
         self,
@@ -1335,6 +1368,45 @@ _CLAIM_COLUMNS: Final = (
     _t.c.prev_state,
     _t.c.prev_attempt,
 )
+
+
+#: Key, in a pooled connection's info, of the store's bound on its session:
+#: ``(timeout_ms, the statement that restores the session's own settings, PostgreSQL)``.
+_BOUND: Final = "lease_statement_bound"
+
+#: ``active`` while this thread checks a connection out for a store's transaction.
+_store_checkout = threading.local()
+
+
+def _unbind_for_others(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """The pool's ``checkout`` listener: a connection the store bounded goes to anyone
+    else only after its session's own settings are restored (one statement; it happens
+    only when a connection passes from the store to other users).
+
+    Raises:
+        DisconnectionError: restoring failed; the pool drops the connection and hands
+            out another.
+    """
+    bound = record.info.get(_BOUND)
+    if bound is None or getattr(_store_checkout, "active", False):
+        return
+    try:
+        # PostgreSQL's set_config outside a transaction (the drivers' autocommit is a
+        # flag on the client, idle here): one round trip, no COMMIT. MariaDB/MySQL's
+        # session variables are not transactional.
+        postgres = bound[2]
+        if postgres:
+            dbapi_connection.autocommit = True
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(bound[1])
+        finally:
+            cursor.close()
+            if postgres:
+                dbapi_connection.autocommit = False
+    except Exception as exc:
+        raise sa.exc.DisconnectionError(f"restoring the session's settings failed: {exc}") from exc
+    del record.info[_BOUND]
 
 
 def _is_free(now: sa.ColumnElement[int]) -> sa.ColumnElement[bool]:

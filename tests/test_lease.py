@@ -922,6 +922,14 @@ class TestStatementBound:
                 assert tuple(conn.exec_driver_sql(settings).one()) == before
             with engine.connect() as conn:
                 assert tuple(conn.exec_driver_sql(settings).one()) == before
+            # The one connection, handed back to the store, is bounded again.
+            with blocked(server_url, "SELECT * FROM cronjob_lease WHERE name = 'a' FOR UPDATE"):
+                assert isinstance(
+                    outcome_of(lambda: store.renew([("a", claim.token)], "r1")),
+                    lease.DatabaseUnavailable,
+                )
+            with engine.connect() as conn:
+                assert tuple(conn.exec_driver_sql(settings).one()) == before
         finally:
             engine.dispose()
 
