@@ -152,20 +152,26 @@ def work(
             _reset_current(token)
 
 
-#: The provider whose tracer was asked for last, and that tracer: asking a provider for
-#: a tracer builds one each time, and a process has one provider in all but its tests.
+#: This package's tracer from the global provider: as ``trace.get_tracer`` at module
+#: level always is, a proxy until an SDK sets the provider, then that provider's tracer.
+#: Asked for per unit, the global provider is looked up in ``os.environ`` each time.
+_global_tracer = trace.get_tracer(TRACER_NAME)
+
+#: The provider passed in last and its tracer: a provider builds a new tracer each time
+#: it is asked, and a process passes one provider in all but its tests.
 _last_tracer: tuple[TracerProvider, Tracer] | None = None
 
 
 def _tracer(tracer_provider: TracerProvider | None) -> Tracer:
     """Return this package's tracer from ``tracer_provider`` (default the global one)."""
     global _last_tracer
-    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    if tracer_provider is None:
+        return _global_tracer
     last = _last_tracer
-    if last is not None and last[0] is provider:
+    if last is not None and last[0] is tracer_provider:
         return last[1]
-    tracer = provider.get_tracer(TRACER_NAME)
-    _last_tracer = (provider, tracer)
+    tracer = tracer_provider.get_tracer(TRACER_NAME)
+    _last_tracer = (tracer_provider, tracer)
     return tracer
 
 
