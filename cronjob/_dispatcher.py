@@ -32,6 +32,7 @@ from ._peers import GRACE, Peers
 from ._recovery import Recovery
 from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
+from ._summary import RoundSummary
 
 __all__ = ["Dispatcher"]
 
@@ -131,6 +132,8 @@ class Dispatcher:
         #: Set once the thread, told to stop, either returned or began to linger.
         self.decided = threading.Event()
         self._ready = threading.Event()
+        #: The rounds started and ended, logged once a minute (their own lines are DEBUG).
+        self.summary = RoundSummary(clock.monotonic())
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Dispatcher:
                 log.critical("the scheduler's dispatcher failed", exc_info=True)
                 raise
             finally:
+                self.summary.flush(self._clock.monotonic())
                 self._ready.set()
                 self.decided.set()
         if self.lingering and self.after_lingering is not None:
@@ -507,7 +511,9 @@ class Dispatcher:
         if token is not None:
             self.keeper.hold(run, claimed_at)
         started = self.runner.submit(run)
-        if started is not Start.STARTED:
+        if started is Start.STARTED:
+            self.summary.started()
+        else:
             run.ended = True  # it never runs
             self._forget(run)
         if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
@@ -561,6 +567,7 @@ class Dispatcher:
         state = run.state
         if state.run is run:
             state.run = None
+        self.summary.ended(run.outcome, self._clock.monotonic())
         if not self._flags.stopped:
             state.metrics.overrun(state.job.schedule, run.started_at or run.ctx.instant, ended)
             self.schedule_after(state, ended)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from ._clock import Clock
+    from ._clock import Clock, ClockEvent
 
 __all__ = ["Outcome", "Round", "Trigger", "classify"]
 
@@ -79,6 +79,7 @@ class Round:
         "_lock",
         "_transaction",
         "_transaction_async",
+        "_woken",
         "attempt",
         "instant",
         "name",
@@ -111,7 +112,10 @@ class Round:
         self.replica = replica
         self.trace_id = trace_id
         self._clock = clock
-        self._event = clock.event()
+        # Made on the first wait: most rounds never wait, and an event is a lock and a
+        # condition, made per round by the thousand at scale.
+        self._event: ClockEvent | None = None
+        self._woken = False
         self._cause: Cancelled | None = None
         self._lock = threading.Lock()
         self._transaction = transaction
@@ -143,7 +147,7 @@ class Round:
             ``True`` as soon as the round is cancelled (at once if it already is),
             ``False`` once the time has passed.
         """
-        return self._event.wait(max(0.0, seconds))
+        return self._waker().wait(max(0.0, seconds))
 
     async def wait_async(self, seconds: float) -> bool:
         """Like :meth:`wait`, for an async job.
@@ -152,7 +156,7 @@ class Round:
         while the job awaits raises :class:`asyncio.CancelledError` there, which counts as
         the round cut short.
         """
-        return await self._event.wait_async(max(0.0, seconds))
+        return await self._waker().wait_async(max(0.0, seconds))
 
     def check(self) -> None:
         """Raise the round's cancellation if it has been cancelled; return otherwise.
@@ -225,7 +229,23 @@ class Round:
         return True
 
     def _wake(self) -> None:
-        self._event.set()
+        with self._lock:
+            self._woken = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def _waker(self) -> ClockEvent:
+        """The event :meth:`wait` waits on: set once the round is woken (cancelled)."""
+        event = self._event
+        if event is None:
+            with self._lock:
+                if self._event is None:
+                    self._event = self._clock.event()
+                    if self._woken:
+                        self._event.set()
+                event = self._event
+        return event
 
 
 def classify(error: BaseException | None) -> Outcome:

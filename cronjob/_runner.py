@@ -250,14 +250,19 @@ class RoundRunner:
                 ) as scope:
                     ctx = run.ctx
                     run.started = self._clock.now()
-                    log.info(
-                        "round of job %r instant %s attempt %d started on %s%s",
-                        ctx.name,
-                        ctx.instant.isoformat(),
-                        ctx.attempt,
-                        ctx.replica,
-                        _why(run),
-                    )
+                    # A scheduled start is the common case, thousands a second at scale:
+                    # DEBUG (the dispatcher logs a summary at INFO); the others stay INFO.
+                    level = logging.DEBUG if run.reason is Reason.SCHEDULE else logging.INFO
+                    if log.isEnabledFor(level):
+                        log.log(
+                            level,
+                            "round of job %r instant %s attempt %d started on %s%s",
+                            ctx.name,
+                            ctx.instant.isoformat(),
+                            ctx.attempt,
+                            ctx.replica,
+                            _why(run),
+                        )
                     yield scope
             except Exception:
                 if not run.ended:
@@ -352,15 +357,20 @@ class RoundRunner:
                 scope.outcome(outcome, error)
             except Exception:  # tracing must not keep the end from its record
                 log.exception("job %r: putting the outcome on its round's span failed", ctx.name)
-        where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
+        run.outcome = outcome
         # A round that ran to its end has its end written by the finisher, in a batch
         # with the others ending now; the worker is free for the next round at once.
         later = outcome is not Outcome.CUT_SHORT and self._records_end(run) and run.request is None
         ending = self._ending(run, outcome, error, ended)
         recorded = False if later else self._record_end(run, ending, outcome)
         if outcome is Outcome.SUCCEEDED:
-            log.info("round of %s ran to its end", where)
+            # DEBUG, as the start: the dispatcher's summary line counts them at INFO. A
+            # manual round, rare and asked for by someone, stays at INFO.
+            level = logging.INFO if run.request is not None else logging.DEBUG
+            if log.isEnabledFor(level):
+                log.log(level, "round of %s ran to its end", _where(ctx))
         elif outcome is Outcome.FAILED:
+            where = _where(ctx)
             log.error("round of %s failed", where, exc_info=error)
             if ctx.cause is not None and run.token is not None:
                 log.warning(
@@ -372,7 +382,7 @@ class RoundRunner:
                     ctx.cause,
                 )
         else:
-            cause = ctx.cause or error
+            where, cause = _where(ctx), ctx.cause or error
             for own in iter_own_errors(error) if error else ():
                 log.error(
                     "round of %s: the job's own failure beside its cancellation",
@@ -388,10 +398,10 @@ class RoundRunner:
             else:
                 log.info("round of %s cut short (%s)", where, cause)
         if later:
-            self._finish_later(run, ending, where)
+            self._finish_later(run, ending)
             return True
         if not recorded and run.token is not None and not self._flags.crashed:
-            log.warning("round of %s: its end is not on record (the lease is gone)", where)
+            log.warning("round of %s: its end is not on record (the lease is gone)", _where(ctx))
         return False
 
     def _records_end(self, run: Run) -> bool:
@@ -428,7 +438,7 @@ class RoundRunner:
             record=record,
         )
 
-    def _finish_later(self, run: Run, ending: lease.Ending, where: str) -> None:
+    def _finish_later(self, run: Run, ending: lease.Ending) -> None:
         """Hand the end to the finisher; log and tell the dispatcher once it is written."""
         assert run.token is not None
         ended = ending.ended
@@ -442,7 +452,9 @@ class RoundRunner:
             if isinstance(result, BaseException):
                 log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
             if result is not True and not self._flags.crashed:
-                log.warning("round of %s: its end is not on record (the lease is gone)", where)
+                log.warning(
+                    "round of %s: its end is not on record (the lease is gone)", _where(run.ctx)
+                )
             self._ended(run, ended)
 
         self._clock._work_started()
@@ -506,6 +518,11 @@ def _why(run: Run) -> str:
     if run.request is not None:
         return f" (manual, asked by {run.request.requested_by})"
     return f" ({run.reason.value})"
+
+
+def _where(ctx: Round) -> str:
+    """The round in the end's log lines: ``job 'x' instant … attempt n``."""
+    return f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
 
 
 def error_summary(error: BaseException) -> str:

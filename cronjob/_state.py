@@ -16,7 +16,7 @@ import lease
 
 from ._metrics import NO_METRICS, JobMetrics
 from ._registry import Job
-from ._round import Round
+from ._round import Outcome, Round
 
 __all__ = ["Flags", "JobState", "Reason", "Run"]
 
@@ -102,6 +102,8 @@ class Run:
     started_mono: float = 0.0
     #: The request a manual round runs for (:attr:`Reason.MANUAL`); ``None`` otherwise.
     request: lease.TriggerRow | None = None
+    #: How the job ended, once it did (set by its worker; counted in the summary line).
+    outcome: Outcome | None = None
 
 
 @dataclass(eq=False)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import secrets
+import random
 from collections.abc import Iterator, Mapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
 from ._context import WorkUnit, _reset_current, _set_current
 
@@ -121,8 +121,7 @@ def work(
     """
     # Built (and so validated) before the span starts, so bad values leave no open span.
     unit = WorkUnit(kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {})
-    tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
-    span = tracer.start_span(
+    span = _tracer(tracer_provider).start_span(
         span_name or f"{kind} {name}",
         context=parent if parent is not None else otel_context.Context(),
         attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
@@ -153,8 +152,37 @@ def work(
             _reset_current(token)
 
 
+#: This package's tracer from the global provider: as ``trace.get_tracer`` at module
+#: level always is, a proxy until an SDK sets the provider, then that provider's tracer.
+#: Asked for per unit, the global provider is looked up in ``os.environ`` each time.
+_global_tracer = trace.get_tracer(TRACER_NAME)
+
+#: The provider passed in last and its tracer: a provider builds a new tracer each time
+#: it is asked, and a process passes one provider in all but its tests.
+_last_tracer: tuple[TracerProvider, Tracer] | None = None
+
+
+def _tracer(tracer_provider: TracerProvider | None) -> Tracer:
+    """Return this package's tracer from ``tracer_provider`` (default the global one)."""
+    global _last_tracer
+    if tracer_provider is None:
+        return _global_tracer
+    last = _last_tracer
+    if last is not None and last[0] is tracer_provider:
+        return last[1]
+    tracer = tracer_provider.get_tracer(TRACER_NAME)
+    _last_tracer = (tracer_provider, tracer)
+    return tracer
+
+
 def _random_trace_id() -> str:
-    """Return a random W3C trace id (32 lowercase hex digits, never all zero)."""
-    while not (value := secrets.randbits(128)):
+    """Return a random W3C trace id (32 lowercase hex digits, never all zero).
+
+    From :mod:`random`'s shared generator, as OpenTelemetry's SDK draws its ids: seeded
+    from ``os.urandom`` at import and again in each forked child (so two processes never
+    share a sequence), thread-safe, and without the system call per id that
+    :mod:`secrets` makes. A trace id names a unit of work; it is no secret.
+    """
+    while not (value := random.getrandbits(128)):
         pass
-    return trace.format_trace_id(value)
+    return f"{value:032x}"

@@ -40,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine, RowMapping
 from sqlalchemy.ext.compiler import compiles
@@ -360,6 +361,8 @@ class LeaseStore:
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
         self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
+        if not event.contains(engine, "checkout", _unbind_for_others):
+            event.listen(engine, "checkout", _unbind_for_others)
 
     @property
     def engine(self) -> Engine:
@@ -687,7 +690,7 @@ class LeaseStore:
         stmt = (
             _t.update()
             .where(
-                _t.c.name.in_(wanted),
+                self._name_in(wanted),
                 _t.c.instant < epoch,
                 _is_free(now),
                 reached,
@@ -782,11 +785,11 @@ class LeaseStore:
         now_ms = self._clock_ms()
         now = self._now(now_ms)
         held_here = sa.and_(
-            sa.tuple_(_t.c.name, _t.c.token).in_(pairs),
+            self._pair_in(pairs),
             _t.c.holder == holder,
             _t.c.expires_ms > now,
         )
-        stmt = _t.update().where(held_here).values(expires_ms=now + self._ttl_ms)
+        stmt = self._in_name_order(_t.update(), held_here).values(expires_ms=now + self._ttl_ms)
         # Without RETURNING the SELECT after the UPDATE reuses its condition: a renewed
         # row now expires later, so it still holds; a row that was not renewed had
         # expired or changed hands, and still has, or has another token.
@@ -903,7 +906,7 @@ class LeaseStore:
         with translate_errors(action), self._transaction() as conn:
             for (ended_s, succeeded), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
-                mine = sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+                mine = self._pair_in(pairs)
                 outcome: dict[str, Any]
                 if succeeded:
                     outcome = {
@@ -919,16 +922,12 @@ class LeaseStore:
                         "last_error": sa.case(errors, value=_t.c.name, else_=None),
                         "failures": sa.func.coalesce(_t.c.failures, 0) + 1,
                     }
-                stmt = (
-                    _t.update()
-                    .where(mine, _is_running())
-                    .values(
-                        state=LeaseState.DONE.value,
-                        expires_ms=None,
-                        skipped_through=ended_s,
-                        last_end_ms=now,
-                        **outcome,
-                    )
+                stmt = self._in_name_order(_t.update(), sa.and_(mine, _is_running())).values(
+                    state=LeaseState.DONE.value,
+                    expires_ms=None,
+                    skipped_through=ended_s,
+                    last_end_ms=now,
+                    **outcome,
                 )
                 # Without RETURNING: a token is drawn per claim and ends once, so a row
                 # with one of these tokens that is now done was finished here.
@@ -1185,6 +1184,56 @@ class LeaseStore:
             return _db_now_ms()
         return sa.literal(now_ms, sa.BigInteger())
 
+    def _name_in(self, names: list[str]) -> sa.ColumnElement[bool]:
+        """``name IN names``; on PostgreSQL ``name = ANY(:array)``: one parameter, so the
+        statement's text and compiled form are the same whatever the count (cached by
+        SQLAlchemy and psycopg alike) instead of one placeholder per name."""
+        if self._engine.dialect.name == "postgresql":
+            array = sa.bindparam("names", names, type_=postgresql.ARRAY(sa.String()), unique=True)
+            return _t.c.name == sa.any_(array)
+        return _t.c.name.in_(names)
+
+    def _pair_in(self, pairs: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
+        """``(name, token) IN pairs``; on PostgreSQL against ``unnest`` of two array
+        parameters (see :meth:`_name_in`)."""
+        if self._engine.dialect.name != "postgresql":
+            return sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+        names = [name for name, _ in pairs]
+        tokens = [token for _, token in pairs]
+        name_array = postgresql.ARRAY(sa.String())
+        token_array = postgresql.ARRAY(sa.BigInteger())
+        rows = (
+            sa.func.unnest(
+                sa.bindparam("names", names, type_=name_array, unique=True),
+                sa.bindparam("tokens", tokens, type_=token_array, unique=True),
+            )
+            .table_valued("name", "token")
+            .render_derived()
+        )
+        return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
+
+    def _in_name_order(self, stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
+        """``stmt`` on the rows ``where`` selects, on PostgreSQL locked first in name order.
+
+        Renewals and batches of finishes write many rows of one replica at once; each
+        locking them in the order its plan happens to read them, two such statements
+        deadlocked (seen at 10,000 jobs). Locked in one order, one waits for the other.
+        Elsewhere the rows are written as the plan reads them.
+        """
+        if self._engine.dialect.name != "postgresql":
+            return stmt.where(where)
+        locked = (
+            sa.select(_t.c.name)
+            .where(where)
+            .order_by(_t.c.name)
+            .with_for_update()
+            .cte("locked")
+            .prefix_with("MATERIALIZED")
+        )
+        # Locked under READ COMMITTED, a row is read again as it now is: only the rows
+        # ``where`` still selects come out of ``locked``.
+        return stmt.add_cte(locked).where(_t.c.name.in_(sa.select(locked.c.name)))
+
     def _clock_ms(self) -> int | None:
         """The given clock's now in epoch ms; ``None`` on the database's clock."""
         return None if self._clock is None else _to_ms(self._clock())
@@ -1225,18 +1274,20 @@ class LeaseStore:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
-        :attr:`statement_timeout`; it holds for this transaction only, never for the
-        next user of the pooled connection (a job's ``ctx.transaction()``):
+        :attr:`statement_timeout`. It is set on the pooled connection's session the first
+        time the store uses that connection (one statement, then none while the store
+        keeps using it), and undone before anyone else is handed the connection (a job's
+        ``ctx.transaction()``: see :func:`_unbind_for_others`), so it never bounds their
+        statements:
 
-        - PostgreSQL: ``SET LOCAL statement_timeout``, which the transaction's end undoes
-          (with no effect on an engine in ``AUTOCOMMIT`` mode);
-        - MariaDB/MySQL: the session's row-lock and metadata-lock waits
+        - PostgreSQL: ``statement_timeout``, its previous value saved;
+        - MariaDB/MySQL: the row-lock and metadata-lock waits
           (``innodb_lock_wait_timeout``, ``lock_wait_timeout``; whole seconds, at least
-          1), saved first and restored before the transaction ends; a connection whose
-          settings could not be restored is invalidated, never pooled;
+          1), their previous values saved in session variables;
         - SQLite: the engine's busy timeout (30 s from :func:`~lease.create_engine`).
 
-        A statement that gives up raises ``OperationalError``, which the callers'
+        A connection whose settings could not be restored is invalidated, never handed
+        out. A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
@@ -1244,46 +1295,74 @@ class LeaseStore:
 
     @contextlib.contextmanager
     def _bounded(self, *, read: bool, timeout_ms: int) -> Iterator[Connection]:
-        conn = self._engine.connect()
+        _store_checkout.active = True
+        try:
+            conn = self._engine.connect()
+        finally:
+            _store_checkout.active = False
         if read:
             # A read needs no write lock: on an engine from lease.create_engine, its
             # SQLite transaction begins DEFERRED, so it never waits for another
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
         with conn, conn.begin():
-            restore = self._bound(conn, timeout_ms)
+            before = conn.info.get(_BOUND)
+            if before is None or before[0] != timeout_ms:
+                try:
+                    self._bind(conn, timeout_ms, before)
+                except BaseException:
+                    if not conn.invalidated:
+                        conn.invalidate()  # the session's settings are unknown: never pooled
+                    raise
             try:
                 yield conn
-            finally:
-                if restore is not None and not conn.invalidated:
-                    try:
-                        conn.exec_driver_sql(restore)
-                    except BaseException:
-                        conn.invalidate()  # never pool a session that keeps our bound
-                        raise
+            except BaseException:
+                if conn.dialect.name == "postgresql":  # set_config rolls back with it
+                    if before is None:
+                        conn.info.pop(_BOUND, None)
+                    else:
+                        conn.info[_BOUND] = before
+                raise
 
-    def _bound(self, conn: Connection, timeout_ms: int) -> str | None:
-        """Bound the statements of ``conn``'s transaction; return what undoes it, if any."""
+    def _bind(self, conn: Connection, timeout_ms: int, bound: tuple[int, str, bool] | None) -> None:
+        """Set the bound on ``conn``'s session; note it, and what undoes it, in its info
+        (``bound``: what the session had from the store before, if anything)."""
         dialect = conn.dialect.name
         if dialect == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {timeout_ms}")
-            return None
-        if dialect in ("mysql", "mariadb"):
+            setting = f"SELECT set_config('statement_timeout', '{timeout_ms}', false)"
+            if bound is not None:
+                conn.exec_driver_sql(setting)
+                conn.info[_BOUND] = (timeout_ms, bound[1], True)
+                return
+            # Read before written (a select list is evaluated left to right).
+            (before, _) = conn.exec_driver_sql(
+                f"SELECT current_setting('statement_timeout'), {setting[7:]}"
+            ).one()
+            old = str(before).replace("'", "''")
+            undo = f"SELECT set_config('statement_timeout', '{old}', false)"
+            conn.info[_BOUND] = (timeout_ms, undo, True)
+        elif dialect in ("mysql", "mariadb"):
             # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
             # only): a statement of ours that waits is waiting for a lock, and these two
-            # bound that wait on both servers.
+            # bound that wait on both servers. Session variables are not transactional.
             seconds = max(1, math.ceil(timeout_ms / 1000))
-            conn.exec_driver_sql(
-                "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
+            save = (
+                ""
+                if bound is not None
+                else "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
-                f" SESSION innodb_lock_wait_timeout = {seconds},"
+            )
+            conn.exec_driver_sql(
+                (save or "SET")
+                + f" SESSION innodb_lock_wait_timeout = {seconds},"
                 f" SESSION lock_wait_timeout = {seconds}"
             )
-            return (
+            conn.info[_BOUND] = (
+                timeout_ms,
                 "SET SESSION innodb_lock_wait_timeout = @lease_saved_lock_wait,"
-                " SESSION lock_wait_timeout = @lease_saved_mdl_wait"
+                " SESSION lock_wait_timeout = @lease_saved_mdl_wait",
+                False,
             )
-        return None
 
     def _update_returning(
         self,
@@ -1313,6 +1392,45 @@ _CLAIM_COLUMNS: Final = (
     _t.c.prev_state,
     _t.c.prev_attempt,
 )
+
+
+#: Key, in a pooled connection's info, of the store's bound on its session:
+#: ``(timeout_ms, the statement that restores the session's own settings, PostgreSQL)``.
+_BOUND: Final = "lease_statement_bound"
+
+#: ``active`` while this thread checks a connection out for a store's transaction.
+_store_checkout = threading.local()
+
+
+def _unbind_for_others(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """The pool's ``checkout`` listener: a connection the store bounded goes to anyone
+    else only after its session's own settings are restored (one statement; it happens
+    only when a connection passes from the store to other users).
+
+    Raises:
+        DisconnectionError: restoring failed; the pool drops the connection and hands
+            out another.
+    """
+    bound = record.info.get(_BOUND)
+    if bound is None or getattr(_store_checkout, "active", False):
+        return
+    try:
+        # PostgreSQL's set_config outside a transaction (the drivers' autocommit is a
+        # flag on the client, idle here): one round trip, no COMMIT. MariaDB/MySQL's
+        # session variables are not transactional.
+        postgres = bound[2]
+        if postgres:
+            dbapi_connection.autocommit = True
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(bound[1])
+        finally:
+            cursor.close()
+            if postgres:
+                dbapi_connection.autocommit = False
+    except Exception as exc:
+        raise sa.exc.DisconnectionError(f"restoring the session's settings failed: {exc}") from exc
+    del record.info[_BOUND]
 
 
 def _is_free(now: sa.ColumnElement[int]) -> sa.ColumnElement[bool]:

@@ -246,6 +246,8 @@ class TestWithoutSdk:
         # test only, as opentelemetry's own test utilities do.
         monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
         monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+        # execctx's module-level tracer, as new: a proxy until the provider is set.
+        monkeypatch.setattr(execctx._tracing, "_global_tracer", trace.get_tracer("execctx"))
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -153,7 +153,7 @@ class TestLogsAndSql:
         root = logging.getLogger()
         root.addHandler(handler)
         level = root.level
-        root.setLevel(logging.INFO)
+        root.setLevel(logging.DEBUG)  # a round's own start and end lines are DEBUG
         try:
             with scheduler(tmp_path, registry, clock, provider):
                 clock.advance(3600)
@@ -161,11 +161,29 @@ class TestLogsAndSql:
             root.removeHandler(handler)
             root.setLevel(level)
         inside = [r for r in records if r.getMessage() == "working"]
-        library = [r for r in records if "ran to its end" in r.getMessage()]
+        own = ("ran to its end", "started on")
+        library = [r for r in records if any(text in r.getMessage() for text in own)]
         outside = [r for r in records if "started:" in r.getMessage()]
+        assert len(inside) == 1 and len(library) == 2
         for record in inside + library:
             assert (record.work_name, record.trace_id) == ("hourly", seen[0])
         assert outside and outside[0].work_name == ""
+
+    def test_a_scheduled_round_logs_only_the_summary_at_info(self, tmp_path, provider, caplog):
+        """Its start and end lines are DEBUG; the dispatcher's summary counts them."""
+        clock = FakeClock(START)
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 */20 * * * *", "often")
+        with (
+            caplog.at_level(logging.INFO, logger="cronjob"),
+            scheduler(tmp_path, registry, clock, provider),
+        ):
+            clock.advance(3600)
+        messages = [r.getMessage() for r in caplog.records if r.name == "cronjob"]
+        assert not [m for m in messages if "started on" in m or "ran to its end" in m]
+        summaries = [m for m in messages if m.startswith("rounds in the last")]
+        counts = [re.search(r"(\d+) started, (\d+) ended", m).groups() for m in summaries]
+        assert sum(int(s) for s, _ in counts) == sum(int(e) for _, e in counts) == 3
 
     def test_statements_of_a_round_carry_a_comment_naming_it(self, tmp_path, provider):
         clock = FakeClock(START)

@@ -74,7 +74,12 @@ def _kind(statement: str) -> str:
     words = text.split(" ")
     verb = words[0].upper() if words else "?"
     table = ""
-    upper = [w.upper() for w in words[:40]]
+    upper = [w.upper() for w in words]
+    if verb == "WITH" and "UPDATE" in upper[1:]:
+        # cronjob's renewals and finishes on PostgreSQL: the rows locked in a CTE first
+        start = len(upper) - 1 - upper[::-1].index("UPDATE")
+        words, upper, verb = words[start:], upper[start:], "UPDATE"
+    upper = upper[:40]
     for keyword in ("UPDATE", "INTO", "FROM"):
         if keyword in upper:
             index = upper.index(keyword)
