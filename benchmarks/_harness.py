@@ -108,6 +108,9 @@ class Implementation:
     driver: str = "postgresql+psycopg"
     ready_marker: bool = False  # the worker touches BENCH_OUT.ready once it has started
     env: dict[str, str] = field(default_factory=dict)
+    #: Threads a replica starts per job (DBOS: one per schedule), to refuse a row that
+    #: would take a large part of the machine's process ids (shared with other work).
+    threads_per_job: int = 0
 
 
 def cronjob_impl(log_level: str = "WARNING") -> Implementation:
@@ -176,6 +179,7 @@ def dbos_impl() -> Implementation:
         command=[python, str(ROOT / "benchmarks" / "workers" / "dbos_worker.py")],
         driver="postgresql",
         ready_marker=True,
+        threads_per_job=1,
     )
 
 
@@ -255,6 +259,13 @@ def run_scenario(
     """
     if ready_timeout is None:
         ready_timeout = max(60.0, jobs / 50)
+    threads = replicas * jobs * impl.threads_per_job
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    if threads > pid_max // 2:
+        raise RuntimeError(
+            f"not run: {threads} threads ({impl.threads_per_job} per job per replica) would"
+            f" take over half of this machine's {pid_max} process ids"
+        )
     reset_database()
     url = bench_url(impl.driver)
     before = db_counters()
