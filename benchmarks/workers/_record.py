@@ -106,8 +106,10 @@ def _kind(statement: str) -> str:
 
 
 def statement(text: str) -> None:
-    """Count one SQL statement sent now (``BEGIN``/``COMMIT``/``ROLLBACK`` are not)."""
-    if text.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+    """Count one SQL statement sent now. ``BEGIN``/``COMMIT``/``ROLLBACK`` are not, nor
+    is an empty query: psycopg_pool's check of a connection at checkout (procrastinate's
+    pool), the round trip ``pool_pre_ping`` is for SQLAlchemy, counted as a checkout."""
+    if not text.strip() or text.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
         return
     key = (int(time.time()), _kind(text))
     with _lock:
