@@ -396,7 +396,6 @@ def run_scenario(
             "logs": str(workdir),
         }
     )
-    rounds = result["rounds_run"] or 1
     result["db_xacts_per_round_lifetime"] = (
         round(
             (
@@ -409,8 +408,10 @@ def run_scenario(
         if result["rounds_total"]
         else None
     )
-    result["cpu_ms_per_round"] = round(result["cpu_s"] * 1000 / rounds, 3)
-    result["cpu_us_per_round"] = round(result["cpu_s"] * 1e6 / rounds)
+    # No rounds in the window: no cost per round (not the CPU over a pretend one).
+    run = result["rounds_run"]
+    result["cpu_ms_per_round"] = round(result["cpu_s"] * 1000 / run, 3) if run else None
+    result["cpu_us_per_round"] = round(result["cpu_s"] * 1e6 / run) if run else None
     result["killed_at_s"] = None if killed_at is None else round(killed_at - window_start, 2)
     return result
 

@@ -133,6 +133,9 @@ if sa is not None:
 
 
 def dump() -> None:
+    """Write what was recorded to ``$BENCH_OUT`` (at exit; a worker whose scheduler may
+    take longer to stop than the harness waits also calls it when told to stop, so a
+    replica killed in its shutdown still reports the rounds of the window)."""
     if not OUT:
         return
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -83,6 +83,7 @@ def main() -> None:
     scheduler.start()
     Path(os.environ["BENCH_OUT"] + ".ready").touch()
     stop.wait()
+    _record.dump()  # before a shutdown that may outlast the harness's wait
     scheduler.shutdown(wait=True)
 
 

@@ -89,6 +89,7 @@ def main() -> None:
         scheduler.start_in_background()
         Path(os.environ["BENCH_OUT"] + ".ready").touch()
         stop.wait()
+        _record.dump()  # before a shutdown that may outlast the harness's wait
         scheduler.stop()
 
 

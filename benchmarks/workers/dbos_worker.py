@@ -80,6 +80,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     Path(os.environ["BENCH_OUT"] + ".ready").touch()
     stop.wait()
+    _record.dump()  # before a shutdown that may outlast the harness's wait
     DBOS.destroy(workflow_completion_timeout_sec=5)
 
 
