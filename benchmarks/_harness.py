@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,63 +133,38 @@ def cronjob_impl(log_level: str = "WARNING") -> Implementation:
     )
 
 
-def apscheduler3_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import APSCHEDULER3
+def _peer(
+    name: str, requirements: str, worker: str, **options: Any
+) -> Callable[[], Implementation]:
+    """A peer's ``Implementation`` factory: ``benchmarks/workers/WORKER`` run by the
+    interpreter of the peer's own virtualenv, pinned by the list named ``requirements``
+    in :mod:`benchmarks.peers.requirements` (created on first use). Peers write their
+    schedules at start, so the first replica starts alone."""
 
-    python = str(ensure_venv("apscheduler3", APSCHEDULER3))
-    return Implementation(
-        name="apscheduler3",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "aps3_worker.py")],
-        ready_marker=True,
-    )
+    def make() -> Implementation:
+        from benchmarks.peers import ensure_venv
+        from benchmarks.peers import requirements as pins
 
+        python = str(ensure_venv(name, getattr(pins, requirements)))
+        return Implementation(
+            name=name,
+            command=[python, str(ROOT / "benchmarks" / "workers" / worker)],
+            ready_marker=True,
+            **options,
+        )
 
-def apscheduler4_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import APSCHEDULER4
-
-    python = str(ensure_venv("apscheduler4", APSCHEDULER4))
-    return Implementation(
-        name="apscheduler4",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "aps4_worker.py")],
-        ready_marker=True,
-    )
-
-
-def procrastinate_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import PROCRASTINATE
-
-    python = str(ensure_venv("procrastinate", PROCRASTINATE))
-    return Implementation(
-        name="procrastinate",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "procrastinate_worker.py")],
-        driver="postgresql",  # a libpq URL for psycopg's pool
-        ready_marker=True,
-    )
+    return make
 
 
-def dbos_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import DBOS
-
-    python = str(ensure_venv("dbos", DBOS))
-    return Implementation(
-        name="dbos",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "dbos_worker.py")],
-        driver="postgresql",
-        ready_marker=True,
-        threads_per_job=1,
-    )
-
-
-IMPLEMENTATIONS = {
+IMPLEMENTATIONS: dict[str, Callable[[], Implementation]] = {
     "cronjob": cronjob_impl,
-    "apscheduler3": apscheduler3_impl,
-    "apscheduler4": apscheduler4_impl,
-    "procrastinate": procrastinate_impl,
-    "dbos": dbos_impl,
+    "apscheduler3": _peer("apscheduler3", "APSCHEDULER3", "aps3_worker.py"),
+    "apscheduler4": _peer("apscheduler4", "APSCHEDULER4", "aps4_worker.py"),
+    # procrastinate and DBOS take a libpq URL (no SQLAlchemy driver name).
+    "procrastinate": _peer(
+        "procrastinate", "PROCRASTINATE", "procrastinate_worker.py", driver="postgresql"
+    ),
+    "dbos": _peer("dbos", "DBOS", "dbos_worker.py", driver="postgresql", threads_per_job=1),
 }
 #: Every scheduler, in the order the scenarios interleave them.
 ALL = ",".join(IMPLEMENTATIONS)
