@@ -1,14 +1,15 @@
 """Run replica processes of one scheduler on one piece of work and measure them.
 
-A *scenario* is: which scheduler (``cronjob``, ``apscheduler3``, ``apscheduler4``), how
-many replicas (OS processes), how many jobs on which schedule, and a measurement window.
+A *scenario* is: which scheduler (``cronjob``, ``apscheduler3``, ``apscheduler4``,
+``procrastinate``, ``dbos``), how many replicas (OS processes), how many jobs on which
+schedule, and a measurement window.
 The harness
 
 1. recreates the benchmark database (``cronjob_bench`` by default, on the server of
    ``$CRONJOB_BENCH_POSTGRES_URL``; never the tests' database);
 2. starts the replicas (the first one alone when the peer writes its schedules at start,
    so they do not race to insert them), waits a warm-up, and opens the window at the
-   next whole second;
+   next whole second that is an instant of the jobs (a multiple of their period);
 3. samples each replica's CPU time (``/proc/PID/stat``) at the window's start and end and
    its resident memory (``VmRSS``) every half second;
 4. stops them with SIGTERM a few seconds after the window (drain), collects what each
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,9 @@ class Implementation:
     driver: str = "postgresql+psycopg"
     ready_marker: bool = False  # the worker touches BENCH_OUT.ready once it has started
     env: dict[str, str] = field(default_factory=dict)
+    #: Threads a replica starts per job (DBOS: one per schedule), to refuse a row that
+    #: would take a large part of the machine's process ids (shared with other work).
+    threads_per_job: int = 0
 
 
 def cronjob_impl(log_level: str = "WARNING") -> Implementation:
@@ -128,35 +133,41 @@ def cronjob_impl(log_level: str = "WARNING") -> Implementation:
     )
 
 
-def apscheduler3_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import APSCHEDULER3
+def _peer(
+    name: str, requirements: str, worker: str, **options: Any
+) -> Callable[[], Implementation]:
+    """A peer's ``Implementation`` factory: ``benchmarks/workers/WORKER`` run by the
+    interpreter of the peer's own virtualenv, pinned by the list named ``requirements``
+    in :mod:`benchmarks.peers.requirements` (created on first use). Peers write their
+    schedules at start, so the first replica starts alone."""
 
-    python = str(ensure_venv("apscheduler3", APSCHEDULER3))
-    return Implementation(
-        name="apscheduler3",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "aps3_worker.py")],
-        ready_marker=True,
-    )
+    def make() -> Implementation:
+        from benchmarks.peers import ensure_venv
+        from benchmarks.peers import requirements as pins
+
+        python = str(ensure_venv(name, getattr(pins, requirements)))
+        return Implementation(
+            name=name,
+            command=[python, str(ROOT / "benchmarks" / "workers" / worker)],
+            ready_marker=True,
+            **options,
+        )
+
+    return make
 
 
-def apscheduler4_impl() -> Implementation:
-    from benchmarks.peers import ensure_venv
-    from benchmarks.peers.requirements import APSCHEDULER4
-
-    python = str(ensure_venv("apscheduler4", APSCHEDULER4))
-    return Implementation(
-        name="apscheduler4",
-        command=[python, str(ROOT / "benchmarks" / "workers" / "aps4_worker.py")],
-        ready_marker=True,
-    )
-
-
-IMPLEMENTATIONS = {
+IMPLEMENTATIONS: dict[str, Callable[[], Implementation]] = {
     "cronjob": cronjob_impl,
-    "apscheduler3": apscheduler3_impl,
-    "apscheduler4": apscheduler4_impl,
+    "apscheduler3": _peer("apscheduler3", "APSCHEDULER3", "aps3_worker.py"),
+    "apscheduler4": _peer("apscheduler4", "APSCHEDULER4", "aps4_worker.py"),
+    # procrastinate and DBOS take a libpq URL (no SQLAlchemy driver name).
+    "procrastinate": _peer(
+        "procrastinate", "PROCRASTINATE", "procrastinate_worker.py", driver="postgresql"
+    ),
+    "dbos": _peer("dbos", "DBOS", "dbos_worker.py", driver="postgresql", threads_per_job=1),
 }
+#: Every scheduler, in the order the scenarios interleave them.
+ALL = ",".join(IMPLEMENTATIONS)
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -210,14 +221,27 @@ def run_scenario(
     job_seconds: float = 0.0,
     slots: int = 64,
     kill_at: float | None = None,
+    ready_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run ``replicas`` processes of ``impl`` with ``jobs`` jobs on ``spec``; measure.
 
     ``period`` is the spacing of the jobs' instants in seconds (``None``: none expected in
     the window, as in the idle scenario). Each round works ``job_seconds``; each replica
     runs at most ``slots`` rounds at once. ``kill_at``: seconds into the window at which
-    the last replica is killed (``kill -9``).
+    the last replica is killed (``kill -9``); the result then has ``kill`` (see
+    :func:`kill_phases`). ``ready_timeout``: how long a replica may take to say it is
+    ready (peers that write their schedules at start) before the row is given up
+    (default: 60 s, or ``jobs / 50`` s if longer).
     """
+    if ready_timeout is None:
+        ready_timeout = max(60.0, jobs / 50)
+    threads = replicas * jobs * impl.threads_per_job
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    if threads > pid_max // 2:
+        raise RuntimeError(
+            f"not run: {threads} threads ({impl.threads_per_job} per job per replica) would"
+            f" take over half of this machine's {pid_max} process ids"
+        )
     reset_database()
     url = bench_url(impl.driver)
     before = db_counters()
@@ -252,11 +276,12 @@ def run_scenario(
             procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log))
             outs.append(out)
             if impl.ready_marker and index == 0:
-                _wait_ready(out, procs[0], timeout=max(60.0, jobs / 50))
+                _wait_ready(out, procs[0], timeout=ready_timeout)
         for index, out in enumerate(outs):
             if impl.ready_marker:
-                _wait_ready(out, procs[index], timeout=max(60.0, jobs / 50))
-        window_start = math.ceil(time.time() + warmup)
+                _wait_ready(out, procs[index], timeout=ready_timeout)
+        step = period or 1
+        window_start = math.ceil((time.time() + warmup) / step) * step
         window_end = window_start + seconds
         _sleep_until(window_start)
         cpu_start = [_cpu_seconds(p.pid) for p in procs]
@@ -271,7 +296,10 @@ def run_scenario(
                 rss = _rss_mb(proc.pid)
                 if rss is not None:
                     rss_max[index] = max(rss_max[index], rss)
-            time.sleep(min(0.5, max(0.0, window_end - time.time())))
+            wake = min(window_end, time.time() + 0.5)
+            if kill_at is not None and killed_at is None:
+                wake = min(wake, window_start + kill_at)
+            time.sleep(max(0.0, wake - time.time()))
         cpu_end = [_cpu_seconds(p.pid) for p in procs]
         load_end = _loadavg()
         _sleep_until(window_end + grace)
@@ -318,6 +346,7 @@ def run_scenario(
         window_end=window_end,
         jobs=jobs,
         period=period,
+        kill_time=killed_at,
     )
     cpu = [
         (b - a) if a is not None and b is not None else None
@@ -343,7 +372,6 @@ def run_scenario(
             "logs": str(workdir),
         }
     )
-    rounds = result["rounds_run"] or 1
     result["db_xacts_per_round_lifetime"] = (
         round(
             (
@@ -356,7 +384,11 @@ def run_scenario(
         if result["rounds_total"]
         else None
     )
-    result["cpu_ms_per_round"] = round(result["cpu_s"] * 1000 / rounds, 3)
+    # No rounds in the window: no cost per round (not the CPU over a pretend one).
+    run = result["rounds_run"]
+    result["cpu_ms_per_round"] = round(result["cpu_s"] * 1000 / run, 3) if run else None
+    result["cpu_us_per_round"] = round(result["cpu_s"] * 1e6 / run) if run else None
+    result["killed_at_s"] = None if killed_at is None else round(killed_at - window_start, 2)
     return result
 
 
@@ -403,6 +435,47 @@ def _shares(by_instant: dict[int, list[int]]) -> dict[str, Any]:
     }
 
 
+def kill_phases(
+    by_instant: dict[int, list[int]],
+    seen: set[tuple[str, int]],
+    *,
+    names: list[str],
+    instants: list[int],
+    replicas: int,
+    kill_time: float,
+) -> dict[str, Any]:
+    """Split a run in which a replica was killed at ``kill_time`` (epoch seconds) around
+    the kill: the *kill instant* is the last expected instant at or before the kill (its
+    rounds may have been in flight in the killed replica), *before* are the instants
+    earlier, *after* the instants later. For each phase: the (job, instant) pairs no
+    replica started (``missed_*``), and each replica's mean rounds per instant
+    (``rounds_per_instant_*``; ``None`` for a phase without instants).
+    ``by_instant`` maps an instant to the rounds each replica started for it; ``seen``
+    holds every (job, instant) started.
+    """
+    at = max((i for i in instants if i <= kill_time), default=None)
+    phases = {
+        "before": [i for i in instants if at is not None and i < at],
+        "at_kill": [] if at is None else [at],
+        "after": [i for i in instants if at is None or i > at],
+    }
+    result: dict[str, Any] = {"kill_instant": at, "kill_after_instant_s": None}
+    if at is not None:
+        result["kill_after_instant_s"] = round(kill_time - at, 3)
+    for phase, chosen in phases.items():
+        result[f"missed_{phase}"] = sum(1 for i in chosen for n in names if (n, i) not in seen)
+        result[f"rounds_per_instant_{phase}"] = (
+            [
+                round(sum(by_instant.get(i, [0] * replicas)[r] for i in chosen) / len(chosen), 1)
+                for r in range(replicas)
+            ]
+            if chosen
+            else None
+        )
+    result["missed"] = [result[f"missed_{phase}"] for phase in phases]
+    return result
+
+
 def _analyse(
     reports: list[dict[str, Any]],
     *,
@@ -410,6 +483,7 @@ def _analyse(
     window_end: int,
     jobs: int,
     period: int | None,
+    kill_time: float | None = None,
 ) -> dict[str, Any]:
     seen: dict[tuple[str, int], int] = {}
     lateness_ms: list[float] = []
@@ -448,8 +522,28 @@ def _analyse(
         )
     total_statements = sum(statements.values())
     minutes = (window_end - window_start) / 60
+    kill = (
+        kill_phases(
+            by_instant,
+            set(seen),
+            names=names,
+            instants=instants,
+            replicas=len(reports),
+            kill_time=kill_time,
+        )
+        if kill_time is not None
+        else None
+    )
     return {
         **_shares(by_instant),
+        # Each replica's mean rounds started per expected instant of the window.
+        "rounds_per_instant": [
+            round(sum(counts[r] for counts in by_instant.values()) / len(instants), 1)
+            for r in range(len(reports))
+        ]
+        if instants
+        else None,
+        "kill": kill,
         "expected": expected,
         "rounds_run": run,
         "rounds_total": rounds_total,
@@ -479,8 +573,9 @@ def _analyse(
 def save(name: str, document: dict[str, Any], *, merge: bool = False) -> Path:
     """Write ``document`` to ``results/NAME.json``.
 
-    With ``merge``, rows of the file already there whose (implementation, replicas, jobs)
-    this run did not measure are kept (re-running one peer keeps the others' rows).
+    With ``merge``, rows of the file already there whose (implementation, replicas, jobs,
+    variant, job_ms, slots) this run did not measure are kept (re-running one peer keeps
+    the others' rows).
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
@@ -488,7 +583,10 @@ def save(name: str, document: dict[str, Any], *, merge: bool = False) -> Path:
         previous = json.loads(path.read_text()).get("results", [])
 
         def key(row: dict[str, Any]) -> tuple[Any, ...]:
-            return (row.get("implementation"), row.get("replicas"), row.get("jobs"))
+            return tuple(
+                row.get(k)
+                for k in ("implementation", "replicas", "jobs", "variant", "job_ms", "slots")
+            )
 
         fresh = {key(row) for row in document["results"]}
         kept = [row for row in previous if key(row) not in fresh]

@@ -1,7 +1,7 @@
 """Idle cost: 1,000 hourly jobs x 3 replicas for 2 minutes, no instant due.
 
 Run: ``python -m benchmarks.bench_idle [--jobs 1000] [--replicas 3] [--seconds 120]
-[--impl cronjob,apscheduler3,apscheduler4]``.
+[--impl cronjob,apscheduler3,apscheduler4,procrastinate,dbos]``.
 
 The jobs run hourly at a minute chosen 30 minutes away from now, so no round falls in
 the window: what is measured is what a scheduler costs the database (and the CPU) while
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=120)
-    parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
+    parser.add_argument("--impl", default=_harness.ALL)
     parser.add_argument(
         "--merge", action="store_true", help="keep the saved rows of schedulers not run now"
     )

@@ -1,12 +1,13 @@
 """Lateness and correctness: R replicas x J jobs firing every second for T seconds.
 
 Run: ``python -m benchmarks.bench_lateness [--jobs 20,200] [--replicas 3] [--seconds 60]
-[--impl cronjob,apscheduler3,apscheduler4] [--job-ms 50] [--slots 20]``.
+[--impl cronjob,apscheduler3,apscheduler4,procrastinate,dbos] [--job-ms 50] [--slots 20]``.
 
 ``--job-ms`` makes every round work (sleep) that long; ``--slots`` gives every scheduler
 that many threads per replica. The last columns show how the rounds of each instant were
-shared by the live replicas: the lowest and highest share of a replica in any instant, in
-% of the fair share, and the instants run by more than one replica.
+shared by the live replicas: each replica's mean rounds per instant, the lowest and
+highest share of a replica in any instant, in % of the fair share, the instants run by
+more than one replica, and those where every replica ran 80-120 % of its fair share.
 
 For each J, every scheduler named runs the same work in turn (interleaved, so a change
 in the machine's load hits them alike): rounds expected / run / duplicated / missed,
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--jobs", default="20,200")
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=60)
-    parser.add_argument("--impl", default="cronjob,apscheduler3,apscheduler4")
+    parser.add_argument("--impl", default=_harness.ALL)
     parser.add_argument("--job-ms", type=float, default=0.0, help="each round works this long")
     parser.add_argument("--slots", type=int, default=64, help="threads per replica, for all")
     parser.add_argument(

@@ -4,9 +4,11 @@
   (epoch seconds) started now (``time.time()``, the host's clock, shared by all replicas);
 - every SQL statement the process sends through SQLAlchemy (a class-wide
   ``before_cursor_execute`` listener: ``BEGIN``/``COMMIT`` are not statements there),
-  counted per wall-clock second and per kind;
+  counted per wall-clock second and per kind; a scheduler that does not use SQLAlchemy
+  (procrastinate) calls :func:`statement` from its own hook instead;
 - every connection checkout from a pool (with ``pool_pre_ping`` each one is an extra
-  ``SELECT 1`` round trip that the listener above does not see), per second.
+  ``SELECT 1`` round trip that the listener above does not see), per second
+  (:func:`checkout` for a pool that is not SQLAlchemy's).
 
 At exit (``atexit``) the process writes it all to ``$BENCH_OUT`` as JSON.
 
@@ -26,8 +28,11 @@ import threading
 import time
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import event
+try:
+    import sqlalchemy as sa
+    from sqlalchemy import event
+except ImportError:  # a peer without SQLAlchemy (procrastinate) hooks its own driver
+    sa = None  # type: ignore[assignment]
 
 JOBS = int(os.environ.get("BENCH_JOBS", "20"))
 SPEC = os.environ.get("BENCH_SPEC", "* * * * * *")
@@ -46,7 +51,9 @@ _rounds: list[tuple[str, float, float]] = []
 _statements: collections.Counter[tuple[int, str]] = collections.Counter()
 _checkouts: collections.Counter[int] = collections.Counter()
 _lock = threading.Lock()
-_COMMENT = re.compile(r"^\s*(/\*.*?\*/\s*)+", re.S)
+_COMMENT = re.compile(r"^\s*((/\*.*?\*/|--[^\n]*)\s*)+", re.S)
+_CALL = re.compile(r"\b(\w+)\s*\(")
+_BUILTINS = {"unnest", "coalesce", "count", "now", "max", "min", "exists", "any", "array", "select"}
 _WORDS = re.compile(r"\s+")
 
 
@@ -84,8 +91,12 @@ def _kind(statement: str) -> str:
         if keyword in upper:
             index = upper.index(keyword)
             if index + 1 < len(words):
-                table = words[index + 1].strip('"(').lower()
+                table = words[index + 1].strip('"(').split("(")[0].lower()
                 break
+    if verb == "SELECT" and not table:  # a stored function's call (procrastinate)
+        table = next(
+            (name.lower() for name in _CALL.findall(text) if name.lower() not in _BUILTINS), ""
+        )
     detail = ""
     if verb == "UPDATE" and "lease" in table:  # tell cronjob's lease statements apart
         if "prev_instant" in text:
@@ -99,25 +110,37 @@ def _kind(statement: str) -> str:
     return f"{verb} {table}{detail}".strip()
 
 
-def _before_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-    if statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
+def statement(text: str) -> None:
+    """Count one SQL statement sent now. ``BEGIN``/``COMMIT``/``ROLLBACK`` are not, nor
+    is an empty query: psycopg_pool's check of a connection at checkout (procrastinate's
+    pool), the round trip ``pool_pre_ping`` is for SQLAlchemy, counted as a checkout."""
+    if not text.strip() or text.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK")):
         return
-    key = (int(time.time()), _kind(statement))
+    key = (int(time.time()), _kind(text))
     with _lock:
         _statements[key] += 1
 
 
-def _checkout(*args: Any) -> None:
+def checkout(*args: Any) -> None:
+    """Count one connection checkout from a pool, now."""
     second = int(time.time())
     with _lock:
         _checkouts[second] += 1
 
 
-event.listen(sa.engine.Engine, "before_cursor_execute", _before_cursor_execute)
-event.listen(sa.pool.Pool, "checkout", _checkout)
+def _before_cursor_execute(conn: Any, cursor: Any, text: str, *args: Any) -> None:
+    statement(text)
+
+
+if sa is not None:
+    event.listen(sa.engine.Engine, "before_cursor_execute", _before_cursor_execute)
+    event.listen(sa.pool.Pool, "checkout", checkout)
 
 
 def dump() -> None:
+    """Write what was recorded to ``$BENCH_OUT`` (at exit; a worker whose scheduler may
+    take longer to stop than the harness waits also calls it when told to stop, so a
+    replica killed in its shutdown still reports the rounds of the window)."""
     if not OUT:
         return
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -4,7 +4,7 @@ by every replica (``$BENCH_DATABASE_URL``), until SIGTERM.
 Configuration (the documented multi-process setup has none: APScheduler 3 does not
 support sharing a job store between schedulers, so this is what users try):
 BackgroundScheduler, SQLAlchemyJobStore on the shared PostgreSQL database, a
-ThreadPoolExecutor of 64 threads (as cronjob's default), ``coalesce=True``,
+ThreadPoolExecutor of ``$BENCH_SLOTS`` threads (64 by default, as cronjob's), ``coalesce=True``,
 ``max_instances=1``, ``misfire_grace_time=30``, jobs added with ``replace_existing=True``
 by every replica. Run with the peer's virtualenv interpreter from the repository root.
 """
@@ -83,6 +83,7 @@ def main() -> None:
     scheduler.start()
     Path(os.environ["BENCH_OUT"] + ".ready").touch()
     stop.wait()
+    _record.dump()  # before a shutdown that may outlast the harness's wait
     scheduler.shutdown(wait=True)
 
 

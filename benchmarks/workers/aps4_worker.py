@@ -4,9 +4,10 @@ SQLAlchemyDataStore shared by every replica, until SIGTERM.
 Configuration: ``Scheduler`` (sync front end), role ``both`` (schedules and runs jobs),
 ``SQLAlchemyDataStore`` on an async SQLAlchemy engine (psycopg 3) on the shared
 PostgreSQL database, ``PsycopgEventBroker`` (LISTEN/NOTIFY on the same database) so the
-replicas wake each other, ``max_concurrent_jobs=100`` (default), the default thread-pool
-executor, schedules added by every replica with ``ConflictPolicy.do_nothing``,
-``CoalescePolicy.latest``, ``misfire_grace_time=30``. Run with the peer's virtualenv
+replicas wake each other, ``max_concurrent_jobs`` and the thread-pool executor's
+``max_workers`` both ``$BENCH_SLOTS`` (as every scheduler's slots), schedules added by
+every replica with ``ConflictPolicy.do_nothing``, ``CoalescePolicy.latest``,
+``misfire_grace_time=30``. Run with the peer's virtualenv
 interpreter from the repository root.
 """
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from apscheduler import CoalescePolicy, ConflictPolicy, Scheduler, current_job
 from apscheduler.datastores.sqlalchemy import SQLAlchemyDataStore
 from apscheduler.eventbrokers.psycopg import PsycopgEventBroker
+from apscheduler.executors.thread import ThreadPoolJobExecutor
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -35,6 +37,7 @@ def work(name: str) -> None:
     job = current_job.get()
     fire = job.scheduled_fire_time
     _record.started(name, fire.timestamp() if fire is not None else float("nan"))
+    _record.work()
 
 
 def _trigger(spec: str):  # type: ignore[no-untyped-def]
@@ -61,7 +64,13 @@ def main() -> None:
     engine = create_async_engine(os.environ["BENCH_DATABASE_URL"])
     store = SQLAlchemyDataStore(engine)
     broker = PsycopgEventBroker.from_async_sqla_engine(engine)
-    scheduler = Scheduler(store, broker, identity=_record.REPLICA)
+    scheduler = Scheduler(
+        store,
+        broker,
+        identity=_record.REPLICA,
+        max_concurrent_jobs=_record.SLOTS,
+        job_executors={"threadpool": ThreadPoolJobExecutor(max_workers=_record.SLOTS)},
+    )
     trigger = _trigger(_record.SPEC)
     stop = threading.Event()
     with scheduler:
@@ -80,6 +89,7 @@ def main() -> None:
         scheduler.start_in_background()
         Path(os.environ["BENCH_OUT"] + ".ready").touch()
         stop.wait()
+        _record.dump()  # before a shutdown that may outlast the harness's wait
         scheduler.stop()
 
 
