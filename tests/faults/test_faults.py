@@ -1248,6 +1248,7 @@ def test_pause(launched, db):
     launched.outcome("pause", db)
 
 
+@on(*ALL)
 def test_trigger(launched, db):
     launched.outcome("trigger", db)
 
