@@ -355,10 +355,12 @@ def trigger(
         now_ms = store.now_ms() if now is None else to_ms(aware(now, "now"))
         row = store.read([name]).get(name)
         targets: tuple[str | None, ...] = (None,)
-        if row is None:
-            if not store.known(name):
-                raise UnknownJob(f"no job named {name!r} is on record")
+        # A per-instance job has a row only once paused: the replicas' word decides.
+        local = name in _per_instance(store, now_ms) or (row is None and store.known(name))
+        if local:
             targets = tuple(_runners(store, name, replica, now_ms))
+        elif row is None:
+            raise UnknownJob(f"no job named {name!r} is on record")
         elif replica is not None:
             raise ValueError(
                 f"job {name!r} runs under a lease, on one replica: --replica is for "
@@ -372,7 +374,7 @@ def trigger(
                 why=Refusal.BUSY,
                 running_on=row.holder,
             )
-        elif row.paused is not None and not force:
+        if row is not None and row.paused is not None and not force:
             raise TriggerRefused(
                 f"job {name!r} is paused (by {row.paused_by}): give --force to run it "
                 "anyway; nothing was written",

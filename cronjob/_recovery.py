@@ -175,8 +175,12 @@ class Recovery:
         self._control.run(self._migrate, done)
 
     def on_database_ready(self) -> None:
-        """Catch up what start-up owes, then start sweeping (statements run in order)."""
+        """Catch up what start-up owes, then start sweeping (statements run in order).
+
+        A replica of per-instance jobs only sweeps too: the sweep puts it on record and
+        takes the requests and pauses of its jobs."""
         if not self._leased:
+            self.sweeper.begin()
             return
         leased = self._leased
         now = self._clock.now()

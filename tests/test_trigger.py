@@ -309,6 +309,20 @@ class TestPerInstance:
         with pytest.raises(ValueError, match="not a live replica"):
             admin.trigger(db_url, "local", by="ops", replica="zz", now=clock.now())
 
+    def test_a_paused_per_instance_job_runs_now_only_with_force(self, db_url, replicas, clock):
+        job = Job()
+        registry = Registry()
+        registry.register_per_instance(job, HOURLY, "local")
+        replicas(registry, "a")
+        clock.advance(1)
+        admin.pause(db_url, "local", by="ops", now=clock.now())  # it gets a lease row
+        with pytest.raises(admin.TriggerRefused, match="--force"):
+            admin.trigger(db_url, "local", by="ops", now=clock.now())
+        request = admin.trigger(db_url, "local", by="ops", force=True, now=clock.now())
+        assert request.replicas == ("a",)
+        clock.advance(15)
+        assert [(seen.replica, seen.trigger) for seen in job.seen] == [("a", Trigger.MANUAL)]
+
 
 class TestResumeCatchUp:
     def test_resume_with_catch_up_runs_the_latest_skipped_instant_once(
