@@ -16,7 +16,8 @@
   replica's jobs: a manual round under the job's lease (refused if the lease is held),
   its second run if it was cut short, a per-instance job's round asked of this replica,
   or the catch-up of an instant skipped while paused (claimed as any instant). Requests
-  older than :data:`lease.REQUEST_TTL` are marked expired instead.
+  older than :data:`lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
+  request's ``NOTIFY`` wakes the sweep at once (see :mod:`cronjob._listen`).
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
@@ -49,6 +50,7 @@ import lease
 from ._clock import Clock
 from ._control import Control
 from ._keeper import too_late
+from ._listen import Listener
 from ._state import JobState, Reason
 
 if TYPE_CHECKING:
@@ -114,6 +116,12 @@ class Sweeper:
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
         self._triggers = lease.Triggers(store)
+        # PostgreSQL tells of a request at once (NOTIFY): sweep then, not 15 s later.
+        self._listener = (
+            Listener(store.engine, lambda: post(self.sweep_now), clock)
+            if Listener.applies(store.engine, clock)
+            else None
+        )
         #: The per-instance jobs: a pause of theirs is read with each sweep.
         self._local = [name for name, state in dispatcher.states.items() if not state.job.leased]
         #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
@@ -122,6 +130,14 @@ class Sweeper:
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
         self._sweep_at = self._check_at = self._clock.monotonic()
+        if self._listener is not None:
+            self._listener.start()
+
+    def sweep_now(self) -> None:
+        """A request was written (the listener heard it): sweep at once, unless one runs
+        (it reads the requests too) or the sweep has not begun."""
+        if self._sweep_at is not None and not self._sweeping:
+            self._sweep_at = self._clock.monotonic()
 
     def next_wake(self, *, draining: bool) -> float | None:
         """When the next sweep is due (monotonic), or ``None``."""
@@ -380,9 +396,11 @@ class Sweeper:
         return last + max(1, steps) * SWEEP_EVERY
 
     def close(self) -> None:
-        """Stop watching the lease writes (the scheduler stopped)."""
+        """Stop watching the lease writes and listening (the scheduler stopped)."""
         if self._unwatch is not None:
             self._unwatch()
+        if self._listener is not None:
+            self._listener.close()
 
     # -- rows and clocks ---------------------------------------------------------------------
 

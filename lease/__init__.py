@@ -72,6 +72,7 @@ from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
 from ._trigger import REQUEST_TTL as REQUEST_TTL
+from ._trigger import TRIGGER_CHANNEL as TRIGGER_CHANNEL
 from ._trigger import TriggerRow as TriggerRow
 from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
@@ -102,6 +103,7 @@ __all__ = [
     "RoundRow",
     "Survey",
     "TABLE_NAME",
+    "TRIGGER_CHANNEL",
     "TriggerRow",
     "TriggerState",
     "Triggers",

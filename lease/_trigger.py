@@ -39,10 +39,13 @@ from ._schema import lease_table, round_table, trigger_table
 from ._store import LeaseStore, _new_token
 from ._text import check_holder
 
-__all__ = ["REQUEST_TTL", "TriggerRow", "TriggerState", "Triggers"]
+__all__ = ["REQUEST_TTL", "TRIGGER_CHANNEL", "TriggerRow", "TriggerState", "Triggers"]
 
 #: Seconds a request may wait to be taken before it expires (documented in the README).
 REQUEST_TTL: Final = 600.0
+#: On PostgreSQL, the channel a request is announced on (``NOTIFY``, with the name as the
+#: payload) when its transaction commits, so listening replicas take it at once.
+TRIGGER_CHANNEL: Final = "cronjob_trigger"
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
@@ -129,7 +132,8 @@ class Triggers:
         (``None``: any holder of the lease). Returns the requests' ids, in that order.
 
         Tells this process's watchers (:meth:`LeaseStore.watch`) after the commit, so a
-        scheduler on a fake clock takes it at its next sweep.
+        scheduler on a fake clock takes it at its next sweep; on PostgreSQL, notifies
+        :data:`TRIGGER_CHANNEL` too, so listening replicas take it at once.
         """
         check_holder(by)
         for replica in replicas:
@@ -153,6 +157,8 @@ class Triggers:
                 key = result.inserted_primary_key
                 assert key is not None
                 ids.append(int(key[0]))
+            if conn.dialect.name == "postgresql":  # delivered at the commit
+                conn.execute(sa.select(sa.func.pg_notify(TRIGGER_CHANNEL, name)))
         store._requested(name)
         return ids
 

@@ -257,6 +257,7 @@ class TestSurface:
             "RoundRow",
             "Survey",
             "TABLE_NAME",
+            "TRIGGER_CHANNEL",
             "TriggerRow",
             "TriggerState",
             "Triggers",

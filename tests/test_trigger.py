@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -351,6 +352,25 @@ class TestResumeCatchUp:
         assert change.catch_up is None
         clock.advance(60)
         assert [seen.instant for seen in job.seen] == [at(4)]
+
+
+class TestListening:
+    def test_on_postgresql_a_request_is_taken_at_once_not_at_the_next_sweep(self, postgres_url):
+        """On the system clock: the scheduler's first sweep runs as it starts, the next one
+        15 s later; the request's NOTIFY wakes a sweep in between."""
+        started = threading.Event()
+        registry = Registry()
+        registry.register(lambda ctx: started.set(), "0 0 3 * * *", "nightly")
+        with Scheduler(postgres_url, registry=registry, replica_id="a") as scheduler:
+            assert scheduler.ready
+            deadline = time.monotonic() + 10
+            while not admin.status(postgres_url).replicas:  # its first sweep is over
+                assert time.monotonic() < deadline, "the first sweep did not come"
+                time.sleep(0.01)
+            asked = time.monotonic()
+            admin.trigger(postgres_url, "nightly", by="ops")
+            assert started.wait(10), "the request waited for the next sweep"
+        assert time.monotonic() - asked < 10
 
 
 class TestStatements:
