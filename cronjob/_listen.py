@@ -43,10 +43,9 @@ class Listener:
     """Calls ``wake`` (from its own thread) whenever a request is written to ``engine``'s
     database; :meth:`close` stops it within :data:`POLL_STOP` seconds."""
 
-    def __init__(self, engine: sa.Engine, wake: Callable[[], object], clock: Clock) -> None:
+    def __init__(self, engine: sa.Engine, wake: Callable[[], object]) -> None:
         self._engine = engine
         self._wake = wake
-        self._clock = clock
         self._stop = threading.Event()
         #: A channel of this listener's own, to wake it when it should stop.
         self._own = f"cronjob_stop_{uuid.uuid4().hex[:16]}"

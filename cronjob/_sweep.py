@@ -118,7 +118,7 @@ class Sweeper:
         self._triggers = lease.Triggers(store)
         # PostgreSQL tells of a request at once (NOTIFY): sweep then, not 15 s later.
         self._listener = (
-            Listener(store.engine, lambda: post(self.sweep_now), clock)
+            Listener(store.engine, lambda: post(self.sweep_now))
             if Listener.applies(store.engine, clock)
             else None
         )
