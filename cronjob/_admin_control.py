@@ -278,7 +278,7 @@ class TriggerRequest:
     force: bool
     #: The replicas asked (a per-instance job); empty for a leased job.
     replicas: tuple[str, ...]
-    #: A round of the job is on record as running (a per-instance job: unknown).
+    #: When it expires if no replica has taken it (:data:`lease.REQUEST_TTL` on).
     expires: datetime
 
 
@@ -313,6 +313,7 @@ class RequestStatus:
 
     @property
     def succeeded(self) -> bool:
+        """Its round ran to its end and the job returned."""
         return self.outcome == "succeeded"
 
 
