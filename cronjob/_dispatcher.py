@@ -19,8 +19,9 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import lease
 
@@ -41,14 +42,17 @@ log = logging.getLogger("cronjob")
 _GRACE = timedelta(seconds=GRACE)
 
 
-@dataclass(order=True)
-class _Due:
-    """A job's next instant in the heap; stale once the job's generation moved on."""
+class _Due(NamedTuple):
+    """A job's next instant in the heap; stale once the job's generation moved on.
+
+    A tuple, ordered by ``(when, seq)`` in C (``seq`` is unique, so ``state`` is never
+    compared): the heap compares entries thousands of times per instant at scale.
+    """
 
     when: datetime
     seq: int
-    state: JobState = field(compare=False)
-    generation: int = field(compare=False)
+    state: JobState
+    generation: int
 
 
 @dataclass

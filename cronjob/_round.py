@@ -48,10 +48,10 @@ AsyncTransactionFactory = Callable[
     ["Round"], contextlib.AbstractAsyncContextManager["AsyncConnection"]
 ]
 #: Checks a round's lease inside a transaction on a connection that is not SQLAlchemy's
-#: (a framework's ORM): ``fence(dialect, fetch, final)`` hands ``fetch`` the check's
+#: (a framework's ORM): ``fence(round, dialect, fetch, final)`` hands ``fetch`` the check's
 #: statement, ``fetch`` runs it on that connection and tells whether it found a row; a
 #: lease not held raises :class:`LeaseLost`. See ``cronjob.contrib.django.fenced``.
-FenceCheck = Callable[["Dialect", Callable[["Select[int]"], bool], bool], None]
+FenceCheck = Callable[["Round", "Dialect", Callable[["Select[int]"], bool], bool], None]
 
 
 class Round:
@@ -77,6 +77,7 @@ class Round:
         "_event",
         "_fence",
         "_lock",
+        "_run",
         "_transaction",
         "_transaction_async",
         "_woken",
@@ -121,6 +122,9 @@ class Round:
         self._transaction = transaction
         self._transaction_async = transaction_async
         self._fence = fence  # None: no lease to check (a round built by make_round)
+        #: The scheduler's record of this round (its ``Run``), for the factories above:
+        #: they are made once per scheduler, not once per round.
+        self._run: object = None
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""

@@ -22,7 +22,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import lease
 
@@ -114,10 +114,15 @@ class RoundRunner:
             store=store,
             flags=flags,
         )
-        # A round queued behind busy threads does not hold a fake clock's time.
-        self._workers = Workers(
-            max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
-        )
+        # A round queued behind busy threads does not hold a fake clock's time. A clock
+        # that counts no work (the system clock) gets no hooks: the pool then skips a
+        # lock per round (see Workers.hand_over).
+        if type(clock)._work_started is Clock._work_started:
+            self._workers = Workers(max_workers, "cronjob-round")
+        else:
+            self._workers = Workers(
+                max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
+            )
         pruner = (
             None
             if history is None
@@ -129,6 +134,26 @@ class RoundRunner:
         )
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
+        # A round's fenced transactions and fence check, made once for every round: each
+        # finds its Run on the round itself (thousands of rounds a second at scale).
+        fencing = self._fencing
+
+        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
+            return fencing.transaction(cast("Run", ctx._run))
+
+        def transaction_async(
+            ctx: Round,
+        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+            return fencing.transaction_async(cast("Run", ctx._run))
+
+        def fence(
+            ctx: Round, dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool
+        ) -> None:
+            fencing.check(cast("Run", ctx._run), dialect, fetch, final=final)
+
+        self._transaction = transaction
+        self._transaction_async = transaction_async
+        self._fence = fence
 
     @property
     def max_workers(self) -> int:
@@ -150,18 +175,6 @@ class RoundRunner:
     ) -> Run:
         """Build the round of ``state``'s job for ``instant`` (not started yet); a manual
         round carries its ``request``."""
-
-        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
-            return self._fencing.transaction(run)
-
-        def transaction_async(
-            ctx: Round,
-        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-            return self._fencing.transaction_async(run)
-
-        def fence(dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool) -> None:
-            self._fencing.check(run, dialect, fetch, final=final)
-
         ctx = Round(
             name=state.job.name,
             instant=instant,
@@ -169,9 +182,9 @@ class RoundRunner:
             replica=self._replica_id,
             trace_id="",  # set by round_scope once the round's span exists
             clock=self._clock,
-            transaction=transaction,
-            transaction_async=transaction_async,
-            fence=fence,
+            transaction=self._transaction,
+            transaction_async=self._transaction_async,
+            fence=self._fence,
             trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
             requested_by=None if request is None else request.requested_by,
         )
@@ -183,6 +196,7 @@ class RoundRunner:
             renewed_at=claimed_at,
             request=request,
         )
+        ctx._run = run
         return run
 
     def submit(self, run: Run) -> Start:

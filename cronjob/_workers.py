@@ -75,7 +75,12 @@ class Workers:
         self._name = name
         self._park = park
         self._unpark = unpark
-        self._cond = threading.Condition()
+        #: Whether anyone counts work (a fake clock): without, :meth:`hand_over` has
+        #: nothing to tell, so it skips the pool's lock (the thread's next look at the
+        #: queue settles the count).
+        self._accounting = park is not _nothing or unpark is not _nothing
+        # A plain lock, not the default RLock: taken twice per round by every thread.
+        self._cond = threading.Condition(threading.Lock())
         self._pending: collections.deque[Callable[[], None]] = collections.deque()
         self._threads: list[threading.Thread] = []
         #: Threads waiting for work.
@@ -145,6 +150,8 @@ class Workers:
         Called by a work item, on its worker thread, just before it stops counting
         itself: a parked item waiting for this thread is counted from now on.
         """
+        if not self._accounting:
+            return
         with self._cond:
             if self._pending and self._parked > len(self._pending) - 1:
                 self._parked -= 1
