@@ -450,6 +450,8 @@ def _analyse(
     minutes = (window_end - window_start) / 60
     return {
         **_shares(by_instant),
+        # Rounds each replica started at each instant of the window (JSON only).
+        "rounds_by_instant": {str(k): v for k, v in sorted(by_instant.items())},
         "expected": expected,
         "rounds_run": run,
         "rounds_total": rounds_total,
