@@ -15,15 +15,14 @@ in one claim each, as before):
    only the first claim.
 
 Who is alive is learned from the lease table and the replicas' record: the replicas on
-record within :data:`RECORD_WITHIN` that run a job of ours (the sweep records each at
-start and every 15 s), and the holders of
-claims at instants within the last day (:meth:`lease.LeaseStore.holders`; two queries, at
-start and at the grace of an instant that proved the view wrong; never while the views
-agree), plus this replica. Reads that keep changing the view follow each other
-:data:`FIRST_GAP` apart (replicas starting together learn each other in a few instants,
-not one read every :data:`CHECK_GAP`: each read shows only the replicas that won some
-job lately, so views converge over several); once a read changes nothing, the gap
-doubles up to :data:`CHECK_GAP`. A replica of the
+record within :data:`RECORD_WITHIN` that run a job of ours (each one's sweep records it
+at start and every 15 s), and the holders of claims at instants within the last day
+(:meth:`lease.LeaseStore.holders`), plus this replica. One read (two queries) at start,
+then a few more while reads change the view (replicas starting together), the first
+:data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
+:data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
+every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only
+the replicas that won some row lately: views would take many reads to agree. A replica of the
 view that claimed nothing at such an instant is *suspected* (dead, draining, saturated)
 and left out until it is seen claiming a later instant. Views that disagree for a while
 (a replica that just joined, one just gone) cost nothing but spreading: a job nobody's
@@ -157,14 +156,17 @@ class Peers:
 
         def done(result: tuple[dict[str, datetime], set[str]] | BaseException) -> None:
             self._reading = False
-            # Read again only for a check (one asked for while this read ran: at once), or
-            # while some replica is suspected.
+            # Read again only for a check (one asked for while this read ran: at once),
+            # while reads still change the view (replicas starting together: a few reads
+            # FIRST_GAP, then twice as long, apart), or while some replica is suspected.
             self._read_at = self._clock.now() if self._check is not None else None
             if isinstance(result, BaseException):
                 log.warning("reading the live replicas failed: %s", result)
                 return
             holders, self._recorded = result
             self._merge(holders, since, check)
+            if self._gap < CHECK_GAP and self._read_at is None:
+                self._read_at = _after_claims(self._clock.now() + self._gap)
             if self._suspected and self._read_at is None:
                 self._read_at = _after_claims(self._clock.now() + self._recheck)
                 self._recheck = min(self._recheck * 2, RECHECK_MAX)
