@@ -117,6 +117,9 @@ class Peers:
         self._reading = False
         #: An instant whose rest this replica took: the next read tells who claimed none.
         self._check: datetime | None = None
+        #: Some instant may be shared (enough leased jobs): only then do views matter
+        #: enough for the reads while they settle.
+        self._may_share = len(self._rank) >= SPREAD_FROM * 2
         #: The last claim of this replica's share won none of it.
         self._unseen = False
 
@@ -165,7 +168,7 @@ class Peers:
                 return
             holders, self._recorded = result
             self._merge(holders, since, check)
-            if self._gap < CHECK_GAP and self._read_at is None:
+            if self._gap < CHECK_GAP and self._read_at is None and self._may_share:
                 self._read_at = _after_claims(self._clock.now() + self._gap)
             if self._suspected and self._read_at is None:
                 self._read_at = _after_claims(self._clock.now() + self._recheck)

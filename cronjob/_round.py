@@ -54,6 +54,11 @@ AsyncTransactionFactory = Callable[
 FenceCheck = Callable[["Round", "Dialect", Callable[["Select[int]"], bool], bool], None]
 
 
+#: Guards every round's cancellation and wake-up (rare, brief): one lock for all rather
+#: than one made per round, thousands a second at scale.
+_CANCEL_LOCK = threading.Lock()
+
+
 class Round:
     """What a job receives: the identity of its round and the means to stop early.
 
@@ -76,7 +81,6 @@ class Round:
         "_clock",
         "_event",
         "_fence",
-        "_lock",
         "_run",
         "_transaction",
         "_transaction_async",
@@ -118,7 +122,6 @@ class Round:
         self._event: ClockEvent | None = None
         self._woken = False
         self._cause: Cancelled | None = None
-        self._lock = threading.Lock()
         self._transaction = transaction
         self._transaction_async = transaction_async
         self._fence = fence  # None: no lease to check (a round built by make_round)
@@ -224,7 +227,7 @@ class Round:
         With ``wake=False`` only the cause is recorded; the caller wakes waiters later
         with :meth:`_wake` (after delivering an async task's cancellation).
         """
-        with self._lock:
+        with _CANCEL_LOCK:
             if self._cause is not None:
                 return False
             self._cause = cause
@@ -233,7 +236,7 @@ class Round:
         return True
 
     def _wake(self) -> None:
-        with self._lock:
+        with _CANCEL_LOCK:
             self._woken = True
             event = self._event
         if event is not None:
@@ -243,7 +246,7 @@ class Round:
         """The event :meth:`wait` waits on: set once the round is woken (cancelled)."""
         event = self._event
         if event is None:
-            with self._lock:
+            with _CANCEL_LOCK:
                 if self._event is None:
                     self._event = self._clock.event()
                     if self._woken:
