@@ -154,8 +154,12 @@ class Peers:
         def read() -> tuple[dict[str, datetime], set[str]]:
             holders = self._store.holders(since)
             records = self._store.replicas(seen_since_ms=recorded_since)
-            # Replicas on record that run some job of ours: at start, before any claim.
-            return holders, {r.holder for r in records if any(n in names for n in r.jobs)}
+            # Replicas on record that lease some job of ours: at start, before any claim.
+            return holders, {
+                r.holder
+                for r in records
+                if any(leased and n in names for n, (_spec, leased) in r.jobs.items())
+            }
 
         def done(result: tuple[dict[str, datetime], set[str]] | BaseException) -> None:
             self._reading = False
