@@ -544,6 +544,8 @@ def _analyse(
         if instants
         else None,
         "kill": kill,
+        # Rounds each replica started at each instant of the window (JSON only).
+        "rounds_by_instant": {str(k): v for k, v in sorted(by_instant.items())},
         "expected": expected,
         "rounds_run": run,
         "rounds_total": rounds_total,

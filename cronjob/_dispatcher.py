@@ -19,8 +19,9 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import lease
 
@@ -41,14 +42,17 @@ log = logging.getLogger("cronjob")
 _GRACE = timedelta(seconds=GRACE)
 
 
-@dataclass(order=True)
-class _Due:
-    """A job's next instant in the heap; stale once the job's generation moved on."""
+class _Due(NamedTuple):
+    """A job's next instant in the heap; stale once the job's generation moved on.
+
+    A tuple, ordered by ``(when, seq)`` in C (``seq`` is unique, so ``state`` is never
+    compared): the heap compares entries thousands of times per instant at scale.
+    """
 
     when: datetime
     seq: int
-    state: JobState = field(compare=False)
-    generation: int = field(compare=False)
+    state: JobState
+    generation: int
 
 
 @dataclass
@@ -78,7 +82,7 @@ class Dispatcher:
     """Owns the jobs' states, the heap of their next instants and the rounds in flight.
 
     Everything here runs on the dispatcher thread (:meth:`serve`), except
-    :meth:`post_round_ended` (through the inbox), :meth:`give_back` (on the control thread,
+    :meth:`post_rounds_ended` (through the inbox), :meth:`give_back` (on the control thread,
     once the dispatcher has gone) and the ``drained`` and ``decided`` events. The parts it
     calls (runner, keeper, recovery) are wired in by the scheduler before the thread starts.
     """
@@ -420,6 +424,8 @@ class Dispatcher:
                 if then is not None:
                     then(set(won))
             late = too_late(claimed_at, self._clock.monotonic())
+            ahead = instant > self._clock.now()
+            now_rounds: list[tuple[JobState, int | None]] = []
             for state in states:
                 claim = won.get(state.job.name)
                 if claim is not None and late:
@@ -453,19 +459,23 @@ class Dispatcher:
                         instant.isoformat(),
                         " after the database outage" if reason is Reason.OUTAGE else "",
                     )
-                start = functools.partial(
-                    self.start_round,
-                    state,
-                    instant,
-                    attempt=1,
-                    token=claim.token,
-                    claimed_at=claimed_at,
-                    reason=reason,
-                )
-                if instant > self._clock.now():  # claimed ahead: the round starts on time
+                if ahead:  # claimed ahead: the round starts on time
+                    start = functools.partial(
+                        self.start_round,
+                        state,
+                        instant,
+                        attempt=1,
+                        token=claim.token,
+                        claimed_at=claimed_at,
+                        reason=reason,
+                    )
                     self._hold(_Held(instant, start, functools.partial(self._unhold, state, claim)))
                 else:
-                    start()
+                    now_rounds.append((state, claim.token))
+            if now_rounds:
+                self.start_rounds(
+                    now_rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
+                )
 
         self._control.run(
             lambda: self._store.claim(names, instant, self._replica_id), done, self.give_back
@@ -502,28 +512,51 @@ class Dispatcher:
         ``token`` is its lease's (``None`` for a per-instance round), claimed at the
         monotonic time ``claimed_at``.
         """
-        run = self.runner.prepare(
-            state, instant, attempt=attempt, token=token, claimed_at=claimed_at, reason=reason
+        self.start_rounds(
+            [(state, token)], instant, attempt=attempt, claimed_at=claimed_at, reason=reason
         )
-        state.busy = True
-        state.run = run
-        self.runs.add(run)
-        if token is not None:
-            self.keeper.hold(run, claimed_at)
-        started = self.runner.submit(run)
-        if started is Start.STARTED:
-            self.summary.started()
-        else:
+
+    def start_rounds(
+        self,
+        rounds: list[tuple[JobState, int | None]],
+        instant: datetime,
+        *,
+        attempt: int,
+        claimed_at: float,
+        reason: Reason,
+    ) -> None:
+        """:meth:`start_round` for each ``(state, token)`` of ``rounds``, handed to the
+        worker threads together (the rounds one claim won)."""
+        runs: list[Run] = []
+        for state, token in rounds:
+            run = self.runner.prepare(
+                state, instant, attempt=attempt, token=token, claimed_at=claimed_at, reason=reason
+            )
+            state.busy = True
+            state.run = run
+            self.runs.add(run)
+            if token is not None:
+                self.keeper.hold(run, claimed_at)
+            runs.append(run)
+        for run, started in zip(runs, self.runner.submit_many(runs), strict=True):
+            if started is Start.STARTED:
+                self.summary.started()
+                continue
             run.ended = True  # it never runs
             self._forget(run)
-        if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
-            if state.run is run:
-                state.run = None
-            if token is not None:
-                self._control.run(
-                    lambda: self._store.give_back(state.job.name, token), lambda _result: None
-                )
-            self.schedule_after(state, instant)
+            if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
+                self._not_started(run, instant)
+
+    def _not_started(self, run: Run, instant: datetime) -> None:
+        """Hand on a round no thread could run: its lease back, its schedule kept."""
+        state, token = run.state, run.token
+        if state.run is run:
+            state.run = None
+        if token is not None:
+            self._control.run(
+                lambda: self._store.give_back(state.job.name, token), lambda _result: None
+            )
+        self.schedule_after(state, instant)
 
     def start_manual(
         self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float
@@ -554,9 +587,15 @@ class Dispatcher:
                 lambda _result: None,
             )
 
-    def post_round_ended(self, run: Run, ended: datetime) -> None:
-        """Tell the dispatcher thread that ``run`` ended (from the round's thread)."""
-        self._inbox.post(lambda: self.round_ended(run, ended))
+    def post_rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
+        """Tell the dispatcher thread that each ``run`` ended at its ``ended`` (from the
+        round's thread, or the finisher's), in one message."""
+        self._inbox.post(lambda: self.rounds_ended(ends))
+
+    def rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
+        """:meth:`round_ended` for each of ``ends``."""
+        for run, ended in ends:
+            self.round_ended(run, ended)
 
     def round_ended(self, run: Run, ended: datetime) -> None:
         """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant

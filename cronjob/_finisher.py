@@ -45,6 +45,8 @@ class Finisher:
         name: The thread's name.
         after_batch: Called on the thread after each batch is written, before its callbacks (the
             history's pruning, see :class:`cronjob._history.Pruner`).
+        after_callbacks: Called on the thread once every callback of a batch ran (to hand
+            their results on together).
     """
 
     def __init__(
@@ -53,9 +55,11 @@ class Finisher:
         name: str = "cronjob-finisher",
         *,
         after_batch: Callable[[], None] | None = None,
+        after_callbacks: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._after_batch = after_batch
+        self._after_callbacks = after_callbacks
         self._name = name
         self._cond = threading.Condition()
         self._pending: collections.deque[_End] = collections.deque()
@@ -106,6 +110,11 @@ class Finisher:
                     log.exception(
                         "recording the end of job %r's round: callback failed", end.ending.name
                     )
+            if self._after_callbacks is not None:
+                try:
+                    self._after_callbacks()
+                except Exception:
+                    log.exception("handing on the ends of a batch of rounds failed")
 
     def _write(self, batch: list[_End]) -> list[bool | BaseException]:
         try:

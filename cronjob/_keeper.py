@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import lease
 
@@ -85,14 +85,17 @@ def too_late(claimed_at: float, now: float) -> bool:
     return now - claimed_at >= LOST_AFTER
 
 
-@dataclass(order=True)
-class _Deadline:
-    """When ``run``'s lease counts as lost (``renewed_at`` set) or the process must end."""
+class _Deadline(NamedTuple):
+    """When ``run``'s lease counts as lost (``renewed_at`` set) or the process must end.
+
+    A tuple, ordered by ``(when, seq)`` in C (``seq`` is unique, so ``run`` is never
+    compared): the heap compares entries thousands of times per instant at scale.
+    """
 
     when: float  # monotonic
     seq: int
-    run: Run = field(compare=False)
-    renewed_at: float | None = field(compare=False)  # None: the exit deadline
+    run: Run
+    renewed_at: float | None  # None: the exit deadline
 
     def current(self) -> bool:
         """Whether the run is still in the state this deadline was set for.

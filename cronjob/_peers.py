@@ -14,10 +14,15 @@ in one claim each, as before):
    claim a job wins it and the rest find it taken. A replica alone in its view sends
    only the first claim.
 
-Who is alive is learned from the lease table, without a table of its own: the holders of
-claims at instants within the last day (:meth:`lease.LeaseStore.holders`, one query, at
-start and at the grace of an instant that proved the view wrong, at most every
-:data:`CHECK_GAP`; never while the views agree), plus this replica. A replica of the
+Who is alive is learned from the lease table and the replicas' record: the replicas on
+record within :data:`RECORD_WITHIN` that run a job of ours (each one's sweep records it
+at start and every 15 s), and the holders of claims at instants within the last day
+(:meth:`lease.LeaseStore.holders`), plus this replica. One read (two queries) at start,
+then a few more while reads change the view (replicas starting together), the first
+:data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
+:data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
+every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only
+the replicas that won some row lately: views would take many reads to agree. A replica of the
 view that claimed nothing at such an instant is *suspected* (dead, draining, saturated)
 and left out until it is seen claiming a later instant. Views that disagree for a while
 (a replica that just joined, one just gone) cost nothing but spreading: a job nobody's
@@ -57,10 +62,16 @@ SPREAD_FROM = 2
 #: The least time between two reads when instants keep proving the view wrong (a job
 #: of one's share still running elsewhere does, at every instant).
 CHECK_GAP = timedelta(seconds=5)
+#: The least time between two reads while reads keep changing the view (replicas that
+#: start or stop together): views converge within a few instants.
+FIRST_GAP = timedelta(seconds=1)
 #: While some replica is suspected, the holders are read again after CHECK_GAP, then
 #: after twice as long each time, up to this: a suspected replica that claims again (it
 #: was only slow) is dealt back in, though nothing else would make this one read.
 RECHECK_MAX = timedelta(minutes=5)
+#: A replica put on record (``cronjob_replica``, by its sweep every 15 s and at start)
+#: within this long is counted as alive, unless suspected, even before it wins a claim.
+RECORD_WITHIN = timedelta(seconds=60)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
 
@@ -90,6 +101,9 @@ class Peers:
         self.view: tuple[str, ...] = (replica_id,)
         #: The latest instant each replica was seen claiming.
         self._seen: dict[str, datetime] = {}
+        #: Replicas put on record (the sweep's record) within RECORD_WITHIN, with a job of
+        #: ours: counted alive before they claim anything (replicas starting together).
+        self._recorded: set[str] = set()
         #: Replicas that claimed nothing at an instant, with it: left out until seen later.
         self._suspected: dict[str, datetime] = {}
         #: When to read next, on the wall clock (like instants, exact to the microsecond).
@@ -97,9 +111,15 @@ class Peers:
         self._last_read: datetime | None = None
         #: The wait before the next read while some replica is suspected.
         self._recheck = CHECK_GAP
+        #: The least time from the last read to one a check asks for: FIRST_GAP while
+        #: reads change the view, doubled after each that did not, up to CHECK_GAP.
+        self._gap = FIRST_GAP
         self._reading = False
         #: An instant whose rest this replica took: the next read tells who claimed none.
         self._check: datetime | None = None
+        #: Some instant may be shared (enough leased jobs): only then do views matter
+        #: enough for the reads while they settle.
+        self._may_share = len(self._rank) >= SPREAD_FROM * 2
         #: The last claim of this replica's share won none of it.
         self._unseen = False
 
@@ -128,20 +148,37 @@ class Peers:
         since = now - SEEN_WITHIN
         check, self._check = self._check, None
 
-        def done(result: dict[str, datetime] | BaseException) -> None:
+        recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
+        names = self._rank.keys()
+
+        def read() -> tuple[dict[str, datetime], set[str]]:
+            holders = self._store.holders(since)
+            records = self._store.replicas(seen_since_ms=recorded_since)
+            # Replicas on record that lease some job of ours: at start, before any claim.
+            return holders, {
+                r.holder
+                for r in records
+                if any(leased and n in names for n, (_spec, leased) in r.jobs.items())
+            }
+
+        def done(result: tuple[dict[str, datetime], set[str]] | BaseException) -> None:
             self._reading = False
-            # Read again only for a check (one asked for while this read ran: at once), or
-            # while some replica is suspected.
+            # Read again only for a check (one asked for while this read ran: at once),
+            # while reads still change the view (replicas starting together: a few reads
+            # FIRST_GAP, then twice as long, apart), or while some replica is suspected.
             self._read_at = self._clock.now() if self._check is not None else None
             if isinstance(result, BaseException):
                 log.warning("reading the live replicas failed: %s", result)
                 return
-            self._merge(result, since, check)
+            holders, self._recorded = result
+            self._merge(holders, since, check)
+            if self._gap < CHECK_GAP and self._read_at is None and self._may_share:
+                self._read_at = _after_claims(self._clock.now() + self._gap)
             if self._suspected and self._read_at is None:
                 self._read_at = _after_claims(self._clock.now() + self._recheck)
                 self._recheck = min(self._recheck * 2, RECHECK_MAX)
 
-        self._control.run(lambda: self._store.holders(since), done)
+        self._control.run(read, done)
 
     def _merge(self, holders: dict[str, datetime], since: datetime, check: datetime | None) -> None:
         """Add what a read found: each row keeps only its latest claim, so a replica whose
@@ -182,7 +219,9 @@ class Peers:
         for replica, instant in list(self._suspected.items()):
             if self._seen.get(replica, instant) > instant:
                 del self._suspected[replica]  # it claims again
-        view = tuple(sorted({self._replica_id} | (self._seen.keys() - self._suspected.keys())))
+        alive = self._seen.keys() | self._recorded
+        view = tuple(sorted({self._replica_id} | (alive - self._suspected.keys())))
+        self._gap = FIRST_GAP if view != self.view else min(self._gap * 2, CHECK_GAP)
         if view != self.view:
             log.debug("replica %s: live replicas %s", self._replica_id, ", ".join(view))
             self.view = view
@@ -241,7 +280,7 @@ class Peers:
         self._check = instant
         at = instant + _GRACE
         if self._last_read is not None:
-            at = max(at, _after_claims(self._last_read + CHECK_GAP))
+            at = max(at, _after_claims(self._last_read + self._gap))
         if self._read_at is None or at < self._read_at:
             self._read_at = at
 

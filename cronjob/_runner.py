@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import contextvars
 import enum
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import lease
 
@@ -35,7 +36,7 @@ from ._loop import OwnLoop
 from ._round import Outcome, Round, Trigger, classify, iter_own_errors
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
-from ._workers import NoWorkerThread, Workers, WorkersClosed
+from ._workers import Workers, WorkersClosed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -68,8 +69,9 @@ class RoundRunner:
         engine: The scheduler's engine (fenced transactions).
         store: The lease store (ends, give-backs).
         flags: The scheduler's life flags: after a crash nothing is recorded.
-        ended: Called (from the round's thread) with a round whose end is settled and the
-            clock time it ended; it posts the end to the dispatcher.
+        ended: Called with ``(run, ended)`` pairs, rounds whose end is settled and the
+            clock time each ended (from the round's thread, or the finisher's for a batch
+            of ends written together); it posts them to the dispatcher.
         max_workers: Threads for sync rounds.
         loop: The asyncio loop for async rounds; ``None`` to start one of our own when
             ``needs_loop``.
@@ -90,7 +92,7 @@ class RoundRunner:
         engine: Engine,
         store: lease.LeaseStore,
         flags: Flags,
-        ended: Callable[[Run, datetime], None],
+        ended: Callable[[list[tuple[Run, datetime]]], None],
         max_workers: int,
         loop: asyncio.AbstractEventLoop | None,
         needs_loop: bool,
@@ -114,10 +116,15 @@ class RoundRunner:
             store=store,
             flags=flags,
         )
-        # A round queued behind busy threads does not hold a fake clock's time.
-        self._workers = Workers(
-            max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
-        )
+        # A round queued behind busy threads does not hold a fake clock's time. A clock
+        # that counts no work (the system clock) gets no hooks: the pool then skips a
+        # lock per round (see Workers.hand_over).
+        if type(clock)._work_started is Clock._work_started:
+            self._workers = Workers(max_workers, "cronjob-round")
+        else:
+            self._workers = Workers(
+                max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
+            )
         pruner = (
             None
             if history is None
@@ -125,10 +132,35 @@ class RoundRunner:
         )
         # Ends of rounds that end together: batched; the history pruned in their wake.
         self._finisher = Finisher(
-            store, after_batch=None if pruner is None else pruner.maybe_prune
+            store,
+            after_batch=None if pruner is None else pruner.maybe_prune,
+            after_callbacks=self._hand_on_ends,
         )
+        #: Ends the finisher recorded in its current batch, handed on together once its
+        #: callbacks ran (finisher thread only): one inbox message per batch, not per end.
+        self._recorded: list[tuple[Run, datetime]] = []
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
+        # A round's fenced transactions and fence check, made once for every round: each
+        # finds its Run on the round itself (thousands of rounds a second at scale).
+        fencing = self._fencing
+
+        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
+            return fencing.transaction(cast("Run", ctx._run))
+
+        def transaction_async(
+            ctx: Round,
+        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+            return fencing.transaction_async(cast("Run", ctx._run))
+
+        def fence(
+            ctx: Round, dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool
+        ) -> None:
+            fencing.check(cast("Run", ctx._run), dialect, fetch, final=final)
+
+        self._transaction = transaction
+        self._transaction_async = transaction_async
+        self._fence = fence
 
     @property
     def max_workers(self) -> int:
@@ -150,18 +182,6 @@ class RoundRunner:
     ) -> Run:
         """Build the round of ``state``'s job for ``instant`` (not started yet); a manual
         round carries its ``request``."""
-
-        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
-            return self._fencing.transaction(run)
-
-        def transaction_async(
-            ctx: Round,
-        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-            return self._fencing.transaction_async(run)
-
-        def fence(dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool) -> None:
-            self._fencing.check(run, dialect, fetch, final=final)
-
         ctx = Round(
             name=state.job.name,
             instant=instant,
@@ -169,9 +189,9 @@ class RoundRunner:
             replica=self._replica_id,
             trace_id="",  # set by round_scope once the round's span exists
             clock=self._clock,
-            transaction=transaction,
-            transaction_async=transaction_async,
-            fence=fence,
+            transaction=self._transaction,
+            transaction_async=self._transaction_async,
+            fence=self._fence,
             trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
             requested_by=None if request is None else request.requested_by,
         )
@@ -183,6 +203,7 @@ class RoundRunner:
             renewed_at=claimed_at,
             request=request,
         )
+        ctx._run = run
         return run
 
     def submit(self, run: Run) -> Start:
@@ -194,27 +215,58 @@ class RoundRunner:
             :attr:`Start.NO_THREAD` (logged) if no thread could be started and none is
             alive: the round will never run, and the caller hands its lease back.
         """
-        self._clock._work_started()
-        try:
-            if run.state.job.is_async:
-                assert self._loop is not None
+        return self.submit_many([run])[0]
+
+    def submit_many(self, runs: list[Run]) -> list[Start]:
+        """:meth:`submit` each of ``runs``; the sync ones handed to the worker threads in
+        one go (the rounds of an instant start together). Returns what became of each."""
+        starts: list[Start] = []
+        sync: list[Run] = []
+        for run in runs:
+            self._clock._work_started()
+            if not run.state.job.is_async:
+                sync.append(run)
+                starts.append(Start.STARTED)
+                continue
+            assert self._loop is not None
+            try:
                 asyncio.run_coroutine_threadsafe(self._round_async(run), self._loop)
+            except RuntimeError:  # the loop was shut down meanwhile
+                self._clock._work_finished()
+                starts.append(Start.SHUT_DOWN)
             else:
-                self._workers.submit(lambda: self._round_sync(run))
-        except NoWorkerThread as exc:
+                starts.append(Start.STARTED)
+        if not sync:
+            return starts
+        outcomes: list[Exception | None]
+        try:
+            outcomes = [
+                *self._workers.submit_many(
+                    [functools.partial(self._round_sync, run) for run in sync]
+                )
+            ]
+        except WorkersClosed:  # shut down meanwhile
+            outcomes = [WorkersClosed()] * len(sync)  # the same for each
+        failed = {id(run): outcome for run, outcome in zip(sync, outcomes, strict=True) if outcome}
+        if not failed:
+            return starts
+        for i, run in enumerate(runs):
+            error = failed.get(id(run))
+            if error is None:
+                continue
             self._clock._work_finished()
+            if isinstance(error, WorkersClosed):
+                starts[i] = Start.SHUT_DOWN
+                continue
             log.error(
                 "job %r: the round of %s is not started: no worker thread could be started (%s)%s",
                 run.ctx.name,
                 run.ctx.instant.isoformat(),
-                exc.__cause__ or exc,
+                error.__cause__ or error,
                 "; its lease is given back, so it runs again" if run.token is not None else "",
             )
-            return Start.NO_THREAD
-        except (WorkersClosed, RuntimeError):  # executor or loop shut down meanwhile
-            self._clock._work_finished()
-            return Start.SHUT_DOWN
-        return Start.STARTED
+            starts[i] = Start.NO_THREAD
+        return starts
 
     def cancel(self, run: Run, cause: LeaseLost | Shutdown) -> None:
         """Cancel ``run``'s round; an async round's task is cancelled too.
@@ -341,7 +393,7 @@ class RoundRunner:
             handed = self._settle_end(run, error, scope, ended)
         finally:
             if not handed:
-                self._ended(run, ended)
+                self._ended([(run, ended)])
 
     def _settle_end(
         self, run: Run, error: BaseException | None, scope: RoundScope | None, ended: datetime
@@ -445,6 +497,9 @@ class RoundRunner:
         context = contextvars.copy_context()  # the round's: its log lines keep its trace id
 
         def then(result: bool | BaseException) -> None:
+            if result is True:  # the common case: handed on with the batch, still counted
+                self._recorded.append((run, ended))
+                return
             with self._clock._tracked():
                 context.run(after, result)
 
@@ -455,13 +510,26 @@ class RoundRunner:
                 log.warning(
                     "round of %s: its end is not on record (the lease is gone)", _where(run.ctx)
                 )
-            self._ended(run, ended)
+            self._ended([(run, ended)])
 
         self._clock._work_started()
         try:
             self._finisher.finish_later(ending, then)
         except RuntimeError:  # stopped meanwhile: the end is not recorded
             then(False)
+
+    def _hand_on_ends(self) -> None:
+        """Post the ends the finisher's last batch recorded, in one message; then each
+        stops being counted as work (after the post: a fake clock never sees them
+        neither running nor posted)."""
+        recorded, self._recorded = self._recorded, []
+        if not recorded:
+            return
+        try:
+            self._ended(recorded)
+        finally:
+            for _ in recorded:
+                self._clock._work_finished()
 
     def _record_end(self, run: Run, e: lease.Ending, outcome: Outcome) -> bool:
         """Give back the lease of a round cut short (ends that ran go to the finisher);

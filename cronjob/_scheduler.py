@@ -327,7 +327,7 @@ class Scheduler:
             engine=engine,
             store=store,
             flags=flags,
-            ended=lambda run, at: dispatcher.post_round_ended(run, at),
+            ended=dispatcher.post_rounds_ended,
             max_workers=self._max_workers,
             loop=self._given_loop,
             needs_loop=any(job.is_async for job in jobs),

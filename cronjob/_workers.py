@@ -75,7 +75,12 @@ class Workers:
         self._name = name
         self._park = park
         self._unpark = unpark
-        self._cond = threading.Condition()
+        #: Whether anyone counts work (a fake clock): without, :meth:`hand_over` has
+        #: nothing to tell, so it skips the pool's lock (the thread's next look at the
+        #: queue settles the count).
+        self._accounting = park is not _nothing or unpark is not _nothing
+        # A plain lock, not the default RLock: taken twice per round by every thread.
+        self._cond = threading.Condition(threading.Lock())
         self._pending: collections.deque[Callable[[], None]] = collections.deque()
         self._threads: list[threading.Thread] = []
         #: Threads waiting for work.
@@ -104,40 +109,70 @@ class Workers:
                 not run.
         """
         with self._cond:
+            self._queue(work)
+
+    def submit_many(self, works: list[Callable[[], None]]) -> list[NoWorkerThread | None]:
+        """:meth:`submit` each of ``works`` in order, taking the pool's lock once.
+
+        Thousands of rounds of one instant are started together: one lock for all of them
+        instead of one each, which the worker threads taking the first of them contend for.
+
+        Returns:
+            For each item, ``None`` (queued) or the :class:`NoWorkerThread` that
+            withdrew it.
+
+        Raises:
+            WorkersClosed: the pool has been shut down (none of ``works`` was queued).
+        """
+        outcomes: list[NoWorkerThread | None] = []
+        with self._cond:
             if self._closed:
                 raise WorkersClosed(f"{self._name}: the worker pool is shut down")
-            self._pending.append(work)
-            takers = self._idle + self._starting
-            if len(self._pending) - self._parked <= takers:
-                self._cond.notify()
-                return
-            if len(self._threads) < self._max:
-                thread = threading.Thread(
-                    target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
-                )
+            for work in works:
                 try:
-                    thread.start()
-                except RuntimeError as exc:  # the OS refuses another thread
-                    self._threads = [t for t in self._threads if t.is_alive()]
-                    if not self._threads:
-                        self._pending.remove(work)
-                        raise NoWorkerThread(
-                            f"{self._name}: no worker thread could be started ({exc}) "
-                            "and none is running"
-                        ) from exc
-                    log.error(
-                        "%s: starting a worker thread failed (%s): the work waits for one of "
-                        "the %d running",
-                        self._name,
-                        exc,
-                        len(self._threads),
-                    )
+                    self._queue(work)
+                except NoWorkerThread as exc:
+                    outcomes.append(exc)
                 else:
-                    self._threads.append(thread)
-                    self._starting += 1
-                    return
-            self._parked += 1
-            self._park()
+                    outcomes.append(None)
+        return outcomes
+
+    def _queue(self, work: Callable[[], None]) -> None:
+        """:meth:`submit` with the pool's lock held."""
+        if self._closed:
+            raise WorkersClosed(f"{self._name}: the worker pool is shut down")
+        self._pending.append(work)
+        takers = self._idle + self._starting
+        if len(self._pending) - self._parked <= takers:
+            self._cond.notify()
+            return
+        if len(self._threads) < self._max:
+            thread = threading.Thread(
+                target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # the OS refuses another thread
+                self._threads = [t for t in self._threads if t.is_alive()]
+                if not self._threads:
+                    self._pending.remove(work)
+                    raise NoWorkerThread(
+                        f"{self._name}: no worker thread could be started ({exc}) "
+                        "and none is running"
+                    ) from exc
+                log.error(
+                    "%s: starting a worker thread failed (%s): the work waits for one of "
+                    "the %d running",
+                    self._name,
+                    exc,
+                    len(self._threads),
+                )
+            else:
+                self._threads.append(thread)
+                self._starting += 1
+                return
+        self._parked += 1
+        self._park()
 
     def hand_over(self) -> None:
         """Count the item this worker thread takes next, before its current one ends.
@@ -145,6 +180,8 @@ class Workers:
         Called by a work item, on its worker thread, just before it stops counting
         itself: a parked item waiting for this thread is counted from now on.
         """
+        if not self._accounting:
+            return
         with self._cond:
             if self._pending and self._parked > len(self._pending) - 1:
                 self._parked -= 1

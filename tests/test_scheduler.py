@@ -226,6 +226,23 @@ class TestSpreading:
         assert len(pairs) == len(set(pairs))  # no instant ran twice
         assert all(r.attempt == 1 for r in recorder.rounds)
 
+    def test_replicas_started_together_share_fairly_within_seconds(
+        self, replicas, clock, recorder
+    ):
+        """Views converge in a few instants: each counts the replicas on record from its
+        first read, and reads a second apart while reads change the view."""
+        registry = self._registry(recorder)
+        for replica in "abc":
+            replicas(registry, replica)
+        clock.advance(5)
+        since = clock.now()
+        clock.advance(10)
+        per = self._per_instant(recorder, since)
+        assert len(per) == 10
+        for instant, counts in sorted(per.items()):
+            assert sorted(counts) == ["a", "b", "c"], instant
+            assert all(8 <= n <= 12 for n in counts.values()), (instant, counts)
+
     @pytest.mark.parametrize("leave", ["crash", "drain"])
     def test_a_dead_or_draining_replicas_share_is_taken_in_the_same_instant(
         self, replicas, clock, recorder, leave

@@ -73,7 +73,7 @@ def _check(ctx: Round, connection: Any, *, final: bool) -> None:
             cursor.execute(str(compiled), params)
             return cursor.fetchone() is not None
 
-    fence(dialect, fetch, final)
+    fence(ctx, dialect, fetch, final)
 
 
 def _dialect(vendor: str) -> Dialect:
