@@ -345,6 +345,10 @@ class Sweeper:
         """A lease write in this process (any thread): keep the held leases; a give-back,
         or a lease held that may expire earlier, moves a suspended sweep."""
         if write.kind is lease.WriteKind.REQUESTED:
+            # Counted as a give-back: a sweep in flight that read before the request
+            # must not suspend on it (see _suspend).
+            with self._lock:
+                self._given_back += 1
             if self._suspended:
                 self._post(self._resume)
             return
