@@ -40,6 +40,8 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger("cronjob")
 
 _GRACE = timedelta(seconds=GRACE)
+#: Rounds of one claim handed to the worker threads at a time (see start_rounds).
+START_BATCH = 128
 
 
 class _Due(NamedTuple):
@@ -526,26 +528,33 @@ class Dispatcher:
         reason: Reason,
     ) -> None:
         """:meth:`start_round` for each ``(state, token)`` of ``rounds``, handed to the
-        worker threads together (the rounds one claim won)."""
-        runs: list[Run] = []
-        for state, token in rounds:
-            run = self.runner.prepare(
-                state, instant, attempt=attempt, token=token, claimed_at=claimed_at, reason=reason
-            )
-            state.busy = True
-            state.run = run
-            self.runs.add(run)
-            if token is not None:
-                self.keeper.hold(run, claimed_at)
-            runs.append(run)
-        for run, started in zip(runs, self.runner.submit_many(runs), strict=True):
-            if started is Start.STARTED:
-                self.summary.started()
-                continue
-            run.ended = True  # it never runs
-            self._forget(run)
-            if started is Start.NO_THREAD:  # it will never run: hand it on, keep the schedule
-                self._not_started(run, instant)
+        worker threads :data:`START_BATCH` at a time (the rounds one claim won): one lock
+        per batch, and the first rounds run while the next are built."""
+        for first in range(0, len(rounds), START_BATCH):
+            runs: list[Run] = []
+            for state, token in rounds[first : first + START_BATCH]:
+                run = self.runner.prepare(
+                    state,
+                    instant,
+                    attempt=attempt,
+                    token=token,
+                    claimed_at=claimed_at,
+                    reason=reason,
+                )
+                state.busy = True
+                state.run = run
+                self.runs.add(run)
+                if token is not None:
+                    self.keeper.hold(run, claimed_at)
+                runs.append(run)
+            for run, started in zip(runs, self.runner.submit_many(runs), strict=True):
+                if started is Start.STARTED:
+                    self.summary.started()
+                    continue
+                run.ended = True  # it never runs
+                self._forget(run)
+                if started is Start.NO_THREAD:  # it will never run: hand it on
+                    self._not_started(run, instant)
 
     def _not_started(self, run: Run, instant: datetime) -> None:
         """Hand on a round no thread could run: its lease back, its schedule kept."""
