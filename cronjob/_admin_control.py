@@ -212,6 +212,14 @@ def _per_instance(store: lease.LeaseStore, now_ms: int) -> set[str]:
     return {name for r in live for name, (_spec, leased) in r.jobs.items() if not leased}
 
 
+def _registered(store: lease.LeaseStore, name: str, now_ms: int) -> tuple[bool, bool]:
+    """Whether a live replica registers ``name`` per instance, and whether one registers
+    it leased."""
+    live = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+    kinds = {r.jobs[name][1] for r in live if name in r.jobs}
+    return False in kinds, True in kinds
+
+
 def _skipped(row: lease.LeaseRow | None, now_ms: int) -> datetime | None:
     """The latest instant of ``row``'s spec skipped while it was paused, within the
     catch-up day and not claimed; ``None`` if there is none (or no spec on record)."""
@@ -356,18 +364,20 @@ def trigger(
         now_ms = store.now_ms() if now is None else to_ms(aware(now, "now"))
         row = store.read([name]).get(name)
         targets: tuple[str | None, ...] = (None,)
-        # A per-instance job has a row only once paused: the replicas' word decides.
-        local = name in _per_instance(store, now_ms) or (row is None and store.known(name))
+        # A per-instance job has a row only once paused, a leased one only once its
+        # replica's start wrote it: the live replicas' word decides.
+        local, leased = _registered(store, name, now_ms)
+        local = local or (row is None and not leased and store.known(name))
         if local:
             targets = tuple(_runners(store, name, replica, now_ms))
-        elif row is None:
+        elif row is None and not leased:
             raise UnknownJob(f"no job named {name!r} is on record")
         elif replica is not None:
             raise ValueError(
                 f"job {name!r} runs under a lease, on one replica: --replica is for "
                 "per-instance jobs; nothing was written"
             )
-        elif row.expires_ms is not None and row.expires_ms > now_ms:
+        elif row is not None and row.expires_ms is not None and row.expires_ms > now_ms:
             raise TriggerRefused(
                 f"a round of {name!r} is running on {row.holder} (its lease is held): "
                 "a round now would overlap it; nothing was written",

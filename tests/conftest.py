@@ -198,3 +198,12 @@ def replicas(
     for scheduler in started:
         with contextlib.suppress(Exception):
             scheduler.stop()
+
+
+def lease_row(url: str, name: str) -> lease.LeaseRow:
+    """The lease row of ``name`` as the store reads it, on a short-lived engine."""
+    engine = lease.create_engine(url)
+    try:
+        return lease.LeaseStore(engine).read([name])[name]
+    finally:
+        engine.dispose()

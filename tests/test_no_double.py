@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from conftest import lease_row
 
 import cronjob
 import lease
@@ -75,13 +76,6 @@ class Rounds:
 def clock() -> FakeClock:
     return FakeClock(START)
 
-
-def lease_row(url: str, name: str) -> lease.LeaseRow:
-    engine = lease.create_engine(url)
-    try:
-        return lease.LeaseStore(engine).read([name])[name]
-    finally:
-        engine.dispose()
 
 
 class TestWallClockStepped:

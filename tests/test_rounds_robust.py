@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from conftest import lease_row
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 import cronjob
@@ -63,13 +64,6 @@ def clock() -> FakeClock:
 def rounds(clock: FakeClock) -> Rounds:
     return Rounds(clock)
 
-
-def lease_row(url: str, name: str) -> lease.LeaseRow:
-    engine = lease.create_engine(url)
-    try:
-        return lease.LeaseStore(engine).read([name])[name]
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture

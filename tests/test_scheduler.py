@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from conftest import lease_row
 
 import cronjob
 import lease
@@ -123,13 +124,6 @@ def replicas(url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
         with contextlib.suppress(Exception):
             scheduler.stop()
 
-
-def lease_row(url: str, name: str) -> lease.LeaseRow:
-    engine = lease.create_engine(url)
-    try:
-        return lease.LeaseStore(engine).read([name])[name]
-    finally:
-        engine.dispose()
 
 
 def execute(url: str, statement: str, **params) -> None:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from conftest import lease_row
 
 import cronjob
 import lease
@@ -87,13 +88,6 @@ def cluster(replicas: Callable[..., Scheduler], spec: str = HOURLY, **jobs: Job)
     replicas(registry, "b")
     return registry
 
-
-def lease_row(url: str, name: str) -> lease.LeaseRow:
-    engine = lease.create_engine(url)
-    try:
-        return lease.LeaseStore(engine).read([name])[name]
-    finally:
-        engine.dispose()
 
 
 def request_rows(url: str) -> int:
@@ -198,6 +192,7 @@ class TestRunNow:
         registry = Registry()
         registry.register(job, HOURLY, "slow")
         first = replicas(registry, "a")
+        clock.advance(0)  # its start-up has written the lease row and put it on record
         request = admin.trigger(db_url, "slow", by="ops", now=clock.now())
         clock.advance(15)
         assert [(seen.replica, seen.attempt) for seen in job.manual()] == [("a", 1)]
