@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--instants", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--workers", type=int, default=None, help="max_workers (default 64)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
 
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         threading.Thread.run = profiled  # type: ignore[method-assign]
 
     try:
-        with cronjob.Scheduler(url, registry=registry, replica_id="profile"):
+        options: dict[str, Any] = {} if args.workers is None else {"max_workers": args.workers}
+        with cronjob.Scheduler(url, registry=registry, replica_id="profile", **options):
             # Warm up through one instant, then measure whole instants.
             time.sleep(10 - time.time() % 10 + 10 + 1)
             start_cpu, start_rounds = time.process_time(), rounds

@@ -9,6 +9,13 @@ or two statements per round; when thousands of
 rounds of one instant end together, their ends share a few statements, and the round
 workers never queue behind the database to record them.
 
+While rounds still wait for a worker thread (the ``hold`` predicate: thousands of rounds
+of one instant starting), the finisher holds the ends back, for at most
+:data:`HOLD_LIMIT` seconds on its clock or until :data:`BATCH_LIMIT` wait: the workers
+run the queued rounds without the finisher taking the interpreter from them for a
+statement every dozen ends, and the instant's ends share a few large batches instead of
+hundreds of small ones. A round that ends while no round waits is written at once.
+
 A batch that fails (a deadlock with a renewal, say) is written again one end at a time,
 so one bad batch does not leave rounds without their end on record.
 """
@@ -23,12 +30,17 @@ from dataclasses import dataclass
 
 import lease
 
+from ._clock import Clock
+
 __all__ = ["Finisher"]
 
 log = logging.getLogger("cronjob")
 
 #: The most ends written in one transaction.
 BATCH_LIMIT = 5_000
+
+#: The longest an end is held back while rounds wait for a worker thread (clock seconds).
+HOLD_LIMIT = 0.1
 
 
 @dataclass(eq=False)
@@ -47,6 +59,11 @@ class Finisher:
             history's pruning, see :class:`cronjob._history.Pruner`).
         after_callbacks: Called on the thread once every callback of a batch ran (to hand
             their results on together).
+        hold: While it returns ``True`` (rounds wait for a worker thread), ends are held
+            back, up to :data:`HOLD_LIMIT` on ``clock``; :meth:`poke` when it turns
+            ``False``. ``None`` writes every end at once (a clock that counts work in
+            progress: a fake clock's ``advance`` must never wait on a hold).
+        clock: The clock ``hold`` waits on; needed with ``hold``.
     """
 
     def __init__(
@@ -56,8 +73,17 @@ class Finisher:
         *,
         after_batch: Callable[[], None] | None = None,
         after_callbacks: Callable[[], None] | None = None,
+        hold: Callable[[], bool] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        if hold is not None and clock is None:
+            raise ValueError("a finisher that holds ends back needs a clock")
         self._store = store
+        self._hold = hold
+        self._clock = clock
+        #: Set when a held batch should go now: nothing waits for a thread any more, the
+        #: batch is full, or the finisher closes.
+        self._release = None if clock is None else clock.event()
         self._after_batch = after_batch
         self._after_callbacks = after_callbacks
         self._name = name
@@ -82,12 +108,34 @@ class Finisher:
                 raise RuntimeError(f"{self._name}: the finisher is closed")
             self._pending.append(_End(ending, then))
             self._cond.notify()
+            full = len(self._pending) >= BATCH_LIMIT
+        if full:
+            self.poke()
+
+    def poke(self) -> None:
+        """Write the ends held back now (``hold`` has turned ``False``)."""
+        if self._release is not None:
+            self._release.set()
 
     def close(self) -> None:
         """Refuse new ends; the thread ends once those waiting are written."""
         with self._cond:
             self._closed = True
             self._cond.notify()
+        self.poke()
+
+    def _held(self) -> None:
+        """Wait, while ``hold`` says so, for more ends to join the batch (bounded)."""
+        if self._hold is None or self._release is None or self._clock is None:
+            return
+        deadline = self._clock.monotonic() + HOLD_LIMIT
+        while not self._closed and len(self._pending) < BATCH_LIMIT:
+            self._release.clear()
+            if not self._hold():  # after the clear: a poke from now on is seen
+                return
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0 or not self._release.wait(remaining):
+                return
 
     def _serve(self) -> None:
         while True:
@@ -96,6 +144,8 @@ class Finisher:
                     self._cond.wait()
                 if not self._pending:
                     return
+            self._held()
+            with self._cond:
                 count = min(len(self._pending), BATCH_LIMIT)
                 batch = [self._pending.popleft() for _ in range(count)]
             outcomes = self._write(batch)

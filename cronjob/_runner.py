@@ -116,26 +116,31 @@ class RoundRunner:
             store=store,
             flags=flags,
         )
-        # A round queued behind busy threads does not hold a fake clock's time. A clock
-        # that counts no work (the system clock) gets no hooks: the pool then skips a
-        # lock per round (see Workers.hand_over).
-        if type(clock)._work_started is Clock._work_started:
-            self._workers = Workers(max_workers, "cronjob-round")
-        else:
-            self._workers = Workers(
-                max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
-            )
         pruner = (
             None
             if history is None
             else Pruner(store=store, clock=clock, holder=replica_id, history=history)
         )
+        counts_work = type(clock)._work_started is not Clock._work_started
         # Ends of rounds that end together: batched; the history pruned in their wake.
+        # While rounds wait for a thread, ends are held back to share a batch; never on
+        # a clock that counts work (a fake clock's advance() would wait on the hold).
         self._finisher = Finisher(
             store,
             after_batch=None if pruner is None else pruner.maybe_prune,
             after_callbacks=self._hand_on_ends,
+            hold=None if counts_work else lambda: self._workers.queued,
+            clock=clock,
         )
+        # A round queued behind busy threads does not hold a fake clock's time. A clock
+        # that counts no work (the system clock) gets no hooks: the pool then skips a
+        # lock per round (see Workers.hand_over).
+        if counts_work:
+            self._workers = Workers(
+                max_workers, "cronjob-round", park=clock._work_finished, unpark=clock._work_started
+            )
+        else:
+            self._workers = Workers(max_workers, "cronjob-round", drained=self._finisher.poke)
         #: Ends the finisher recorded in its current batch, handed on together once its
         #: callbacks ran (finisher thread only): one inbox message per batch, not per end.
         self._recorded: list[tuple[Run, datetime]] = []

@@ -59,6 +59,8 @@ class Workers:
         park: Called (under the pool's lock) when a submitted item is queued with no
             thread free to take it; its work accounting is suspended.
         unpark: Called (under the pool's lock) when a parked item is about to be taken.
+        drained: Called (outside the pool's lock) by the thread that takes the last
+            queued item: nothing waits for a thread any more (see :attr:`queued`).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Workers:
         *,
         park: Callable[[], None] = _nothing,
         unpark: Callable[[], None] = _nothing,
+        drained: Callable[[], None] = _nothing,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
@@ -75,6 +78,7 @@ class Workers:
         self._name = name
         self._park = park
         self._unpark = unpark
+        self._drained = drained
         #: Whether anyone counts work (a fake clock): without, :meth:`hand_over` has
         #: nothing to tell, so it skips the pool's lock (the thread's next look at the
         #: queue settles the count).
@@ -95,6 +99,11 @@ class Workers:
     def max_workers(self) -> int:
         """The most threads that run submitted work at once."""
         return self._max
+
+    @property
+    def queued(self) -> bool:
+        """Whether submitted work waits for a thread (read without the pool's lock)."""
+        return bool(self._pending)
 
     def submit(self, work: Callable[[], None]) -> None:
         """Queue ``work`` to run on a worker thread.
@@ -225,6 +234,9 @@ class Workers:
                 if self._parked > len(self._pending):  # not counted by hand_over
                     self._parked -= 1
                     self._unpark()
+                drained = not self._pending
+            if drained:
+                self._drained()
             try:
                 work()
             except Exception:  # a worker never dies of its work: the next item waits

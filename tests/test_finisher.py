@@ -1,0 +1,148 @@
+"""The finisher: ends held back while rounds wait for a thread, and never for long."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import lease
+from cronjob._finisher import HOLD_LIMIT, Finisher
+from cronjob._workers import Workers
+from cronjob.testing import FakeClock
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[lease.LeaseStore]:
+    engine = lease.create_engine(sqlite_url)
+    lease.migrate(engine)
+    yield lease.LeaseStore(engine, clock=lambda: T0, claim_ahead=None)
+    engine.dispose()
+
+
+class Ends:
+    """Ends handed to a finisher, and the outcomes its callbacks report."""
+
+    def __init__(self, store: lease.LeaseStore, names: list[str]) -> None:
+        store.ensure(names)
+        self.claims = {c.name: c for c in store.claim(names, T0, "r1")}
+        self.outcomes: dict[str, bool | BaseException] = {}
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def hand(self, finisher: Finisher, name: str) -> None:
+        ending = lease.Ending(
+            name=name, token=self.claims[name].token, ended=T0 + timedelta(seconds=1)
+        )
+        finisher.finish_later(ending, lambda outcome: self._then(name, outcome))
+
+    def _then(self, name: str, outcome: bool | BaseException) -> None:
+        with self._lock:
+            self.outcomes[name] = outcome
+            if len(self.outcomes) == len(self.claims):
+                self.done.set()
+
+
+def held(clock: FakeClock) -> None:
+    """Wait (real time, bounded) until the finisher waits on the clock: it holds ends."""
+    deadline = time.monotonic() + 10
+    while not clock._timers:
+        assert time.monotonic() < deadline, "the finisher never held the ends back"
+        time.sleep(0.001)
+
+
+class TestHold:
+    def test_ends_are_written_at_once_when_no_round_waits(self, store):
+        clock = FakeClock(T0)
+        ends = Ends(store, ["a", "b"])
+        finisher = Finisher(store, hold=lambda: False, clock=clock)
+        ends.hand(finisher, "a")
+        ends.hand(finisher, "b")
+        assert ends.done.wait(10)  # fake time never moved
+        assert ends.outcomes == {"a": True, "b": True}
+        assert clock._timers == []
+        finisher.close()
+
+    def test_ends_wait_while_rounds_wait_and_go_when_poked(self, store):
+        clock = FakeClock(T0)
+        waiting = [True]
+        ends = Ends(store, ["a", "b", "c"])
+        finisher = Finisher(store, hold=lambda: waiting[0], clock=clock)
+        ends.hand(finisher, "a")
+        held(clock)
+        ends.hand(finisher, "b")
+        ends.hand(finisher, "c")
+        assert ends.outcomes == {}
+        assert store.read(["a"])["a"].state is lease.LeaseState.RUNNING
+        waiting[0] = False
+        finisher.poke()  # the workers took the last queued round
+        assert ends.done.wait(10)
+        assert ends.outcomes == {"a": True, "b": True, "c": True}
+        rows = store.read(["a", "b", "c"])
+        assert {row.state for row in rows.values()} == {lease.LeaseState.DONE}
+        finisher.close()
+
+    def test_a_held_end_is_written_after_the_hold_limit_even_if_rounds_still_wait(self, store):
+        clock = FakeClock(T0)
+        ends = Ends(store, ["a"])
+        finisher = Finisher(store, hold=lambda: True, clock=clock)
+        ends.hand(finisher, "a")
+        held(clock)
+        clock.advance(HOLD_LIMIT / 2)
+        assert ends.outcomes == {}
+        clock.advance(HOLD_LIMIT / 2)
+        assert ends.done.wait(10)
+        assert ends.outcomes == {"a": True}
+        finisher.close()
+
+    def test_a_full_batch_is_not_held(self, store, monkeypatch):
+        monkeypatch.setattr("cronjob._finisher.BATCH_LIMIT", 2)
+        clock = FakeClock(T0)
+        ends = Ends(store, ["a", "b"])
+        finisher = Finisher(store, hold=lambda: True, clock=clock)
+        ends.hand(finisher, "a")
+        held(clock)
+        ends.hand(finisher, "b")  # the second end fills the batch
+        assert ends.done.wait(10)
+        assert ends.outcomes == {"a": True, "b": True}
+        finisher.close()
+
+    def test_closing_writes_the_held_ends(self, store):
+        clock = FakeClock(T0)
+        ends = Ends(store, ["a"])
+        finisher = Finisher(store, hold=lambda: True, clock=clock)
+        ends.hand(finisher, "a")
+        held(clock)
+        finisher.close()
+        assert ends.done.wait(10)
+        assert ends.outcomes == {"a": True}
+
+    def test_a_hold_needs_a_clock(self, store):
+        with pytest.raises(ValueError, match="needs a clock"):
+            Finisher(store, hold=lambda: True)
+
+
+def test_the_pool_says_when_nothing_waits_for_a_thread_any_more():
+    """``drained`` is called each time a thread takes the last queued item."""
+    seen: list[bool] = []  # pool.queued as each call found it
+    running, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        running.set()
+        release.wait(10)
+
+    pool = Workers(1, "pool", drained=lambda: seen.append(pool.queued))
+    pool.submit(first)
+    assert running.wait(10)
+    assert seen == [False]  # the thread took the only queued item
+    pool.submit(lambda: None)  # waits for the one thread
+    assert pool.queued
+    assert seen == [False]
+    release.set()
+    assert pool.shutdown(wait=10)
+    assert seen == [False, False]
