@@ -230,11 +230,15 @@ class Dispatcher:
 
     # -- the heap -------------------------------------------------------------------------
 
-    def schedule_after(self, state: JobState, after: datetime) -> None:
-        """Put ``state``'s job back in the heap at its first instant after ``after``."""
+    def schedule_after(
+        self, state: JobState, after: datetime, *, when: datetime | None = None
+    ) -> None:
+        """Put ``state``'s job back in the heap at its first instant after ``after``
+        (``when``, if the caller knows it already)."""
         state.busy = False
         state.generation += 1
-        when = state.job.schedule.next(after)
+        if when is None:
+            when = state.job.schedule.next(after)
         if when is None:
             log.warning(
                 "job %r has no instant after %s: it will not run again", state.job.name, after
@@ -617,7 +621,15 @@ class Dispatcher:
             state.run = None
         self.summary.ended(run.outcome, self._clock.monotonic())
         if not self._flags.stopped:
-            state.metrics.overrun(state.job.schedule, run.started_at or run.ctx.instant, ended)
+            schedule = state.job.schedule
+            started = run.started_at or run.ctx.instant
+            first = schedule.next(started)
+            if first is not None and started <= ended < first:
+                # The common case, no instant overrun: the first instant after the start
+                # is the first after the end too (one schedule step per round, not two).
+                self.schedule_after(state, ended, when=first)
+                return
+            state.metrics.overrun(schedule, started, ended)
             self.schedule_after(state, ended)
 
     def _forget(self, run: Run) -> None:
