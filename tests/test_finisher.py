@@ -56,6 +56,20 @@ def held(clock: FakeClock) -> None:
         time.sleep(0.001)
 
 
+def holding(
+    store: lease.LeaseStore, names: list[str], hold: list[bool] | None = None
+) -> tuple[FakeClock, Ends, Finisher]:
+    """A finisher told rounds wait (while ``hold[0]``, default always), handed the end
+    of ``names[0]``, once it holds it back."""
+    clock = FakeClock(T0)
+    ends = Ends(store, names)
+    waiting = [True] if hold is None else hold
+    finisher = Finisher(store, hold=lambda: waiting[0], clock=clock)
+    ends.hand(finisher, names[0])
+    held(clock)
+    return clock, ends, finisher
+
+
 class TestHold:
     def test_ends_are_written_at_once_when_no_round_waits(self, store):
         clock = FakeClock(T0)
@@ -69,12 +83,8 @@ class TestHold:
         finisher.close()
 
     def test_ends_wait_while_rounds_wait_and_go_when_poked(self, store):
-        clock = FakeClock(T0)
         waiting = [True]
-        ends = Ends(store, ["a", "b", "c"])
-        finisher = Finisher(store, hold=lambda: waiting[0], clock=clock)
-        ends.hand(finisher, "a")
-        held(clock)
+        _, ends, finisher = holding(store, ["a", "b", "c"], waiting)
         ends.hand(finisher, "b")
         ends.hand(finisher, "c")
         assert ends.outcomes == {}
@@ -88,11 +98,7 @@ class TestHold:
         finisher.close()
 
     def test_a_held_end_is_written_after_the_hold_limit_even_if_rounds_still_wait(self, store):
-        clock = FakeClock(T0)
-        ends = Ends(store, ["a"])
-        finisher = Finisher(store, hold=lambda: True, clock=clock)
-        ends.hand(finisher, "a")
-        held(clock)
+        clock, ends, finisher = holding(store, ["a"])
         clock.advance(HOLD_LIMIT / 2)
         assert ends.outcomes == {}
         clock.advance(HOLD_LIMIT / 2)
@@ -102,22 +108,14 @@ class TestHold:
 
     def test_a_full_batch_is_not_held(self, store, monkeypatch):
         monkeypatch.setattr("cronjob._finisher.BATCH_LIMIT", 2)
-        clock = FakeClock(T0)
-        ends = Ends(store, ["a", "b"])
-        finisher = Finisher(store, hold=lambda: True, clock=clock)
-        ends.hand(finisher, "a")
-        held(clock)
+        _, ends, finisher = holding(store, ["a", "b"])
         ends.hand(finisher, "b")  # the second end fills the batch
         assert ends.done.wait(10)
         assert ends.outcomes == {"a": True, "b": True}
         finisher.close()
 
     def test_closing_writes_the_held_ends(self, store):
-        clock = FakeClock(T0)
-        ends = Ends(store, ["a"])
-        finisher = Finisher(store, hold=lambda: True, clock=clock)
-        ends.hand(finisher, "a")
-        held(clock)
+        _, ends, finisher = holding(store, ["a"])
         finisher.close()
         assert ends.done.wait(10)
         assert ends.outcomes == {"a": True}
