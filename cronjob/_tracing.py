@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from types import TracebackType
+import contextlib
+from collections.abc import Iterator
 
 from opentelemetry.trace import TracerProvider
 
@@ -31,7 +32,14 @@ class RoundScope:
             self._work.span.set_attribute("cronjob.cause", f"{type(error).__name__}: {error}")
 
 
-class round_scope:  # used as a function: ``with round_scope(...) as scope``
+@contextlib.contextmanager
+def round_scope(
+    ctx: Round,
+    replica: str,
+    tracer_provider: TracerProvider | None = None,
+    *,
+    reason: str = "schedule",
+) -> Iterator[RoundScope]:
     """Run the block as the round's unit of work and give ``ctx`` its trace id.
 
     The root span is named ``cronjob <job>`` and carries the job, the instant, the
@@ -39,46 +47,20 @@ class round_scope:  # used as a function: ``with round_scope(...) as scope``
     ``catch-up``, ``catch-up after an outage``, ``re-run``); spans the job opens are its
     children, and every log record and (instrumented) SQL statement made inside carries
     the job name and trace id.
-
-    A context manager object over :class:`execctx.WorkScope`, not a generator: entered
-    once per round, thousands of times a second at scale.
     """
-
-    __slots__ = ("_ctx", "_scope")
-
-    def __init__(
-        self,
-        ctx: Round,
-        replica: str,
-        tracer_provider: TracerProvider | None = None,
-        *,
-        reason: str = "schedule",
-    ) -> None:
-        attributes: dict[str, str | int | bool] = {
-            "cronjob.job": ctx.name,
-            "cronjob.instant": ctx.instant.isoformat(),
-            "cronjob.attempt": ctx.attempt,
-            "cronjob.replica": replica,
-            "cronjob.reason": reason,
-        }
-        self._ctx = ctx
-        self._scope = execctx.WorkScope(
-            KIND,
-            ctx.name,
-            attributes=attributes,
-            span_name=f"cronjob {ctx.name}",
-            tracer_provider=tracer_provider,
-        )
-
-    def __enter__(self) -> RoundScope:
-        w = self._scope.__enter__()
-        self._ctx.trace_id = w.unit.trace_id
-        return RoundScope(w)
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._scope.__exit__(kind, error, traceback)
+    attributes: dict[str, str | int | bool] = {
+        "cronjob.job": ctx.name,
+        "cronjob.instant": ctx.instant.isoformat(),
+        "cronjob.attempt": ctx.attempt,
+        "cronjob.replica": replica,
+        "cronjob.reason": reason,
+    }
+    with execctx.work(
+        KIND,
+        ctx.name,
+        attributes=attributes,
+        span_name=f"cronjob {ctx.name}",
+        tracer_provider=tracer_provider,
+    ) as w:
+        ctx.trace_id = w.unit.trace_id
+        yield RoundScope(w)

@@ -21,13 +21,11 @@ from ._logging import install_log_filter as install_log_filter
 from ._sql import instrument as instrument
 from ._sql import uninstrument as uninstrument
 from ._tracing import Work as Work
-from ._tracing import WorkScope as WorkScope
 from ._tracing import work as work
 
 __all__ = [
     "LogFilter",
     "Work",
-    "WorkScope",
     "WorkUnit",
     "add_context",
     "current",

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -14,7 +13,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
 from ._context import WorkUnit, _reset_current, _set_current
 
-__all__ = ["Work", "WorkScope", "work"]
+__all__ = ["Work", "work"]
 
 #: Instrumentation scope of every span this package starts.
 TRACER_NAME = "execctx"
@@ -120,77 +119,37 @@ def work(
     Raises:
         ValueError, TypeError: on entry, as :class:`WorkUnit` does for bad values.
     """
-    scope = WorkScope(kind, name, attributes, span_name, parent, tracer_provider)
-    handle = scope.__enter__()
+    # Built (and so validated) before the span starts, so bad values leave no open span.
+    unit = WorkUnit(kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {})
+    span = _tracer(tracer_provider).start_span(
+        span_name or f"{kind} {name}",
+        context=parent if parent is not None else otel_context.Context(),
+        attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+    span_context = span.get_span_context()
+    if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
+        unit = dataclasses.replace(
+            unit,
+            trace_id=trace.format_trace_id(span_context.trace_id),
+            span_id=trace.format_span_id(span_context.span_id),
+        )
+    handle = Work(unit, span)
+    escaped: BaseException | None = None
+    token = _set_current(handle.unit)
     try:
-        yield handle
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            yield handle
     except BaseException as exc:  # recorded, never swallowed
-        scope.__exit__(type(exc), exc, exc.__traceback__)
+        escaped = exc
         raise
-    scope.__exit__(None, None, None)
-
-
-class WorkScope:
-    """:func:`work` as a plain context manager object, for callers that enter thousands
-    of units a second (a scheduler's rounds): no generator frames, and the root span made
-    current by attaching it to the OpenTelemetry context directly (what
-    ``trace.use_span`` does, without its exception handling, which :func:`work` turns
-    off). Same arguments, same behaviour; entered once.
-    """
-
-    __slots__ = ("_args", "_otel_token", "_token", "handle")
-
-    def __init__(
-        self,
-        kind: str,
-        name: str,
-        attributes: Mapping[str, str | int | bool] | None = None,
-        span_name: str | None = None,
-        parent: otel_context.Context | None = None,
-        tracer_provider: TracerProvider | None = None,
-    ) -> None:
-        self._args = (kind, name, attributes, span_name, parent, tracer_provider)
-
-    def __enter__(self) -> Work:
-        kind, name, attributes, span_name, parent, tracer_provider = self._args
-        # Built (and so validated) before the span starts, so bad values leave no open span.
-        unit = WorkUnit(
-            kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {}
-        )
-        span = _tracer(tracer_provider).start_span(
-            span_name or f"{kind} {name}",
-            context=parent if parent is not None else otel_context.Context(),
-            attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
-            record_exception=False,
-            set_status_on_exception=False,
-        )
-        span_context = span.get_span_context()
-        if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
-            unit = dataclasses.replace(
-                unit,
-                trace_id=trace.format_trace_id(span_context.trace_id),
-                span_id=trace.format_span_id(span_context.span_id),
-            )
-        self.handle = Work(unit, span)
-        self._token = _set_current(unit)
-        self._otel_token = otel_context.attach(trace.set_span_in_context(span))
-        return self.handle
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        escaped: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        handle = self.handle
+    finally:
         try:
-            otel_context.detach(self._otel_token)
+            handle._finish(escaped)
         finally:
-            try:
-                handle._finish(escaped)
-            finally:
-                handle.span.end()
-                _reset_current(self._token)
+            span.end()
+            _reset_current(token)
 
 
 #: This package's tracer from the global provider: as ``trace.get_tracer`` at module

@@ -453,22 +453,10 @@ class TestStructlogProcessor:
 
 
 class TestSurface:
-    def test_a_work_scope_object_is_the_same_unit_as_work(self):
-        scope = execctx.WorkScope("round", "job-a", attributes={"attempt": 2})
-        assert execctx.current() is None
-        with pytest.raises(RuntimeError, match="boom"), scope as w:
-            assert execctx.current() is w.unit
-            assert w.unit.kind == "round" and w.unit.attributes == {"attempt": 2}
-            raise RuntimeError("boom")
-        assert execctx.current() is None  # restored, the error re-raised, not swallowed
-        with pytest.raises(RuntimeError, match="already ended"):
-            w.set_outcome("late")
-
     def test_the_public_names_are_pinned_and_name_the_public_module(self):
         assert execctx.__all__ == [
             "LogFilter",
             "Work",
-            "WorkScope",
             "WorkUnit",
             "add_context",
             "current",
