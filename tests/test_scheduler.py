@@ -8,12 +8,11 @@ recorded. Nothing sleeps in real time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -85,17 +84,10 @@ class Recorder:
         return sorted(r.instant for r in self.rounds if name in (None, r.name))
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("mysql", marks=pytest.mark.mysql),
-    ]
-)
-def url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'jobs.sqlite'}"
-    return request.getfixturevalue(f"{request.param}_url")
+@pytest.fixture
+def url(db_url: str) -> str:
+    """Each database in turn (``db_url``), as this module's tests name it."""
+    return db_url
 
 
 @pytest.fixture
@@ -106,24 +98,6 @@ def clock() -> FakeClock:
 @pytest.fixture
 def recorder(clock: FakeClock) -> Recorder:
     return Recorder(clock)
-
-
-@pytest.fixture
-def replicas(url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    """Start replicas on the shared clock and database; stop whatever is left at the end."""
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str, **options) -> Scheduler:
-        scheduler = Scheduler(url, registry=registry, clock=clock, replica_id=replica_id, **options)
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        with contextlib.suppress(Exception):
-            scheduler.stop()
-
 
 
 def execute(url: str, statement: str, **params) -> None:
