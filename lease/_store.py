@@ -362,10 +362,9 @@ class LeaseStore:
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
         self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
-        #: The claim's statement, by whether the clock is given (see _claim_statement),
-        #: and the RETURNING forms of such prebuilt statements.
-        self._claim_statements: dict[bool, sa.Update] = {}
-        self._returning: dict[int, sa.Update] = {}  # by id: kept alive by _claim_statements
+        #: The claim's statement and its RETURNING form, by whether the clock is given
+        #: (see _claim_statement).
+        self._claim_statements: dict[bool, tuple[sa.Update, sa.Update]] = {}
         if not event.contains(engine, "checkout", _unbind_for_others):
             event.listen(engine, "checkout", _unbind_for_others)
 
@@ -686,7 +685,7 @@ class LeaseStore:
     def _claim(self, wanted: list[str], epoch: int, holder: str) -> list[Claim]:
         token = _new_token()
         now_ms = self._clock_ms()
-        stmt = self._claim_statement(given_clock=now_ms is not None)
+        stmt, returning = self._claim_statement(given_clock=now_ms is not None)
         params: dict[str, Any] = {
             "claim_names": wanted,
             "claim_epoch": epoch,
@@ -700,7 +699,13 @@ class LeaseStore:
             params["claim_now"] = now_ms
         with translate_errors("claim leases"), self._transaction() as conn:
             rows = self._update_returning(
-                conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name.in_(wanted), **params
+                conn,
+                stmt,
+                _CLAIM_COLUMNS,
+                _t.c.token == token,
+                _t.c.name.in_(wanted),
+                returning=returning,
+                **params,
             )
             # Before the commit: a claimer that waited on these rows sees who took them.
             self._held([(row["name"], token) for row in rows], now_ms, epoch)
@@ -708,11 +713,12 @@ class LeaseStore:
         claims = [_claim_from(row, superseding=True) for row in rows]
         return sorted(claims, key=lambda claim: order.get(claim.name, len(order)))
 
-    def _claim_statement(self, *, given_clock: bool) -> sa.Update:
+    def _claim_statement(self, *, given_clock: bool) -> tuple[sa.Update, sa.Update]:
         """The claim's UPDATE, built once per store (and clock kind): every value is a
         bind parameter (``claim_*``), so an instant's claim neither builds the statement
         nor computes its cache key again (SQLAlchemy memoizes it on the object): about
         half a millisecond of CPU per claim, in the path from the instant to the rounds.
+        Returns the statement and its ``RETURNING`` form.
         """
         cached = self._claim_statements.get(given_clock)
         if cached is not None:
@@ -749,10 +755,9 @@ class LeaseStore:
                 (_t.c.last_start_ms, now),
             )
         )
-        self._claim_statements[given_clock] = stmt
-        if self._engine.dialect.update_returning:
-            self._returning[id(stmt)] = stmt.returning(*_CLAIM_COLUMNS)
-        return stmt
+        built = (stmt, stmt.returning(*_CLAIM_COLUMNS))
+        self._claim_statements[given_clock] = built
+        return built
 
     def claim_rerun(self, name: str, instant: datetime, holder: str) -> Claim | None:
         """Claim the second run (attempt 2) of ``instant``, a round cut short.
@@ -1414,6 +1419,7 @@ class LeaseStore:
         stmt: sa.Update,
         columns: Sequence[sa.ColumnElement[Any]],
         *written: sa.ColumnElement[bool],
+        returning: sa.Update | None = None,
         **params: Any,
     ) -> list[RowMapping]:
         """Run ``stmt`` (with bind ``params``) and return ``columns`` of the rows it
@@ -1421,10 +1427,9 @@ class LeaseStore:
 
         ``written`` must select exactly those rows once the UPDATE has run, within the
         same transaction; it is used only where the dialect lacks UPDATE ... RETURNING.
-        A prebuilt statement's ``RETURNING`` form is prebuilt too (``_returning``).
+        A prebuilt statement passes its prebuilt ``returning`` form too.
         """
         if conn.dialect.update_returning:
-            returning = self._returning.get(id(stmt))
             if returning is None:
                 returning = stmt.returning(*columns)
             return list(conn.execute(returning, params).mappings())
