@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -62,9 +63,16 @@ class Pruner:
     """Prunes the history when it is this replica's turn (asked by the finisher thread)."""
 
     def __init__(
-        self, *, store: lease.LeaseStore, clock: Clock, holder: str, history: History
+        self,
+        *,
+        store: lease.LeaseStore,
+        clock: Clock,
+        holder: str,
+        history: History,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         self._store = store
+        self._stopped = stopped
         self._clock = clock
         self._holder = holder
         self._history = history
@@ -74,7 +82,15 @@ class Pruner:
     def maybe_prune(self) -> None:
         """Take this hour's turn, if not tried yet, and prune if it is ours, on a thread of
         its own (the ranking of a large history takes seconds, which the ends of rounds
-        must not wait for). Never raises."""
+        must not wait for). Never raises.
+
+        Not once the scheduler has stopped (``stopped``): the ends of rounds that outlive
+        a drain are still written, but a prune begun then would race the engine's
+        disposal (its thread waiting out the pool's timeout for a connection); another
+        replica, or the next start, takes the turn.
+        """
+        if self._stopped():
+            return
         now = self._clock.now()
         turn = int(now.timestamp()) // PRUNE_EVERY
         if turn == self._last_turn:

@@ -119,7 +119,13 @@ class RoundRunner:
         pruner = (
             None
             if history is None
-            else Pruner(store=store, clock=clock, holder=replica_id, history=history)
+            else Pruner(
+                store=store,
+                clock=clock,
+                holder=replica_id,
+                history=history,
+                stopped=lambda: flags.stopped,
+            )
         )
         counts_work = type(clock)._work_started is not Clock._work_started
         # Ends of rounds that end together: batched; the history pruned in their wake.
