@@ -29,6 +29,7 @@ from ._clock import Clock
 from ._control import Control, Inbox
 from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, too_late
+from ._lead import LEAD_MAX, ClaimLead
 from ._peers import GRACE, Peers
 from ._recovery import Recovery
 from ._runner import RoundRunner, Start
@@ -59,20 +60,24 @@ class _Due(NamedTuple):
 
 @dataclass
 class _Rest:
-    """The jobs of an instant in other replicas' shares, claimed after the grace if
-    they left them unclaimed."""
+    """Jobs of an instant claimed later than this replica's share: the other replicas'
+    shares, after the grace, if they left them unclaimed (and jobs of this replica's
+    share its claim sent ahead did not win); or, ``whole``, an instant too small to
+    share, claimed whole at the instant itself."""
 
-    #: When to claim them: the instant plus the grace, on the wall clock like the instant.
+    #: When to claim them: on the wall clock like the instant.
     at: datetime
     instant: datetime
     states: list[JobState]
     #: Put off once already because every worker thread was busy.
     deferred: bool = False
+    #: A small instant claimed whole (see Dispatcher._fire_due), not others' shares.
+    whole: bool = False
 
 
 @dataclass
 class _Held:
-    """Rounds won ahead of their instant (see :attr:`Peers.lead`), started at it."""
+    """Rounds won ahead of their instant (see :meth:`Dispatcher.lead`), started at it."""
 
     instant: datetime
     start: Callable[[], None]
@@ -121,6 +126,8 @@ class Dispatcher:
         self._rest: list[_Rest] = []
         #: Rounds won ahead of their instant, in order, started when it comes.
         self._held: list[_Held] = []
+        #: How long this replica's claims take: they go out that much ahead of an instant.
+        self.claim_lead = ClaimLead()
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         #: The rounds in flight on this replica.
@@ -213,7 +220,7 @@ class Dispatcher:
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
         if self._heap and not self.draining and not self.recovery.catch_up_pending:
-            timeouts.append((self._heap[0].when - now).total_seconds() - self.peers.lead)
+            timeouts.append((self._heap[0].when - now).total_seconds() - self.lead())
         if self._held and not self.draining:
             timeouts.append((self._held[0].instant - now).total_seconds())
         parts = [self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()]
@@ -263,10 +270,17 @@ class Dispatcher:
                     state, instant, attempt=1, token=None, claimed_at=mono, reason=Reason.START
                 )
 
+    def lead(self) -> float:
+        """Seconds ahead of an instant its share's claim goes out: as long as claims take
+        (see ``_lead``); while this replica needs to be seen by the others (see
+        :attr:`Peers.lead`), ahead of any replica's claims. Every round still starts at
+        its instant."""
+        if self.peers.lead:
+            return LEAD_MAX + self.peers.lead
+        return self.claim_lead.seconds
+
     def _fire_due(self, now: datetime, mono: float) -> None:
-        # Claims go out `lead` ahead of their instant while this replica needs to be seen
-        # by the others (see Peers.lead); every round still starts at its instant.
-        horizon = now + timedelta(seconds=self.peers.lead)
+        horizon = now + timedelta(seconds=self.lead())
         # Counted before this wake's rounds start: rounds of one instant share the threads.
         saturated = bool(self._heap) and self._heap[0].when <= horizon and self._workers_saturated()
         due: dict[datetime, list[JobState]] = {}
@@ -310,40 +324,90 @@ class Dispatcher:
             # Too few to share: claimed whole, the first to claim wins, as without peers.
             mine, rest = shares if shares is not None else (states, [])
             if rest:
-                bisect.insort(
-                    self._rest, _Rest(instant + _GRACE, instant, rest), key=lambda r: r.at
-                )
+                self._add_rest(_Rest(instant + _GRACE, instant, rest))
             if saturated:
                 mine = self._refuse_sync(instant, mine)
-            if mine:
-                then = functools.partial(
-                    self.peers.claimed_share, instant, mine, whole=shares is None
-                )
-                self.claim(instant, mine, then=then)
+            if not mine:
+                continue
+            if shares is None:
+                # Not ahead by the claims' lead: every replica claims these, and one whose
+                # claim finds the lease still held by the round before (ending before the
+                # instant) would otherwise have lost the instant if that round's replica
+                # then stops. Ahead only to be seen (see Peers.lead), as before.
+                at = instant - timedelta(seconds=self.peers.lead)
+                if at > now:
+                    self._add_rest(_Rest(at, instant, mine, whole=True))
+                    continue
+                self.claim(instant, mine, then=self._claimed_whole(instant, mine))
+                continue
+            self.claim(
+                instant,
+                mine,
+                then=self._claimed_share(instant, mine, mono),
+                lost_later=instant > now,
+            )
+
+    def _claimed_share(
+        self, instant: datetime, mine: list[JobState], woke: float
+    ) -> Callable[[set[str]], None]:
+        """What to do when the claim of this replica's share of ``instant``, sent on the
+        wake at monotonic ``woke``, answered: learn how long claims take, tell peers."""
+
+        def then(won: set[str]) -> None:
+            self.claim_lead.took(self._clock.monotonic() - woke)
+            self.peers.claimed_share(instant, mine, won, whole=False)
+
+        return then
+
+    def _claimed_whole(self, instant: datetime, mine: list[JobState]) -> Callable[[set[str]], None]:
+        return functools.partial(self.peers.claimed_share, instant, mine, whole=True)
+
+    def _add_rest(self, rest: _Rest) -> None:
+        bisect.insort(self._rest, rest, key=lambda r: r.at)
+
+    def _claim_later(self, instant: datetime, lost: list[JobState]) -> bool:
+        """Add ``lost`` (jobs of this replica's share whose claim, sent ahead of
+        ``instant``, did not win them) to the rest of ``instant``: a lease still held
+        by the round before, ending before the instant, is free by then. ``False`` if
+        that claim has gone out already (the others' claims covered them then)."""
+        for rest in self._rest:
+            if rest.instant == instant and not rest.whole and not rest.deferred:
+                rest.states.extend(lost)
+                return True
+        if instant + _GRACE <= self._clock.now():
+            return False
+        self._add_rest(_Rest(instant + _GRACE, instant, lost))
+        return True
 
     def _hold(self, held: _Held) -> None:
         bisect.insort(self._held, held, key=lambda h: h.instant)
 
-    def _unhold(self, state: JobState, claim: lease.Claim) -> None:
-        self.hand_back(claim)
-        self.schedule_after(state, claim.instant)
+    def _unhold(self, won: list[tuple[JobState, lease.Claim]]) -> None:
+        """Draining before the instant of rounds won ahead: hand each on, as a round cut
+        short (another replica's sweep runs it; see :meth:`hand_back`)."""
+        for state, claim in won:
+            self.hand_back(claim)
+            self.schedule_after(state, claim.instant)
 
     def _start_held(self, now: datetime) -> None:
         while self._held and self._held[0].instant <= now:
             self._held.pop(0).start()
 
     def _claim_rest(self, now: datetime) -> None:
-        """Claim, once their grace passed, the jobs other replicas left unclaimed."""
+        """Claim, once their grace passed, the jobs other replicas left unclaimed (and
+        small instants, whole, at their instant)."""
         while self._rest and self._rest[0].at <= now:
             rest = self._rest.pop(0)
             states = rest.states
+            if rest.whole:
+                self.claim(rest.instant, states, then=self._claimed_whole(rest.instant, states))
+                continue
             sync = [state for state in states if not state.job.is_async]
             if sync and not rest.deferred and self._workers_saturated():
                 # Every thread is busy: let replicas with free threads take the sync jobs
                 # first, and take what they leave one grace later. Left alone, a job in
                 # nobody's share (views that disagree) would miss its instant.
-                later = _Rest(rest.at + _GRACE, rest.instant, sync, deferred=True)
-                bisect.insort(self._rest, later, key=lambda r: r.at)
+                self._add_rest(_Rest(rest.at + _GRACE, rest.instant, sync, deferred=True))
                 states = [state for state in states if state.job.is_async]
             if states:
                 then = functools.partial(self.peers.claimed_rest, rest.instant)
@@ -399,6 +463,7 @@ class Dispatcher:
         *,
         reason: Reason = Reason.SCHEDULE,
         then: Callable[[set[str]], None] | None = None,
+        lost_later: bool = False,
     ) -> None:
         """Claim ``instant`` for ``states`` in one statement, then start what was won
         (a round won ahead of its instant starts at the instant).
@@ -406,6 +471,8 @@ class Dispatcher:
         ``then`` is told the names won, when the database answered, before their rounds
         start. A claim the database could not answer leaves the instant owed: recovery
         catches it up once the database answers again (unless a later instant came first).
+        With ``lost_later`` (a share claimed ahead of its instant), jobs not won are
+        claimed once more with the rest of the instant (see :meth:`_claim_later`).
         """
         names = [state.job.name for state in states]
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
@@ -431,9 +498,15 @@ class Dispatcher:
                     then(set(won))
             late = too_late(claimed_at, self._clock.monotonic())
             ahead = instant > self._clock.now()
-            now_rounds: list[tuple[JobState, int | None]] = []
+            rounds: list[tuple[JobState, int | None]] = []
+            claims: list[tuple[JobState, lease.Claim]] = []
+            retry = lost_later and not isinstance(result, BaseException)
+            lost: list[JobState] = []
             for state in states:
                 claim = won.get(state.job.name)
+                if claim is None and retry and not self.draining and not self._flags.stopped:
+                    lost.append(state)
+                    continue
                 if claim is not None and late:
                     log.warning(
                         "job %r: the claim of %s came back %.1f s after it was sent, when "
@@ -465,23 +538,20 @@ class Dispatcher:
                         instant.isoformat(),
                         " after the database outage" if reason is Reason.OUTAGE else "",
                     )
-                if ahead:  # claimed ahead: the round starts on time
-                    start = functools.partial(
-                        self.start_round,
-                        state,
-                        instant,
-                        attempt=1,
-                        token=claim.token,
-                        claimed_at=claimed_at,
-                        reason=reason,
-                    )
-                    self._hold(_Held(instant, start, functools.partial(self._unhold, state, claim)))
-                else:
-                    now_rounds.append((state, claim.token))
-            if now_rounds:
-                self.start_rounds(
-                    now_rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
-                )
+                rounds.append((state, claim.token))
+                claims.append((state, claim))
+            if lost and not self._claim_later(instant, lost):
+                for state in lost:
+                    self.schedule_after(state, instant)
+            if not rounds:
+                return
+            start = functools.partial(
+                self.start_rounds, rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
+            )
+            if ahead:  # claimed ahead: the rounds start together, on time
+                self._hold(_Held(instant, start, functools.partial(self._unhold, claims)))
+            else:
+                start()
 
         self._control.run(
             lambda: self._store.claim(names, instant, self._replica_id), done, self.give_back

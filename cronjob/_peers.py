@@ -42,6 +42,7 @@ import lease
 
 from ._clock import Clock
 from ._control import Control
+from ._lead import LEAD_MAX
 from ._state import JobState
 
 __all__ = ["GRACE", "Peers"]
@@ -52,9 +53,9 @@ log = logging.getLogger("cronjob")
 #: shares of the others that they left unclaimed. A share left by a slow, saturated,
 #: draining or dead replica starts this much (plus one claim's round trip) late.
 GRACE = 0.1
-#: Seconds ahead of an instant a replica that the others do not see yet claims its share
-#: (its rounds still start at the instant): claiming with them, it would lose every job of
-#: its share to the others, whose shares cover it, and stay unseen.
+#: Seconds ahead of the others' claims (see _lead) that a replica they do not see yet
+#: claims its share (its rounds still start at the instant): claiming with them, it would
+#: lose every job of its share to the others, whose shares cover it, and stay unseen.
 LEAD = 0.05
 #: The fewest jobs per live replica for which an instant is shared out; below, every
 #: replica claims the instant's jobs whole (one statement each, none after the grace).
@@ -76,6 +77,8 @@ RECORD_WITHIN = timedelta(seconds=60)
 SEEN_WITHIN = timedelta(days=1)
 
 _GRACE = timedelta(seconds=GRACE)
+#: The most a live replica's claim goes out ahead of its instant (see _lead).
+_AHEAD = timedelta(seconds=LEAD_MAX + LEAD)
 _SECOND = timedelta(seconds=1)
 
 
@@ -188,7 +191,8 @@ class Peers:
         far ahead, or rows left by earlier runs of a test whose fake clock starts anew.
         """
         now = since + SEEN_WITHIN
-        holders = {replica: at for replica, at in holders.items() if at <= now}
+        # A claim sent ahead of its instant (at most AHEAD) counts: seen now.
+        holders = {r: min(at, now) for r, at in holders.items() if at <= now + _AHEAD}
         seen = {replica: at for replica, at in self._seen.items() if at >= since}
         for replica, at in holders.items():
             if at > seen.get(replica, at - SEEN_WITHIN):

@@ -239,6 +239,114 @@ class TestSpreading:
         assert len(pairs) == len(set(pairs))
 
 
+class TestClaimLead:
+    """A replica's share of an instant is claimed as far ahead as its claims take
+    (``cronjob/_lead.py``); the rounds it won start on the instant."""
+
+    JOBS = 4  # enough to share, even for a replica alone (see _peers.SPREAD_FROM)
+
+    @staticmethod
+    def _slow_claims(monkeypatch, clock, seconds, sent=None):
+        claim = lease.LeaseStore.claim
+
+        def slow_claim(store, names, instant, holder):  # an answer `seconds` away
+            if sent is not None:
+                sent.append((instant, clock.now()))
+            claims = claim(store, names, instant, holder)
+            clock.sleep(seconds)
+            return claims
+
+        monkeypatch.setattr(lease.LeaseStore, "claim", slow_claim)
+
+    def test_claims_go_out_ahead_by_what_they_take_and_rounds_start_on_time(
+        self, replicas, clock, recorder, monkeypatch
+    ):
+        sent: list[tuple[datetime, datetime]] = []
+        self._slow_claims(monkeypatch, clock, 0.04, sent)
+        registry = Registry()
+        for i in range(self.JOBS):
+            registry.register(recorder.quick, "* * * * * *", f"tick-{i}")
+        replicas(registry, "a")
+        clock.advance(5.5)
+        rounds = sorted(recorder.rounds, key=lambda r: (r.instant, r.name))
+        assert sorted({r.instant for r in rounds}) == [at(seconds=s) for s in range(1, 6)]
+        assert len(rounds) == 5 * self.JOBS
+        # The first claim knew nothing yet: sent on its instant, its rounds 40 ms late.
+        assert sent[0] == (at(seconds=1), at(seconds=1))
+        assert all(r.started == at(seconds=1.04) for r in rounds[: self.JOBS])
+        for instant, when in sent[1:]:  # then 1.25 x the 40 ms ahead
+            assert instant - when == timedelta(seconds=0.05), instant
+        assert all(r.started == r.instant for r in rounds[self.JOBS :])
+        assert len(sent) == 5  # one claim per instant: none lost, none twice
+
+    def test_an_instant_too_small_to_share_is_claimed_on_it(
+        self, replicas, clock, recorder, monkeypatch
+    ):
+        """Every replica claims it whole, and the first wins: none goes ahead, so a
+        replica never finds its lease still held by a round about to end, and loses it."""
+        sent: list[tuple[datetime, datetime]] = []
+        self._slow_claims(monkeypatch, clock, 0.04, sent)
+        registry = Registry()
+        registry.register(recorder.quick, "* * * * * *", "tick")
+        replicas(registry, "a")
+        clock.advance(3.5)
+        assert sent == [(at(seconds=s), at(seconds=s)) for s in (1, 2, 3)]
+        assert [r.started for r in recorder.rounds] == [at(seconds=s + 0.04) for s in (1, 2, 3)]
+
+    def test_a_replica_drained_between_its_claim_and_the_instant_hands_the_round_on(
+        self, url, replicas, clock, recorder, monkeypatch
+    ):
+        # Below the grace: a claim sleeping on the clock holds the replica's one thread
+        # for statements, so a second statement queued behind it would stop the clock.
+        self._slow_claims(monkeypatch, clock, 0.05)
+        registry = Registry()
+        for i in range(self.JOBS):
+            registry.register(recorder.quick, "* * * * * *", f"tick-{i}")
+        a = replicas(registry, "a")
+        clock.advance(3.99)  # claims go out 62.5 ms ahead now: those of 4 s are won, held
+        assert lease_row(url, "tick-0").instant == at(seconds=4)
+        assert not any(r.instant == at(seconds=4) for r in recorder.rounds)
+        assert a.drain()
+        replicas(registry, "b")
+        clock.advance(2)
+        ran = {(r.name, r.instant): r for r in recorder.rounds}
+        for i in range(self.JOBS):  # handed on as cut short, not lost: the other ran them
+            then = ran[(f"tick-{i}", at(seconds=4))]
+            assert (then.replica, then.attempt) == ("b", 2)
+        assert len(recorder.rounds) == len(ran)  # and no instant twice
+
+    def test_a_lease_still_held_ahead_of_the_instant_is_claimed_again_after_the_grace(
+        self, replicas, clock, recorder, monkeypatch
+    ):
+        """A share's claim sent ahead finds a job's lease held by the round before, which
+        ends just before the instant on a replica that then drains: the instant still
+        runs, one grace (and a claim) late, on the replica whose claim lost it."""
+        self._slow_claims(monkeypatch, clock, 0.04)
+        slow, instant = at(minutes=1), at(minutes=1, seconds=1)
+
+        def long(ctx: cronjob.Round) -> None:
+            recorder.quick(ctx)
+            if ctx.instant == slow and ctx.wait(0.98):  # ends 20 ms before the next
+                ctx.check()
+
+        registry = Registry()
+        for i in range(8):
+            registry.register(recorder.quick, "* * * * * *", f"tick-{i}")
+        registry.register(long, "* * * * * *", "long")
+        schedulers = {name: replicas(registry, name) for name in "ab"}
+        clock.advance(60)  # each sees the other; claims go out 50 ms ahead
+        clock.advance(0.99)
+        (runner,) = [r.replica for r in recorder.rounds if r.name == "long" and r.instant == slow]
+        assert schedulers[runner].drain()
+        clock.advance(0.3)
+        (then,) = [r for r in recorder.rounds if r.name == "long" and r.instant == instant]
+        # Shares alternate each second: the other replica's, whose claim found it held.
+        assert then.replica != runner
+        assert (then.started, then.attempt) == (instant + timedelta(seconds=0.14), 1)  # + 40 ms
+        pairs = [(r.name, r.instant) for r in recorder.rounds]
+        assert len(pairs) == len(set(pairs))
+
+
 class TestPerInstance:
     def test_run_at_start_runs_a_per_instance_job_once_as_each_replica_starts(
         self, replicas, clock, recorder
