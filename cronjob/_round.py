@@ -125,8 +125,9 @@ class Round:
         self._transaction = transaction
         self._transaction_async = transaction_async
         self._fence = fence  # None: no lease to check (a round built by make_round)
-        #: The scheduler's record of this round (its ``Run``), for the factories above:
-        #: they are made once per scheduler, not once per round.
+        #: The scheduler's record of this round (its ``Run``, or a weak reference to a
+        #: leased round's), for the factories above: they are made once per scheduler,
+        #: not once per round.
         self._run: object = None
 
     def __repr__(self) -> str:

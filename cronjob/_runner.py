@@ -21,6 +21,7 @@ import enum
 import functools
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
@@ -33,7 +34,7 @@ from ._fencing import Fencing
 from ._finisher import Finisher
 from ._history import History, Pruner
 from ._loop import OwnLoop
-from ._round import Outcome, Round, Trigger, classify, iter_own_errors
+from ._round import Outcome, Round, Trigger, classify, iter_own_errors, lease_lost
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
 from ._workers import Workers, WorkersClosed
@@ -157,17 +158,17 @@ class RoundRunner:
         fencing = self._fencing
 
         def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
-            return fencing.transaction(cast("Run", ctx._run))
+            return fencing.transaction(_run_of(ctx))
 
         def transaction_async(
             ctx: Round,
         ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-            return fencing.transaction_async(cast("Run", ctx._run))
+            return fencing.transaction_async(_run_of(ctx))
 
         def fence(
             ctx: Round, dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool
         ) -> None:
-            fencing.check(cast("Run", ctx._run), dialect, fetch, final=final)
+            fencing.check(_run_of(ctx), dialect, fetch, final=final)
 
         self._transaction = transaction
         self._transaction_async = transaction_async
@@ -214,7 +215,10 @@ class RoundRunner:
             renewed_at=claimed_at,
             request=request,
         )
-        ctx._run = run
+        # A leased round's Round knows its Run weakly: no cycle, so the pair is freed as
+        # soon as the round is over, not by the cyclic garbage collector (thousands of
+        # pairs a second at scale, each a full collection's work). See _run_of.
+        ctx._run = run if token is None else weakref.ref(run)
         return run
 
     def submit(self, run: Run) -> Start:
@@ -634,3 +638,17 @@ def _not_awaitable(name: str, result: object) -> None:
         "work: it ran on a worker thread and nothing awaited it; register an `async def` "
         "function (or an object whose `__call__` is `async def`) to run it on the loop"
     )
+
+
+def _run_of(ctx: Round) -> Run:
+    """The ``Run`` of ``ctx``'s round, for its fenced transactions.
+
+    Raises:
+        LeaseLost: the round was leased and is over, long enough for the scheduler to
+            have let go of it: a ``ctx`` kept past its round holds no lease.
+    """
+    held = ctx._run
+    run = held() if isinstance(held, weakref.ref) else held
+    if run is None:
+        raise lease_lost(ctx.name, "the round no longer holds it")
+    return cast("Run", run)

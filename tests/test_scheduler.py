@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import threading
 from collections import Counter
@@ -674,6 +675,24 @@ class TestLeaseLoss:
         execute(url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'writer'")
         clock.advance(2)
         assert len(errors) == 1
+
+    def test_a_ctx_kept_past_its_round_holds_nothing(self, replicas, clock, recorder):
+        """The round's record is freed once the round is over, without the cyclic garbage
+        collector (no cycle between the round and its ``ctx``); a fenced transaction
+        opened on the ``ctx`` afterwards is refused."""
+        registry = Registry()
+        registry.register(recorder.quick, "0 0 * * * *", "hourly")
+        replicas(registry, "a")
+        gc.disable()  # only reference counts free anything now
+        try:
+            # Two rounds: the threads' loops keep their last round until their next one.
+            clock.advance(2 * 3600)
+            first, _second = recorder.contexts
+            assert first._run() is None
+        finally:
+            gc.enable()
+        with pytest.raises(cronjob.LeaseLost, match="no longer holds it"):
+            first.transaction().__enter__()
 
     def test_a_fenced_transaction_commits_while_the_lease_holds(self, url, replicas, clock):
         execute(url, "CREATE TABLE IF NOT EXISTS report_out (n INTEGER)")
