@@ -1,6 +1,7 @@
 """Where a round's scheduler CPU goes: J jobs ``@every 10s`` in this process, profiled.
 
-Run: ``python -m benchmarks.profile_handoff [--jobs 10000] [--instants 3] [--profile]``.
+Run: ``python -m benchmarks.profile_handoff [--jobs 10000] [--instants 3] [--profile]
+[--no-freeze]``.
 
 One :class:`cronjob.Scheduler` on the system clock, on a fresh PostgreSQL schema of the
 benchmark server (``$CRONJOB_BENCH_POSTGRES_URL``, default ``postgres@127.0.0.1:5432``,
@@ -9,8 +10,9 @@ After a warm-up instant, it counts the process's CPU (``time.process_time``, eve
 thread) over ``--instants`` whole instants and divides by the rounds run: the scheduler's
 CPU per round, from claim to end recorded. ``--profile`` runs every thread under
 :mod:`cProfile` on each thread's CPU clock (slower: the figure is then only for where
-the time goes, not for its size) and prints the top functions by their own time. Not a
-test: nothing is asserted.
+the time goes, not for its size) and prints the top functions by their own time. The
+objects start-up built are frozen out of the garbage collector, as ``cronjob run`` does
+(``--no-freeze``: left to it). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sqlalchemy as sa
 
 import cronjob
 import execctx
-from cronjob._run import _RoundFormatter
+from cronjob._run import _RoundFormatter, freeze_start_up
 
 SERVER = os.environ.get("CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
 
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--workers", type=int, default=None, help="max_workers (default 64)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="leave start-up's objects to the collector"
+    )
     args = parser.parse_args(argv)
 
     schema = f"handoff_{uuid.uuid4().hex[:8]}"
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         options: dict[str, Any] = {} if args.workers is None else {"max_workers": args.workers}
         with cronjob.Scheduler(url, registry=registry, replica_id="profile", **options):
+            if not args.no_freeze:
+                freeze_start_up()  # as `cronjob run` does
             # Warm up through one instant, then measure whole instants.
             time.sleep(10 - time.time() % 10 + 10 + 1)
             start_cpu, start_rounds = time.process_time(), rounds

@@ -507,6 +507,33 @@ class TestRunCommand:
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default
 
 
+    def test_what_start_up_built_is_frozen_out_of_the_garbage_collector(self, tmp_path):
+        """`cronjob run` owns its process: once the scheduler started, it collects and
+        freezes what start-up built (full collections at scale skip it)."""
+        (tmp_path / "jobs.py").write_text(
+            textwrap.dedent(
+                """
+                import gc, sys
+                import cronjob
+
+                _freeze = gc.freeze
+
+                def freeze():  # reports what it froze, from within the process
+                    _freeze()
+                    print(f"frozen: {gc.get_freeze_count()}", file=sys.stderr, flush=True)
+
+                gc.freeze = freeze
+                cronjob.register(print, "@hourly", "hourly")
+                """
+            )
+        )
+        argv = [sys.executable, "-m", "cronjob", "run", "jobs"]
+        status, log = run_until_started(argv, cwd=tmp_path)
+        assert status == 0, log
+        (frozen,) = [line for line in log.splitlines() if line.startswith("frozen: ")]
+        assert int(frozen.removeprefix("frozen: ")) > 10_000  # the modules, the registry...
+
+
 @pytest.mark.parametrize("module", ["cronjob", "lease", "execctx"])
 def test_each_package_ships_its_type_marker(module):
     assert (REPO / module / "py.typed").exists()
