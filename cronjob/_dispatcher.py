@@ -498,13 +498,18 @@ class Dispatcher:
                     then(set(won))
             late = too_late(claimed_at, self._clock.monotonic())
             ahead = instant > self._clock.now()
-            rounds: list[tuple[JobState, int | None]] = []
             claims: list[tuple[JobState, lease.Claim]] = []
-            retry = lost_later and not isinstance(result, BaseException)
+            # Jobs of a share claimed ahead that it did not win: claimed again later.
+            retry = (
+                lost_later
+                and not isinstance(result, BaseException)
+                and not self.draining
+                and not self._flags.stopped
+            )
             lost: list[JobState] = []
             for state in states:
                 claim = won.get(state.job.name)
-                if claim is None and retry and not self.draining and not self._flags.stopped:
+                if claim is None and retry:
                     lost.append(state)
                     continue
                 if claim is not None and late:
@@ -538,13 +543,13 @@ class Dispatcher:
                         instant.isoformat(),
                         " after the database outage" if reason is Reason.OUTAGE else "",
                     )
-                rounds.append((state, claim.token))
                 claims.append((state, claim))
             if lost and not self._claim_later(instant, lost):
                 for state in lost:
                     self.schedule_after(state, instant)
-            if not rounds:
+            if not claims:
                 return
+            rounds: list[tuple[JobState, int | None]] = [(s, c.token) for s, c in claims]
             start = functools.partial(
                 self.start_rounds, rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
             )
