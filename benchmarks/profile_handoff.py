@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import logging
 import os
 import pstats
@@ -87,9 +88,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         options: dict[str, Any] = {} if args.workers is None else {"max_workers": args.workers}
+        if not args.no_freeze:
+            gc.collect()  # as `cronjob run` does, before the scheduler's threads start
         with cronjob.Scheduler(url, registry=registry, replica_id="profile", **options):
             if not args.no_freeze:
-                freeze_start_up()  # as `cronjob run` does
+                freeze_start_up()
             # Warm up through one instant, then measure whole instants.
             time.sleep(10 - time.time() % 10 + 10 + 1)
             start_cpu, start_rounds = time.process_time(), rounds

@@ -73,8 +73,11 @@ def freeze_start_up() -> None:
     held, and the rounds of an instant at that scale set one off about every instant
     (decisions.md, "Garbage collection at scale"). An application that runs a scheduler
     in a process of its own can do the same after its start-up.
+
+    Only the freeze, which runs no code of anyone's: the collection that clears start-up's
+    garbage first (:func:`gc.collect`, which runs finalizers) is made before the
+    scheduler's threads start, with nothing else running.
     """
-    gc.collect()
     gc.freeze()
 
 
@@ -114,6 +117,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        gc.collect()  # start-up's garbage, while this is the only thread (see below)
         scheduler.start()
         freeze_start_up()
     except (lease.UnsupportedDatabase, lease.MigrationRequired, lease.MigrationFailed) as exc:
