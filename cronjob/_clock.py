@@ -23,8 +23,9 @@ import contextvars
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
+from types import TracebackType
 
 __all__ = ["Clock", "ClockEvent", "SystemClock"]
 
@@ -117,15 +118,30 @@ class Clock(ABC):
     def _work_finished(self) -> None:  # noqa: B027 - a no-op unless a clock counts work
         """Count one unit of work as finished (called by the unit itself, last)."""
 
-    @contextlib.contextmanager
-    def _tracked(self) -> Iterator[None]:
+    def _tracked(self) -> contextlib.AbstractContextManager[None]:
         """Run the body as the unit of work announced by :meth:`_work_started`."""
-        token = _in_unit.set(True)
-        try:
-            yield
-        finally:
-            _in_unit.reset(token)
-            self._work_finished()
+        return _Tracked(self)
+
+
+class _Tracked:
+    """What :meth:`Clock._tracked` returns: an object, not a generator (once per round)."""
+
+    __slots__ = ("_clock", "_token")
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    def __enter__(self) -> None:
+        self._token = _in_unit.set(True)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        _in_unit.reset(self._token)
+        self._clock._work_finished()
 
 
 class _SystemEvent(ClockEvent):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from datetime import datetime
+from types import TracebackType
 
 from opentelemetry.trace import TracerProvider
 
@@ -32,14 +32,7 @@ class RoundScope:
             self._work.span.set_attribute("cronjob.cause", f"{type(error).__name__}: {error}")
 
 
-@contextlib.contextmanager
-def round_scope(
-    ctx: Round,
-    replica: str,
-    tracer_provider: TracerProvider | None = None,
-    *,
-    reason: str = "schedule",
-) -> Iterator[RoundScope]:
+class round_scope:  # used as a function: ``with round_scope(...) as scope``
     """Run the block as the round's unit of work and give ``ctx`` its trace id.
 
     The root span is named ``cronjob <job>`` and carries the job, the instant, the
@@ -47,20 +40,62 @@ def round_scope(
     ``catch-up``, ``catch-up after an outage``, ``re-run``); spans the job opens are its
     children, and every log record and (instrumented) SQL statement made inside carries
     the job name and trace id.
+
+    An object over :func:`execctx.work`'s, not a generator: entered once per round,
+    thousands of times a second at scale.
     """
-    attributes: dict[str, str | int | bool] = {
-        "cronjob.job": ctx.name,
-        "cronjob.instant": ctx.instant.isoformat(),
-        "cronjob.attempt": ctx.attempt,
-        "cronjob.replica": replica,
-        "cronjob.reason": reason,
-    }
-    with execctx.work(
-        KIND,
-        ctx.name,
-        attributes=attributes,
-        span_name=f"cronjob {ctx.name}",
-        tracer_provider=tracer_provider,
-    ) as w:
-        ctx.trace_id = w.unit.trace_id
-        yield RoundScope(w)
+
+    __slots__ = ("_ctx", "_work")
+
+    def __init__(
+        self,
+        ctx: Round,
+        replica: str,
+        tracer_provider: TracerProvider | None = None,
+        *,
+        reason: str = "schedule",
+    ) -> None:
+        attributes: dict[str, str | int | bool] = {
+            "cronjob.job": ctx.name,
+            "cronjob.instant": _isoformat(ctx.instant),
+            "cronjob.attempt": ctx.attempt,
+            "cronjob.replica": replica,
+            "cronjob.reason": reason,
+        }
+        self._ctx = ctx
+        self._work = execctx.work(
+            KIND,
+            ctx.name,
+            attributes=attributes,
+            span_name=f"cronjob {ctx.name}",
+            tracer_provider=tracer_provider,
+        )
+
+    def __enter__(self) -> RoundScope:
+        w = self._work.__enter__()
+        self._ctx.trace_id = w.unit.trace_id
+        return RoundScope(w)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._work.__exit__(kind, error, traceback)
+
+
+#: The last instant written out and its text: the rounds of one instant start together,
+#: thousands at scale, and writing an aware datetime out is not cheap.
+_last_instant: tuple[datetime, str] | None = None
+
+
+def _isoformat(instant: datetime) -> str:
+    """``instant.isoformat()``, remembered for the next round of the same instant."""
+    global _last_instant
+    last = _last_instant
+    if last is not None and last[0] == instant and last[0].tzinfo is instant.tzinfo:
+        return last[1]
+    text = instant.isoformat()
+    _last_instant = (instant, text)
+    return text

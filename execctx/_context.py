@@ -14,6 +14,8 @@ __all__ = ["WorkUnit", "current"]
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
+#: An attribute's value: str, int or bool (a bool is an int).
+_ATTRIBUTE_TYPES = (str, int)
 
 #: The unit of work the running code belongs to; ``None`` outside any unit. Set and reset
 #: only by :func:`execctx.work`, so each thread and each asyncio task sees its own.
@@ -47,9 +49,12 @@ class WorkUnit:
     )
 
     def __post_init__(self) -> None:
-        for label, text in (("kind", self.kind), ("name", self.name)):
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"{label} must be a non-empty string, got {text!r}")
+        # Checked on every unit entered (thousands a second in a scheduler): plain tests,
+        # no loop over the two names, one isinstance per attribute (a bool is an int).
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"kind must be a non-empty string, got {self.kind!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         if not _TRACE_ID.fullmatch(self.trace_id) or not self.trace_id.strip("0"):
             raise ValueError(
                 f"trace_id must be 32 lowercase hex digits, not all zero: {self.trace_id!r}"
@@ -63,7 +68,7 @@ class WorkUnit:
         for key, value in self.attributes.items():
             if not isinstance(key, str) or not key:
                 raise TypeError(f"attribute keys must be non-empty strings, got {key!r}")
-            if not isinstance(value, str | int | bool):
+            if not isinstance(value, _ATTRIBUTE_TYPES):
                 raise TypeError(f"attribute {key!r} must be str, int or bool, got {value!r}")
         # A private copy behind a read-only view: the caller's dict may change later.
         object.__setattr__(self, "attributes", types.MappingProxyType(dict(self.attributes)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from types import TracebackType
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -74,7 +75,6 @@ class Work:
             self.span.set_status(Status(StatusCode.OK))
 
 
-@contextlib.contextmanager
 def work(
     kind: str,
     name: str,
@@ -83,7 +83,7 @@ def work(
     span_name: str | None = None,
     parent: otel_context.Context | None = None,
     tracer_provider: TracerProvider | None = None,
-) -> Iterator[Work]:
+) -> contextlib.AbstractContextManager[Work]:
     """Run the ``with`` block as one unit of work, under one root span.
 
     Usage::
@@ -116,40 +116,81 @@ def work(
             new trace (the caller's current span is deliberately not used).
         tracer_provider: Where spans go; default the global provider.
 
+    The context manager is an object, not a generator: a scheduler enters thousands
+    of units a second. Enter it once.
+
     Raises:
         ValueError, TypeError: on entry, as :class:`WorkUnit` does for bad values.
     """
-    # Built (and so validated) before the span starts, so bad values leave no open span.
-    unit = WorkUnit(kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {})
-    span = _tracer(tracer_provider).start_span(
-        span_name or f"{kind} {name}",
-        context=parent if parent is not None else otel_context.Context(),
-        attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
-        record_exception=False,
-        set_status_on_exception=False,
-    )
-    span_context = span.get_span_context()
-    if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
-        unit = dataclasses.replace(
-            unit,
-            trace_id=trace.format_trace_id(span_context.trace_id),
-            span_id=trace.format_span_id(span_context.span_id),
+    return _WorkScope(kind, name, attributes, span_name, parent, tracer_provider)
+
+
+class _WorkScope:
+    """What :func:`work` returns: enters the unit, and leaves it whatever happened."""
+
+    __slots__ = ("_args", "_handle", "_otel_token", "_token")
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        attributes: Mapping[str, str | int | bool] | None,
+        span_name: str | None,
+        parent: otel_context.Context | None,
+        tracer_provider: TracerProvider | None,
+    ) -> None:
+        self._args = (kind, name, attributes, span_name, parent, tracer_provider)
+
+    def __enter__(self) -> Work:
+        kind, name, attributes, span_name, parent, tracer_provider = self._args
+        # Built (and so validated) before the span starts, so bad values leave no open span.
+        unit = WorkUnit(
+            kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {}
         )
-    handle = Work(unit, span)
-    escaped: BaseException | None = None
-    token = _set_current(handle.unit)
-    try:
-        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-            yield handle
-    except BaseException as exc:  # recorded, never swallowed
-        escaped = exc
-        raise
-    finally:
+        span = _tracer(tracer_provider).start_span(
+            span_name or f"{kind} {name}",
+            context=parent if parent is not None else otel_context.Context(),
+            attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        span_context = span.get_span_context()
+        if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
+            unit = dataclasses.replace(
+                unit,
+                trace_id=trace.format_trace_id(span_context.trace_id),
+                span_id=trace.format_span_id(span_context.span_id),
+            )
+        handle = self._handle = Work(unit, span)
+        self._token = _set_current(unit)
+        # The root span made current, as ``trace.use_span`` does (without its exception
+        # handling, which is off here). Without an SDK and with no span around, the span
+        # is the invalid span that is current already: attaching it would change nothing
+        # anyone can read, so it is not attached.
+        self._otel_token = (
+            None
+            if span is trace.get_current_span()
+            else otel_context.attach(trace.set_span_in_context(span))
+        )
+        return handle
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        escaped: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Record ``escaped`` (never swallowed: returns ``None``), end the span, restore."""
+        handle = self._handle
         try:
-            handle._finish(escaped)
+            if self._otel_token is not None:
+                otel_context.detach(self._otel_token)
         finally:
-            span.end()
-            _reset_current(token)
+            try:
+                handle._finish(escaped)
+            finally:
+                handle.span.end()
+                _reset_current(self._token)
 
 
 #: This package's tracer from the global provider: as ``trace.get_tracer`` at module

@@ -240,6 +240,36 @@ class TestWithoutSdk:
             assert trace_id.strip("0")
         assert len(set(ids)) == 3
 
+    def test_a_unit_inside_a_span_of_another_trace_still_hides_it(self):
+        """No SDK, but a valid span current (a propagated request's): inside the unit
+        that span is not current (a new trace), and it is current again after."""
+        outer = trace.NonRecordingSpan(
+            trace.SpanContext(
+                trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+                span_id=0xB7AD6B7169203331,
+                is_remote=True,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )
+        )
+        with trace.use_span(outer):
+            with execctx.work("round", "a", tracer_provider=trace.NoOpTracerProvider()) as w:
+                assert trace.get_current_span() is w.span
+                assert not trace.get_current_span().get_span_context().is_valid
+                assert w.unit.trace_id != "0af7651916cd43dd8448eb211c80319c"
+            assert trace.get_current_span() is outer
+
+    def test_with_no_span_around_the_unit_leaves_the_otel_context_as_it_is(self):
+        """No SDK and no span current: the unit's span is the invalid span, current
+        already, so the OpenTelemetry context is not replaced (a cost per round saved);
+        the unit itself is current all the same."""
+        before = otel_context.get_current()
+        with execctx.work("round", "a", tracer_provider=trace.NoOpTracerProvider()) as w:
+            assert otel_context.get_current() is before
+            assert trace.get_current_span() is w.span
+            assert execctx.current() is w.unit
+        assert otel_context.get_current() is before
+        assert execctx.current() is None
+
     def test_the_global_provider_is_used_by_default(self, monkeypatch):
         """With no provider passed, spans go to the global one (set here, then restored)."""
         # The API lets a process set its global provider once; reset that guard for this
