@@ -90,6 +90,8 @@ class Finisher:
         self._cond = threading.Condition()
         self._pending: collections.deque[_End] = collections.deque()
         self._closed = False
+        #: Whether the thread waits (or is about to) for an end to write.
+        self._idle = False
         # Started now, not on the first end: a scheduler's threads are all there at start.
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -103,13 +105,23 @@ class Finisher:
         ``then`` is called on the finisher thread with ``True`` (recorded), ``False``
         (another claim replaced the token) or the :class:`lease.LeaseError` raised.
         """
-        with self._cond:
-            if self._closed:
-                raise RuntimeError(f"{self._name}: the finisher is closed")
-            self._pending.append(_End(ending, then))
-            self._cond.notify()
-            full = len(self._pending) >= BATCH_LIMIT
-        if full:
+        # No lock on the way in (every round that ends passes here, thousands a second
+        # at scale): a deque's append is atomic, and the thread is woken only when it
+        # waits for work. It says so (``_idle``) before it looks at the queue, under the
+        # condition's lock, so an end appended after its look finds it idle and wakes it.
+        if self._closed:
+            raise RuntimeError(f"{self._name}: the finisher is closed")
+        end = _End(ending, then)
+        self._pending.append(end)
+        if self._closed:  # closed meanwhile: the thread may be gone without this end
+            with self._cond:  # the thread takes ends under it: one of us has this one
+                if end in self._pending:
+                    self._pending.remove(end)
+                    raise RuntimeError(f"{self._name}: the finisher is closed")
+        if self._idle:
+            with self._cond:
+                self._cond.notify()
+        if len(self._pending) >= BATCH_LIMIT:
             self.poke()
 
     def poke(self) -> None:
@@ -140,8 +152,10 @@ class Finisher:
     def _serve(self) -> None:
         while True:
             with self._cond:
+                self._idle = True  # before the look at the queue: see finish_later
                 while not self._pending and not self._closed:
                     self._cond.wait()
+                self._idle = False
                 if not self._pending:
                     return
             self._held()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -123,6 +124,46 @@ class TestHold:
     def test_a_hold_needs_a_clock(self, store):
         with pytest.raises(ValueError, match="needs a clock"):
             Finisher(store, hold=lambda: True)
+
+
+class TestHandIn:
+    """Ends come in without a lock: none is lost, whatever the threads' order."""
+
+    def test_ends_from_many_threads_are_all_written(self, store):
+        names = [f"job-{i:03d}" for i in range(200)]
+        ends = Ends(store, names)
+        finisher = Finisher(store)
+        threads = [
+            threading.Thread(target=lambda part=part: [ends.hand(finisher, n) for n in part])
+            for part in (names[i::8] for i in range(8))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert ends.done.wait(10)
+        assert ends.outcomes == dict.fromkeys(names, True)
+        finisher.close()
+
+    def test_an_end_handed_in_as_the_finisher_closes_is_refused_not_dropped(self, store):
+        """The close lands between the hand-in's look at ``closed`` and its append, and
+        the thread ends first: the end is taken back and refused, so the caller knows
+        it is not recorded (its callback is never called)."""
+        ends = Ends(store, ["a"])
+        finisher = Finisher(store)
+
+        class ClosingDeque(collections.deque[object]):
+            def append(self, item: object) -> None:
+                finisher.close()
+                finisher._thread.join(10)
+                assert not finisher._thread.is_alive()
+                super().append(item)
+
+        finisher._pending = ClosingDeque()  # type: ignore[assignment]
+        with pytest.raises(RuntimeError, match="closed"):
+            ends.hand(finisher, "a")
+        assert ends.outcomes == {}
+        assert not finisher._pending
 
 
 def test_the_pool_says_when_nothing_waits_for_a_thread_any_more():
