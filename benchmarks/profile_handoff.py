@@ -1,7 +1,7 @@
 """Where a round's scheduler CPU goes: J jobs ``@every 10s`` in this process, profiled.
 
 Run: ``python -m benchmarks.profile_handoff [--jobs 10000] [--instants 3] [--profile]
-[--no-freeze]``.
+[--no-freeze] [--log FILE]``.
 
 One :class:`cronjob.Scheduler` on the system clock, on a fresh PostgreSQL schema of the
 benchmark server (``$CRONJOB_BENCH_POSTGRES_URL``, default ``postgres@127.0.0.1:5432``,
@@ -34,7 +34,9 @@ import cronjob
 import execctx
 from cronjob._run import _RoundFormatter, freeze_start_up
 
-SERVER = os.environ.get("CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+SERVER = os.environ.get(
+    "CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432"
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -44,6 +46,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--workers", type=int, default=None, help="max_workers (default 64)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--dump", help="also write the merged profile to this file (pstats)")
+    parser.add_argument(
+        "--sort", default="tottime", help="pstats sort key: tottime, ncalls, cumtime ..."
+    )
+    parser.add_argument("--log", default=os.devnull, help="where the log goes (default nowhere)")
     parser.add_argument(
         "--no-freeze", action="store_true", help="leave start-up's objects to the collector"
     )
@@ -55,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     url = f"{SERVER}/test?options=-csearch_path%3D{schema}"
 
-    handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - lives with the run
+    handler = logging.StreamHandler(open(args.log, "w"))  # noqa: SIM115 - lives with the run
     handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     execctx.install_log_filter(handler)
     root = logging.getLogger()
@@ -118,7 +125,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stats = pstats.Stats(profiles[0])
         for profile in profiles[1:]:
             stats.add(profile)
-        stats.sort_stats("tottime").print_stats(args.top)
+        if args.dump:
+            stats.dump_stats(args.dump)
+        stats.sort_stats(args.sort).print_stats(args.top)
     return result
 
 
