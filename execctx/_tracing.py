@@ -62,6 +62,8 @@ class Work:
 
     def _finish(self, escaped: BaseException | None) -> None:
         self._ended = True
+        if not self.span.is_recording():  # no SDK, or not sampled: all of it is a no-op
+            return
         if self._outcome is not None:
             self.span.set_attribute(OUTCOME_ATTRIBUTE, self._outcome)
         if self._error is not None:
