@@ -629,7 +629,7 @@ def _not_awaitable(name: str, result: object) -> None:
     Raises:
         TypeError: ``result`` is awaitable.
     """
-    if not inspect.isawaitable(result):
+    if result is None or not inspect.isawaitable(result):  # None: most jobs, at once
         return
     if inspect.iscoroutine(result):
         result.close()
