@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 import traceback
-from types import FrameType
 
 import execctx
 import lease
@@ -81,8 +80,28 @@ def freeze_start_up() -> None:
     gc.freeze()
 
 
+#: The signals that stop ``cronjob run``: the first drains, a second exits at once.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """Run ``cronjob run [--database-url URL] MODULE...``; return the exit status."""
+    """Run ``cronjob run [--database-url URL] MODULE...``; return the exit status.
+
+    The stop signals are blocked first, in this thread and so in every thread started
+    from it (the scheduler's, and any a job module starts as it is imported), and taken
+    by this thread with :func:`signal.sigwait` once the scheduler runs. No handler runs
+    inside whatever code a signal happens to interrupt (a handler that needs a lock the
+    interrupted code holds never returns), and no signal is delivered to a thread other
+    than the one waiting for it (which would then never wake). Restored on return.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return _run(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     _configure_logging()
     sys.path.insert(0, os.getcwd())
     for module in args.modules:
@@ -103,20 +122,6 @@ def run_command(args: argparse.Namespace) -> int:
     database = resolve_database(args.database_url)
     try:
         scheduler = Scheduler(database, max_workers=args.max_workers)
-        stop = threading.Event()
-        signals_seen = 0
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen > 1:  # a second signal: stop waiting for the drain
-                log.warning("second %s: exiting without waiting", signal.Signals(signum).name)
-                os._exit(128 + signum)
-            log.info("%s received: draining", signal.Signals(signum).name)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
         gc.collect()  # start-up's garbage, while this is the only thread (see below)
         scheduler.start()
         freeze_start_up()
@@ -128,7 +133,10 @@ def run_command(args: argparse.Namespace) -> int:
         url = lease.redact(str(database)) if isinstance(database, str) else "engine"
         return _fail(f"cannot start on database {url}: {type(exc).__name__}: {exc}")
     try:
-        stop.wait()
+        # A signal that came during start-up waited (blocked): it is taken here at once.
+        signum = signal.sigwait(STOP_SIGNALS)
+        log.info("%s received: draining", signal.Signals(signum).name)
+        _exit_on_a_second_signal()
     finally:
         scheduler.stop()
     if scheduler._lingering:
@@ -138,3 +146,14 @@ def run_command(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(0)
     return 0
+
+
+def _exit_on_a_second_signal() -> None:
+    """A second stop signal during the drain ends the process at once (128 + signal)."""
+
+    def wait() -> None:
+        signum = signal.sigwait(STOP_SIGNALS)
+        log.warning("second %s: exiting without waiting", signal.Signals(signum).name)
+        os._exit(128 + signum)
+
+    threading.Thread(target=wait, name="cronjob-second-signal", daemon=True).start()

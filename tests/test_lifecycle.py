@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -506,6 +507,47 @@ class TestRunCommand:
         assert sum(DEFAULT_DATABASE_WARNING in line for line in lines) == 1
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default
 
+
+    def test_a_second_signal_during_the_drain_exits_at_once(self, tmp_path):
+        """The first SIGTERM drains; a round that ignores its cancellation keeps the
+        drain waiting; a second SIGTERM ends the process at once, status 128 + 15."""
+        (tmp_path / "jobs.py").write_text(
+            textwrap.dedent(
+                """
+                import sys, time
+                import cronjob
+
+                def stuck(ctx):
+                    print("stuck started", file=sys.stderr, flush=True)
+                    time.sleep(120)  # ignores the drain's cancellation
+
+                cronjob.register(stuck, "@every 1s", "stuck")
+                """
+            )
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cronjob", "run", "jobs"],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        assert process.stderr is not None
+        lines: list[str] = []
+        try:
+            for line in process.stderr:
+                lines.append(line)
+                if "stuck started" in line:
+                    process.send_signal(signal.SIGTERM)
+                if "SIGTERM received: draining" in line:
+                    process.send_signal(signal.SIGTERM)
+                    break
+            assert process.wait(20) == 128 + signal.SIGTERM, "".join(lines)
+            lines.extend(process.stderr)
+        finally:
+            process.kill()
+            process.wait()
+        assert any("second SIGTERM: exiting without waiting" in line for line in lines), lines
 
     def test_what_start_up_built_is_frozen_out_of_the_garbage_collector(self, tmp_path):
         """`cronjob run` owns its process: once the scheduler started, it collects and
