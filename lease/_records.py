@@ -37,6 +37,7 @@ DEFAULT_HISTORY_PER_NAME: Final = 1000
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
+_SECOND: Final = timedelta(seconds=1)
 _CUT: Final = " [...]"
 
 
@@ -106,7 +107,7 @@ def round_values(row: RoundRow) -> dict[str, Any]:
     """The column values of ``row`` for an INSERT into the history."""
     return {
         "name": row.name,
-        "instant": (row.instant - _EPOCH) // timedelta(seconds=1),
+        "instant": (row.instant - _EPOCH) // _SECOND,
         "attempt": row.attempt,
         "holder": row.holder,
         "why": row.why[:16],

@@ -123,6 +123,7 @@ _IN_LIST_LIMIT: Final = 500
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
+_SECOND: Final = timedelta(seconds=1)
 _TOKEN_LIMIT: Final = 2**63
 
 _t = lease_table
@@ -933,7 +934,8 @@ class LeaseStore:
                 (wanted,) = _names([end.name])
                 if wanted != end.name:  # pragma: no cover - _names returns the name as given
                     raise ValueError(end.name)
-            _check_token(end.token)
+            if type(end.token) is not int or not 0 <= end.token < _TOKEN_LIMIT:
+                _check_token(end.token)  # anything else: the full check, its message
             key = (_seconds_floor(end.ended, "ended"), end.succeeded)
             groups.setdefault(key, []).append(end)
             if end.record is not None:
@@ -1685,12 +1687,12 @@ def _instant_seconds(instant: datetime) -> int:
     _require_aware(instant, "instant")
     if instant.microsecond:
         raise ValueError(f"an instant has whole seconds, not {instant.isoformat()}")
-    return (instant - _EPOCH) // timedelta(seconds=1)
+    return (instant - _EPOCH) // _SECOND
 
 
 def _seconds_floor(when: datetime, what: str) -> int:
     _require_aware(when, what)
-    return (when - _EPOCH) // timedelta(seconds=1)
+    return (when - _EPOCH) // _SECOND
 
 
 def _to_ms(now: datetime) -> int:

@@ -419,6 +419,21 @@ class TestGiveBackAndFinish:
             assert store.finish_many([]) == set()
         assert statements == []
 
+    @pytest.mark.parametrize("token", [True, -1, 2**63, 1.0, "7"])
+    def test_finish_many_refuses_a_bad_token_before_any_statement(
+        self, store, migrated_engine, token
+    ):
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        ends = [("a", claim.token, T1), ("a", token, T1)]
+        with (
+            lease_statements(migrated_engine) as statements,
+            pytest.raises(ValueError, match=r"^a token must be an integer in \[0, 2\*\*63\)"),
+        ):
+            store.finish_many(ends)
+        assert statements == []
+        assert store.read(["a"])["a"].state is lease.LeaseState.RUNNING
+
     def test_finish_refuses_a_naive_end(self, store):
         with pytest.raises(ValueError, match=r"^ended must be an aware datetime"):
             store.finish("a", 1, ended=datetime(2026, 1, 1))
