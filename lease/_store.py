@@ -926,16 +926,15 @@ class LeaseStore:
     ) -> set[tuple[str, int]]:
         groups: dict[tuple[int, bool], list[Ending]] = {}
         records: list[dict[str, Any]] = []
+        endings: list[Ending] = []
         for end in ends:
             if not isinstance(end, Ending):
                 name, token, ended = end
                 end = Ending(name=name, token=token, ended=ended)
-            if end.name not in _VALID_NAMES:  # thousands an instant: most checked before
-                (wanted,) = _names([end.name])
-                if wanted != end.name:  # pragma: no cover - _names returns the name as given
-                    raise ValueError(end.name)
-            if type(end.token) is not int or not 0 <= end.token < _TOKEN_LIMIT:
-                _check_token(end.token)  # anything else: the full check, its message
+            endings.append(end)
+        _names([end.name for end in endings])  # the batch's names checked in one call
+        for end in endings:
+            _check_token(end.token)
             key = (_seconds_floor(end.ended, "ended"), end.succeeded)
             groups.setdefault(key, []).append(end)
             if end.record is not None:
@@ -1666,6 +1665,8 @@ _VALID_NAMES_MAX = 100_000
 
 
 def _check_token(token: int) -> int:
+    if type(token) is int and 0 <= token < _TOKEN_LIMIT:  # the common case, at once
+        return token
     if not _is_int(token) or not 0 <= token < _TOKEN_LIMIT:
         raise ValueError(f"a token must be an integer in [0, 2**63), not {token!r}")
     return token
