@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--no-freeze", action="store_true", help="leave start-up's objects to the collector"
     )
+    parser.add_argument(
+        "--threads", action="store_true", help="also the CPU per round of each kind of thread"
+    )
     args = parser.parse_args(argv)
 
     schema = f"handoff_{uuid.uuid4().hex[:8]}"
@@ -103,8 +106,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             # Warm up through one instant, then measure whole instants.
             time.sleep(10 - time.time() % 10 + 10 + 1)
             start_cpu, start_rounds = time.process_time(), rounds
+            start_threads = _thread_cpu() if args.threads else {}
             time.sleep(10 * args.instants)
             cpu, run = time.process_time() - start_cpu, rounds - start_rounds
+            threads = _thread_cpu() if args.threads else {}
             if profiles:
                 for profile in profiles:
                     profile.disable()
@@ -120,6 +125,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load": os.getloadavg(),
         "profiled": args.profile,
     }
+    if args.threads and run:
+        result["threads_us_per_round"] = {
+            kind: round((seconds - start_threads.get(kind, 0.0)) / run * 1e6, 1)
+            for kind, seconds in sorted(threads.items())
+        }
     print(result)
     if profiles:
         stats = pstats.Stats(profiles[0])
@@ -129,6 +139,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             stats.dump_stats(args.dump)
         stats.sort_stats(args.sort).print_stats(args.top)
     return result
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's live threads, summed by kind: the
+    thread's name without its number (``cronjob-round-17`` is a ``cronjob-round``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_kind: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        kind = thread.name.rstrip("0123456789").rstrip("-")
+        by_kind[kind] = by_kind.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return by_kind
 
 
 if __name__ == "__main__":
