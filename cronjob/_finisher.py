@@ -1,13 +1,15 @@
 """The ends of rounds, recorded in batches by one thread of their own.
 
 A worker whose round ran to its end hands the end to :meth:`Finisher.finish_later` and
-is free for the next round at once; the finisher thread writes every end waiting with
-one :meth:`lease.LeaseStore.finish_many` transaction (one UPDATE per distinct ``ended``
-second and outcome, usually one, and one INSERT of their history rows), then calls each
-end's callback with whether it was recorded. With one round ending at a time that is one
-or two statements per round; when thousands of
-rounds of one instant end together, their ends share a few statements, and the round
-workers never queue behind the database to record them.
+is free for the next round at once: what it hands in is the runner's own record of the
+end, and the finisher thread builds the :class:`lease.Ending` to write from it (the
+outcome, the error, the history row), so that work is not done while rounds wait for a
+worker. It writes every end waiting with one :meth:`lease.LeaseStore.finish_many`
+transaction (one UPDATE per distinct ``ended`` second and outcome, usually one, and one
+INSERT of their history rows), then tells the runner, once for the batch, which ends
+were recorded. With one round ending at a time that is one or two statements per round;
+when thousands of rounds of one instant end together, their ends share a few
+statements, and the round workers never queue behind the database to record them.
 
 While rounds still wait for a worker thread (the ``hold`` predicate: thousands of rounds
 of one instant starting), the finisher holds the ends back, for at most
@@ -26,7 +28,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import lease
 
@@ -43,22 +45,25 @@ BATCH_LIMIT = 5_000
 HOLD_LIMIT = 0.1
 
 
-@dataclass(eq=False)
-class _End:
-    ending: lease.Ending
-    then: Callable[[bool | BaseException], None]
+#: What the finisher is handed: the runner's record of an end.
+T = TypeVar("T")
+
+#: What became of an end: ``True`` (recorded), ``False`` (another claim replaced the
+#: token) or the :class:`lease.LeaseError` raised.
+Result = bool | BaseException
 
 
-class Finisher:
+class Finisher(Generic[T]):
     """Records the ends of rounds on ``store`` from a daemon thread of its own.
 
     Args:
         store: The lease store.
+        ending: Builds the end to write from an item handed in (on the thread).
+        done: Called on the thread once per batch written, with each item and its
+            :data:`Result`, in the order they were handed in.
         name: The thread's name.
-        after_batch: Called on the thread after each batch is written, before its callbacks (the
-            history's pruning, see :class:`cronjob._history.Pruner`).
-        after_callbacks: Called on the thread once every callback of a batch ran (to hand
-            their results on together).
+        after_batch: Called on the thread after each batch is written, before ``done``
+            (the history's pruning, see :class:`cronjob._history.Pruner`).
         hold: While it returns ``True`` (rounds wait for a worker thread), ends are held
             back, up to :data:`HOLD_LIMIT` on ``clock``; :meth:`poke` when it turns
             ``False``. ``None`` writes every end at once (a clock that counts work in
@@ -69,26 +74,28 @@ class Finisher:
     def __init__(
         self,
         store: lease.LeaseStore,
-        name: str = "cronjob-finisher",
         *,
+        ending: Callable[[T], lease.Ending],
+        done: Callable[[list[tuple[T, Result]]], None],
+        name: str = "cronjob-finisher",
         after_batch: Callable[[], None] | None = None,
-        after_callbacks: Callable[[], None] | None = None,
         hold: Callable[[], bool] | None = None,
         clock: Clock | None = None,
     ) -> None:
         if hold is not None and clock is None:
             raise ValueError("a finisher that holds ends back needs a clock")
         self._store = store
+        self._ending = ending
+        self._done = done
         self._hold = hold
         self._clock = clock
         #: Set when a held batch should go now: nothing waits for a thread any more, the
         #: batch is full, or the finisher closes.
         self._release = None if clock is None else clock.event()
         self._after_batch = after_batch
-        self._after_callbacks = after_callbacks
         self._name = name
         self._cond = threading.Condition()
-        self._pending: collections.deque[_End] = collections.deque()
+        self._pending: collections.deque[T] = collections.deque()
         self._closed = False
         #: Whether the thread waits (or is about to) for an end to write.
         self._idle = False
@@ -96,14 +103,13 @@ class Finisher:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    def finish_later(
-        self, ending: lease.Ending, then: Callable[[bool | BaseException], None]
-    ) -> None:
-        """Record the end of a round (as :meth:`lease.LeaseStore.finish`) soon: its
-        outcome, and its history row if it carries one.
+    def finish_later(self, item: T) -> None:
+        """Record the end of a round soon (as :meth:`lease.LeaseStore.finish`, with the
+        :class:`lease.Ending` that ``ending`` builds from ``item``): its outcome, and its
+        history row if it carries one. ``done`` is told what became of it.
 
-        ``then`` is called on the finisher thread with ``True`` (recorded), ``False``
-        (another claim replaced the token) or the :class:`lease.LeaseError` raised.
+        Raises:
+            RuntimeError: the finisher is closed; ``item`` will not be written.
         """
         # No lock on the way in (every round that ends passes here, thousands a second
         # at scale): a deque's append is atomic, and the thread is woken only when it
@@ -111,12 +117,11 @@ class Finisher:
         # condition's lock, so an end appended after its look finds it idle and wakes it.
         if self._closed:
             raise RuntimeError(f"{self._name}: the finisher is closed")
-        end = _End(ending, then)
-        self._pending.append(end)
+        self._pending.append(item)
         if self._closed:  # closed meanwhile: the thread may be gone without this end
             with self._cond:  # the thread takes ends under it: one of us has this one
-                if end in self._pending:
-                    self._pending.remove(end)
+                if any(pending is item for pending in self._pending):
+                    self._pending.remove(item)
                     raise RuntimeError(f"{self._name}: the finisher is closed")
         if self._idle:
             with self._cond:
@@ -164,40 +169,35 @@ class Finisher:
                 batch = [self._pending.popleft() for _ in range(count)]
             outcomes = self._write(batch)
             if self._after_batch is not None:
-                # Before the callbacks: the rounds' ends still count as work in progress
-                # on a fake clock, so a test's advance() waits for this too.
+                # Before ``done``: the rounds' ends still count as work in progress on a
+                # fake clock, so a test's advance() waits for this too.
                 self._after_batch()
-            for end, outcome in zip(batch, outcomes, strict=True):
-                try:
-                    end.then(outcome)
-                except Exception:  # a callback's failure must not stop the others
-                    log.exception(
-                        "recording the end of job %r's round: callback failed", end.ending.name
-                    )
-            if self._after_callbacks is not None:
-                try:
-                    self._after_callbacks()
-                except Exception:
-                    log.exception("handing on the ends of a batch of rounds failed")
-
-    def _write(self, batch: list[_End]) -> list[bool | BaseException]:
-        try:
-            if len(batch) == 1:
-                return [self._finish(batch[0].ending)]
-            written = self._store.finish_many([end.ending for end in batch])
-            return [(end.ending.name, end.ending.token) in written for end in batch]
-        except lease.LeaseError as exc:
-            if len(batch) == 1:
-                return [exc]
-        outcomes: list[bool | BaseException] = []
-        for end in batch:  # the batch failed: one at a time, each its own outcome
             try:
-                outcomes.append(self._finish(end.ending))
-            except lease.LeaseError as single:
-                outcomes.append(single)
-        return outcomes
+                self._done(list(zip(batch, outcomes, strict=True)))
+            except Exception:  # the thread goes on with the next batch
+                log.exception("handing on the ends of a batch of rounds failed")
 
-    def _finish(self, e: lease.Ending) -> bool:
-        return self._store.finish(
-            e.name, e.token, ended=e.ended, succeeded=e.succeeded, error=e.error, record=e.record
-        )
+    def _write(self, batch: list[T]) -> list[Result]:
+        endings = [self._build(item) for item in batch]
+        built = [e for e in endings if isinstance(e, lease.Ending)]
+        try:
+            written = self._store.finish_many(built) if built else set()
+        except lease.LeaseError as exc:
+            if len(built) == 1:
+                return [exc if isinstance(e, lease.Ending) else e for e in endings]
+            # The batch failed: one at a time, each its own outcome.
+            return [self._finish_one(e) if isinstance(e, lease.Ending) else e for e in endings]
+        return [(e.name, e.token) in written if isinstance(e, lease.Ending) else e for e in endings]
+
+    def _build(self, item: T) -> lease.Ending | Exception:
+        try:
+            return self._ending(item)
+        except Exception as exc:  # an end that cannot be built fails alone
+            log.exception("building the record of a round's end failed")
+            return exc
+
+    def _finish_one(self, e: lease.Ending) -> Result:
+        try:
+            return bool(self._store.finish_many([e]))
+        except lease.LeaseError as exc:
+            return exc

@@ -124,7 +124,7 @@ class JobMetrics:
     state of its own.
     """
 
-    __slots__ = ("_by_outcome", "_job", "_meters", "_name")
+    __slots__ = ("_by_outcome", "_by_reason", "_job", "_meters", "_name")
 
     def __init__(self, meters: Meters, name: str) -> None:
         self._meters = meters
@@ -134,6 +134,8 @@ class JobMetrics:
             outcome: {"cronjob.job": name, "cronjob.outcome": outcome}
             for outcome in [*(o.value for o in Outcome), GIVEN_UP]
         }
+        #: The attributes of a reason, made the first time it is seen (a round's start).
+        self._by_reason: dict[str, Attributes] = {}
 
     def _with(self, key: str, value: str) -> Attributes:
         return {"cronjob.job": self._name, key: value}
@@ -142,7 +144,10 @@ class JobMetrics:
         """A round of ``instant`` started at ``now`` (clock time), for ``reason``."""
         self._meters.active.add(1, self._job)
         lateness = max(0.0, (now - instant).total_seconds())
-        self._meters.lateness.record(lateness, self._with("cronjob.reason", reason))
+        attributes = self._by_reason.get(reason)
+        if attributes is None:
+            attributes = self._by_reason[reason] = self._with("cronjob.reason", reason)
+        self._meters.lateness.record(lateness, attributes)
 
     def ended(
         self, outcome: Outcome, error: BaseException | None, seconds: float, *, given_up: bool
@@ -152,7 +157,7 @@ class JobMetrics:
         ``given_up``: it was a second run and was cut short, so its instant is given up.
         """
         self._meters.active.add(-1, self._job)
-        value = GIVEN_UP if given_up and outcome is Outcome.CUT_SHORT else outcome.value
+        value = GIVEN_UP if given_up and outcome is Outcome.CUT_SHORT else outcome.text
         attributes = self._by_outcome[value]
         self._meters.duration.record(max(0.0, seconds), attributes)
         if outcome is Outcome.FAILED and error is not None:

@@ -31,7 +31,11 @@ class Trigger(enum.StrEnum):
 
 
 class Outcome(enum.Enum):
-    """How a round ended."""
+    """How a round ended.
+
+    :attr:`text` is the value as a plain attribute (an enum's ``value`` is a property
+    that costs a call each time; read for every round).
+    """
 
     #: The job returned: the round ran to its end.
     SUCCEEDED = "succeeded"
@@ -39,6 +43,11 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     #: The job raised the round's cancellation: the round may run a second time.
     CUT_SHORT = "cut short"
+
+    text: str
+
+    def __init__(self, value: str) -> None:
+        self.text = value
 
 
 #: Opens the fenced transaction of a round: ``transaction(round)``.

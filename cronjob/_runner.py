@@ -22,9 +22,12 @@ import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
+
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
 
 import lease
 
@@ -40,7 +43,6 @@ from ._tracing import RoundScope, round_scope
 from ._workers import Workers, WorkersClosed
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
     from sqlalchemy import Connection, Dialect, Engine, Select
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -132,10 +134,11 @@ class RoundRunner:
         # Ends of rounds that end together: batched; the history pruned in their wake.
         # While rounds wait for a thread, ends are held back to share a batch; never on
         # a clock that counts work (a fake clock's advance() would wait on the hold).
-        self._finisher = Finisher(
+        self._finisher: Finisher[_Later] = Finisher(
             store,
+            ending=self._ending_of,
+            done=self._batch_written,
             after_batch=None if pruner is None else pruner.maybe_prune,
-            after_callbacks=self._hand_on_ends,
             hold=None if counts_work else lambda: self._workers.queued,
             clock=clock,
         )
@@ -148,9 +151,10 @@ class RoundRunner:
             )
         else:
             self._workers = Workers(max_workers, "cronjob-round", drained=self._finisher.poke)
-        #: Ends the finisher recorded in its current batch, handed on together once its
-        #: callbacks ran (finisher thread only): one inbox message per batch, not per end.
-        self._recorded: list[tuple[Run, datetime]] = []
+        #: Where the rounds' spans go: the provider given, else, while no SDK has set
+        #: the global one, a no-op provider (execctx then skips the tracer), else the
+        #: global one. Looked at once per batch of rounds started (see submit_many).
+        self._spans: TracerProvider | None = tracer_provider
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
         # A round's fenced transactions and fence check, made once for every round: each
@@ -237,6 +241,8 @@ class RoundRunner:
         one go (the rounds of an instant start together). Returns what became of each."""
         starts: list[Start] = []
         sync: list[Run] = []
+        if self._tracer_provider is None:
+            self._spans = _NO_SPANS if _tracing_off() else None
         for run in runs:
             self._clock._work_started()
             if not run.state.job.is_async:
@@ -300,71 +306,83 @@ class RoundRunner:
 
     # -- running --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _round_context(self, run: Run) -> Iterator[RoundScope]:
-        """Run the block as ``run``'s unit of work, counted by the clock, and log its start.
+    def _scope(self, run: Run) -> RoundScope:
+        """Begin ``run``'s round: its start on record and in the metrics; return its unit
+        of work, not entered yet."""
+        clock, ctx = self._clock, run.ctx
+        run.started = run.started_at = clock.now()
+        run.started_mono = clock.monotonic()
+        reason = run.reason.text
+        run.state.metrics.started(ctx.instant, run.started_at, reason)
+        return round_scope(ctx, self._replica_id, self._spans, reason=reason)
 
-        If the unit fails to open or close before the round's end is settled, the work
-        that settles it (:meth:`_bookkeeping_failed`) is counted before this unit stops
-        being: a fake clock never sees a moment with nothing running in between.
-        """
-        with self._clock._tracked():
-            run.started_at, run.started_mono = self._clock.now(), self._clock.monotonic()
-            run.state.metrics.started(run.ctx.instant, run.started_at, run.reason.value)
-            try:
-                with round_scope(
-                    run.ctx, self._replica_id, self._tracer_provider, reason=run.reason.value
-                ) as scope:
-                    ctx = run.ctx
-                    run.started = self._clock.now()
-                    # A scheduled start is the common case, thousands a second at scale:
-                    # DEBUG (the dispatcher logs a summary at INFO); the others stay INFO.
-                    level = logging.DEBUG if run.reason is Reason.SCHEDULE else logging.INFO
-                    if log.isEnabledFor(level):
-                        log.log(
-                            level,
-                            "round of job %r instant %s attempt %d started on %s%s",
-                            ctx.name,
-                            ctx.instant.isoformat(),
-                            ctx.attempt,
-                            ctx.replica,
-                            _why(run),
-                        )
-                    yield scope
-            except Exception:
-                if not run.ended:
-                    self._clock._work_started()  # _bookkeeping_failed's unit
-                raise
+    def _log_start(self, run: Run) -> None:
+        """The round's start line, inside its unit of work (it carries the trace id)."""
+        # A scheduled start is the common case, thousands a second at scale: DEBUG (the
+        # dispatcher logs a summary at INFO); the others stay INFO.
+        level = logging.DEBUG if run.reason is Reason.SCHEDULE else logging.INFO
+        if log.isEnabledFor(level):
+            ctx = run.ctx
+            log.log(
+                level,
+                "round of job %r instant %s attempt %d started on %s%s",
+                ctx.name,
+                ctx.instant.isoformat(),
+                ctx.attempt,
+                ctx.replica,
+                _why(run),
+            )
+
+    # A round runs as its unit of work (_scope), counted by the clock (_tracked). If the
+    # unit fails to open or close before the round's end is settled, the work that
+    # settles it (_bookkeeping_failed) is counted before this unit stops being: a fake
+    # clock never sees a moment with nothing running in between. Written out in each of
+    # the two methods below rather than as one generator: entered once per round.
 
     def _round_sync(self, run: Run) -> None:
+        hand_over = self._workers.hand_over
         try:
-            with self._round_context(run) as scope:
+            with self._clock._tracked():
                 try:
-                    error: BaseException | None = None
-                    try:
-                        run.ctx.check()  # cancelled before it could start: cut short
-                        _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
-                    except BaseException as exc:  # the worker's top: every outcome is recorded
-                        error = exc
-                    self._end_round(run, error, scope)
-                finally:
-                    # Still counted as running: the round queued for this thread is
-                    # counted before this one stops being.
-                    self._workers.hand_over()
+                    with self._scope(run) as scope:
+                        self._log_start(run)
+                        try:
+                            error: BaseException | None = None
+                            try:
+                                run.ctx.check()  # cancelled before it could start: cut short
+                                _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
+                            except BaseException as exc:  # the worker's top: every outcome
+                                error = exc
+                            self._end_round(run, error, scope)
+                        finally:
+                            # Still counted as running: the round queued for this thread
+                            # is counted before this one stops being.
+                            hand_over()
+                except Exception:
+                    if not run.ended:
+                        self._clock._work_started()  # _bookkeeping_failed's unit
+                    raise
         except Exception as exc:  # the round's unit of work failed to open or to close
-            self._bookkeeping_failed(run, exc, self._workers.hand_over)
+            self._bookkeeping_failed(run, exc, hand_over)
 
     async def _round_async(self, run: Run) -> None:
         run.task = asyncio.current_task()
         try:
-            with self._round_context(run) as scope:
-                error: BaseException | None = None
+            with self._clock._tracked():
                 try:
-                    run.ctx.check()  # cancelled before it could start: cut short
-                    await run.state.job.fn(run.ctx)
-                except BaseException as exc:  # includes the task's own cancellation
-                    error = exc
-                await asyncio.to_thread(self._end_round, run, error, scope)
+                    with self._scope(run) as scope:
+                        self._log_start(run)
+                        error: BaseException | None = None
+                        try:
+                            run.ctx.check()  # cancelled before it could start: cut short
+                            await run.state.job.fn(run.ctx)
+                        except BaseException as exc:  # includes the task's own cancellation
+                            error = exc
+                        await asyncio.to_thread(self._end_round, run, error, scope)
+                except Exception:
+                    if not run.ended:
+                        self._clock._work_started()  # _bookkeeping_failed's unit
+                    raise
         except Exception as exc:  # the round's unit of work failed to open or to close
             await asyncio.to_thread(self._bookkeeping_failed, run, exc)
 
@@ -386,7 +404,7 @@ class RoundRunner:
             name,
             exc_info=exc,
         )
-        with self._clock._tracked():  # counted since _round_context let go
+        with self._clock._tracked():  # counted since the round's unit let go
             try:
                 self._end_round(run, exc, None)
             finally:
@@ -426,10 +444,10 @@ class RoundRunner:
                 log.exception("job %r: putting the outcome on its round's span failed", ctx.name)
         run.outcome = outcome
         # A round that ran to its end has its end written by the finisher, in a batch
-        # with the others ending now; the worker is free for the next round at once.
+        # with the others ending now, and its record built there: the worker is free
+        # for the next round at once.
         later = outcome is not Outcome.CUT_SHORT and self._records_end(run) and run.request is None
-        ending = self._ending(run, outcome, error, ended)
-        recorded = False if later else self._record_end(run, ending, outcome)
+        recorded = later or self._record_end(run, self._ending(run, outcome, error, ended), outcome)
         if outcome is Outcome.SUCCEEDED:
             # DEBUG, as the start: the dispatcher's summary line counts them at INFO. A
             # manual round, rare and asked for by someone, stays at INFO.
@@ -465,7 +483,7 @@ class RoundRunner:
             else:
                 log.info("round of %s cut short (%s)", where, cause)
         if later:
-            self._finish_later(run, ending)
+            self._finish_later(_Later(run, ended, outcome, error))
             return True
         if not recorded and run.token is not None and not self._flags.crashed:
             log.warning("round of %s: its end is not on record (the lease is gone)", _where(ctx))
@@ -505,39 +523,33 @@ class RoundRunner:
             record=record,
         )
 
-    def _finish_later(self, run: Run, ending: lease.Ending) -> None:
-        """Hand the end to the finisher; log and tell the dispatcher once it is written."""
-        assert run.token is not None
-        ended = ending.ended
-        context = contextvars.copy_context()  # the round's: its log lines keep its trace id
+    def _ending_of(self, later: _Later) -> lease.Ending:
+        """The finisher's ``ending``: the record of an end handed to it."""
+        return self._ending(later.run, later.outcome, later.error, later.ended)
 
-        def then(result: bool | BaseException) -> None:
-            if result is True:  # the common case: handed on with the batch, still counted
-                self._recorded.append((run, ended))
-                return
-            with self._clock._tracked():
-                context.run(after, result)
-
-        def after(result: bool | BaseException) -> None:
-            if isinstance(result, BaseException):
-                log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
-            if result is not True and not self._flags.crashed:
-                log.warning(
-                    "round of %s: its end is not on record (the lease is gone)", _where(run.ctx)
-                )
-            self._ended([(run, ended)])
-
+    def _finish_later(self, later: _Later) -> None:
+        """Hand the end to the finisher; it is logged and posted once written."""
         self._clock._work_started()
         try:
-            self._finisher.finish_later(ending, then)
+            self._finisher.finish_later(later)
         except RuntimeError:  # stopped meanwhile: the end is not recorded
-            then(False)
+            with self._clock._tracked():
+                later.context.run(self._not_recorded, later, False)
 
-    def _hand_on_ends(self) -> None:
-        """Post the ends the finisher's last batch recorded, in one message; then each
-        stops being counted as work (after the post: a fake clock never sees them
-        neither running nor posted)."""
-        recorded, self._recorded = self._recorded, []
+    def _batch_written(self, results: list[tuple[_Later, bool | BaseException]]) -> None:
+        """The finisher's ``done``: post the ends its batch recorded in one message, then
+        each stops being counted as work (after the post: a fake clock never sees them
+        neither running nor posted). An end not recorded is logged and posted alone."""
+        recorded: list[tuple[Run, datetime]] = []
+        for later, result in results:
+            if result is True:  # the common case
+                recorded.append((later.run, later.ended))
+                continue
+            try:
+                with self._clock._tracked():
+                    later.context.run(self._not_recorded, later, result)
+            except Exception:  # one end's failure must not keep the others back
+                log.exception("job %r: handing on its round's end failed", later.run.ctx.name)
         if not recorded:
             return
         try:
@@ -545,6 +557,17 @@ class RoundRunner:
         finally:
             for _ in recorded:
                 self._clock._work_finished()
+
+    def _not_recorded(self, later: _Later, result: bool | BaseException) -> None:
+        """Log an end the finisher could not record (in the round's context: its trace
+        id), and tell the dispatcher it ended."""
+        run = later.run
+        if isinstance(result, BaseException):
+            log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
+        if not self._flags.crashed:
+            where = _where(run.ctx)
+            log.warning("round of %s: its end is not on record (the lease is gone)", where)
+        self._ended([(run, later.ended)])
 
     def _record_end(self, run: Run, e: lease.Ending, outcome: Outcome) -> bool:
         """Give back the lease of a round cut short (ends that ran go to the finisher);
@@ -587,6 +610,33 @@ class RoundRunner:
         self._fencing.dispose_async_engine(self._loop)
         if self._own_loop is not None:
             self._own_loop.stop()
+
+
+class _Later:
+    """The end of a round that ran to its end, handed to the finisher, which builds the
+    record to write from it (see :meth:`RoundRunner._ending`)."""
+
+    __slots__ = ("context", "ended", "error", "outcome", "run")
+
+    def __init__(
+        self, run: Run, ended: datetime, outcome: Outcome, error: BaseException | None
+    ) -> None:
+        self.run = run
+        self.ended = ended
+        self.outcome = outcome
+        self.error = error
+        #: The round's context: lines logged for the end keep the round's trace id.
+        self.context = contextvars.copy_context()
+
+
+#: Where rounds' spans go while no SDK has set the global provider: nowhere, and execctx
+#: knows it without asking a tracer (see ``_tracing_off``).
+_NO_SPANS = trace.NoOpTracerProvider()
+
+
+def _tracing_off() -> bool:
+    """Whether no SDK has set OpenTelemetry's global tracer provider (yet)."""
+    return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _word(outcome: Outcome, attempt: int) -> str:

@@ -21,10 +21,16 @@ from ._round import Outcome, Round
 __all__ = ["Flags", "JobState", "Reason", "Run"]
 
 
+#: The history's word for a reason, where it is not the reason's own value.
+_WHY = {"catch-up after an outage": "catch-up", "start-up": "start"}
+
+
 class Reason(enum.Enum):
     """Why a round runs: on its span (``cronjob.reason``) and in its start line.
 
-    :attr:`why` is the word the history keeps (``cronjob.admin.Why``).
+    :attr:`text` is the value as a plain attribute, :attr:`why` the word the history
+    keeps (``cronjob.admin.Why``): read for every round, thousands a second at scale,
+    and an enum's ``value`` is a property that costs a call each time.
     """
 
     #: Its instant came.
@@ -40,20 +46,13 @@ class Reason(enum.Enum):
     #: An operator asked for a round now (``cronjob trigger``); never moves the schedule.
     MANUAL = "manual"
 
-    @property
-    def why(self) -> str:
-        """The reason in the history's words: an outage's catch-up is a catch-up."""
-        return _WHY[self]
+    text: str
+    why: str
 
-
-_WHY = {
-    Reason.SCHEDULE: "schedule",
-    Reason.CATCH_UP: "catch-up",
-    Reason.OUTAGE: "catch-up",
-    Reason.RERUN: "re-run",
-    Reason.START: "start",
-    Reason.MANUAL: "manual",
-}
+    def __init__(self, value: str) -> None:
+        self.text = value
+        # The reason in the history's words: an outage's catch-up is a catch-up.
+        self.why = _WHY.get(value, value)
 
 
 @dataclass(eq=False)

@@ -17,35 +17,21 @@ __all__ = ["RoundScope", "round_scope"]
 KIND = "round"
 
 
-class RoundScope:
-    """The round's unit of work, as the scheduler sees it while the round runs."""
-
-    __slots__ = ("_work",)
-
-    def __init__(self, work: execctx.Work) -> None:
-        self._work = work
-
-    def outcome(self, outcome: Outcome, error: BaseException | None) -> None:
-        """Put the outcome on the root span; a job's own failure also sets status ERROR."""
-        self._work.set_outcome(outcome.value, error=error if outcome is Outcome.FAILED else None)
-        if outcome is Outcome.CUT_SHORT and error is not None:
-            self._work.span.set_attribute("cronjob.cause", f"{type(error).__name__}: {error}")
-
-
-class round_scope:  # used as a function: ``with round_scope(...) as scope``
+class RoundScope:  # used as a function too: ``with round_scope(...) as scope``
     """Run the block as the round's unit of work and give ``ctx`` its trace id.
 
     The root span is named ``cronjob <job>`` and carries the job, the instant, the
     attempt, the replica and why the round runs (``cronjob.reason``: ``schedule``,
     ``catch-up``, ``catch-up after an outage``, ``re-run``); spans the job opens are its
     children, and every log record and (instrumented) SQL statement made inside carries
-    the job name and trace id.
+    the job name and trace id. Entering it returns the scope itself, which puts the
+    round's outcome on the span (:meth:`outcome`).
 
     An object over :func:`execctx.work`'s, not a generator: entered once per round,
     thousands of times a second at scale.
     """
 
-    __slots__ = ("_ctx", "_work")
+    __slots__ = ("_ctx", "_handle", "_work")
 
     def __init__(
         self,
@@ -72,9 +58,9 @@ class round_scope:  # used as a function: ``with round_scope(...) as scope``
         )
 
     def __enter__(self) -> RoundScope:
-        w = self._work.__enter__()
-        self._ctx.trace_id = w.unit.trace_id
-        return RoundScope(w)
+        handle = self._handle = self._work.__enter__()
+        self._ctx.trace_id = handle.unit.trace_id
+        return self
 
     def __exit__(
         self,
@@ -83,6 +69,21 @@ class round_scope:  # used as a function: ``with round_scope(...) as scope``
         traceback: TracebackType | None,
     ) -> None:
         self._work.__exit__(kind, error, traceback)
+
+    def outcome(self, outcome: Outcome, error: BaseException | None) -> None:
+        """Put the outcome on the root span; a job's own failure also sets status ERROR.
+
+        Nothing to do on a span that records nothing (no SDK): the span drops it anyway.
+        """
+        handle = self._handle
+        if not handle.span.is_recording():
+            return
+        handle.set_outcome(outcome.value, error=error if outcome is Outcome.FAILED else None)
+        if outcome is Outcome.CUT_SHORT and error is not None:
+            handle.span.set_attribute("cronjob.cause", f"{type(error).__name__}: {error}")
+
+
+round_scope = RoundScope
 
 
 #: The last instant written out and its text: the rounds of one instant start together,

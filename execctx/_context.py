@@ -7,6 +7,7 @@ import types
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 
@@ -49,12 +50,7 @@ class WorkUnit:
     )
 
     def __post_init__(self) -> None:
-        # Checked on every unit entered (thousands a second in a scheduler): plain tests,
-        # no loop over the two names, one isinstance per attribute (a bool is an int).
-        if not isinstance(self.kind, str) or not self.kind:
-            raise ValueError(f"kind must be a non-empty string, got {self.kind!r}")
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        _check_identity(self.kind, self.name, self.attributes)
         if not _TRACE_ID.fullmatch(self.trace_id) or not self.trace_id.strip("0"):
             raise ValueError(
                 f"trace_id must be 32 lowercase hex digits, not all zero: {self.trace_id!r}"
@@ -65,13 +61,50 @@ class WorkUnit:
             raise ValueError(
                 f"span_id must be 16 lowercase hex digits, not all zero: {self.span_id!r}"
             )
-        for key, value in self.attributes.items():
-            if not isinstance(key, str) or not key:
-                raise TypeError(f"attribute keys must be non-empty strings, got {key!r}")
-            if not isinstance(value, _ATTRIBUTE_TYPES):
-                raise TypeError(f"attribute {key!r} must be str, int or bool, got {value!r}")
         # A private copy behind a read-only view: the caller's dict may change later.
         object.__setattr__(self, "attributes", types.MappingProxyType(dict(self.attributes)))
+
+    @classmethod
+    def _with_own_ids(
+        cls,
+        kind: str,
+        name: str,
+        trace_id: str,
+        span_id: str | None,
+        attributes: Mapping[str, str | int | bool],
+    ) -> WorkUnit:
+        """A unit whose ids this package made itself (:func:`execctx.work`): ``kind``,
+        ``name`` and ``attributes`` are checked as the constructor checks them, the ids
+        are not (a fresh random id, or one formatted from a valid span context).
+
+        Entered thousands of times a second by a scheduler: the constructor's id checks
+        and its field-by-field frozen assignments cost more than the rest of a unit.
+        """
+        _check_identity(kind, name, attributes)
+        unit = object.__new__(cls)
+        assign = object.__setattr__
+        assign(unit, "kind", kind)
+        assign(unit, "name", name)
+        assign(unit, "trace_id", trace_id)
+        assign(unit, "span_id", span_id)
+        assign(unit, "attributes", types.MappingProxyType(dict(attributes)))
+        return unit
+
+
+def _check_identity(kind: object, name: object, attributes: Mapping[Any, object]) -> None:
+    """Refuse an empty ``kind`` or ``name`` and attributes that are not str keys to str,
+    int or bool values, as :class:`WorkUnit` does."""
+    # Checked on every unit entered (thousands a second in a scheduler): plain tests,
+    # no loop over the two names, one isinstance per attribute (a bool is an int).
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"kind must be a non-empty string, got {kind!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    for key, value in attributes.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"attribute keys must be non-empty strings, got {key!r}")
+        if not isinstance(value, _ATTRIBUTE_TYPES):
+            raise TypeError(f"attribute {key!r} must be str, int or bool, got {value!r}")
 
 
 def current() -> WorkUnit | None:

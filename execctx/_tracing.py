@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 from collections.abc import Mapping
 from types import TracebackType
@@ -116,7 +115,10 @@ def work(
         span_name: The root span's name, default ``f"{kind} {name}"``.
         parent: OpenTelemetry context whose span becomes the root's parent; default a
             new trace (the caller's current span is deliberately not used).
-        tracer_provider: Where spans go; default the global provider.
+        tracer_provider: Where spans go; default the global provider. A
+            :class:`~opentelemetry.trace.NoOpTracerProvider` records nothing, and with
+            no ``parent`` the unit then skips the tracer altogether (its span is the
+            invalid span, as that provider's would be).
 
     The context manager is an object, not a generator: a scheduler enters thousands
     of units a second. Enter it once.
@@ -145,24 +147,30 @@ class _WorkScope:
 
     def __enter__(self) -> Work:
         kind, name, attributes, span_name, parent, tracer_provider = self._args
-        # Built (and so validated) before the span starts, so bad values leave no open span.
-        unit = WorkUnit(
-            kind=kind, name=name, trace_id=_random_trace_id(), attributes=attributes or {}
-        )
-        span = _tracer(tracer_provider).start_span(
-            span_name or f"{kind} {name}",
-            context=parent if parent is not None else otel_context.Context(),
-            attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
-            record_exception=False,
-            set_status_on_exception=False,
-        )
-        span_context = span.get_span_context()
-        if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
-            unit = dataclasses.replace(
-                unit,
-                trace_id=trace.format_trace_id(span_context.trace_id),
-                span_id=trace.format_span_id(span_context.span_id),
+        # Built (and so validated) before the span starts: bad values leave no span.
+        unit = WorkUnit._with_own_ids(kind, name, _random_trace_id(), None, attributes or {})
+        span: Span
+        if parent is None and isinstance(tracer_provider, trace.NoOpTracerProvider):
+            # What a no-op tracer starts in a new trace is the invalid span: no tracer
+            # asked, no span attributes built (a scheduler's rounds without an SDK).
+            span = trace.INVALID_SPAN
+        else:
+            span = _tracer(tracer_provider).start_span(
+                span_name or f"{kind} {name}",
+                context=parent if parent is not None else otel_context.Context(),
+                attributes={**unit.attributes, KIND_ATTRIBUTE: kind, NAME_ATTRIBUTE: name},
+                record_exception=False,
+                set_status_on_exception=False,
             )
+            span_context = span.get_span_context()
+            if span_context.is_valid:  # an SDK (or a valid parent): the trace's own id wins
+                unit = WorkUnit._with_own_ids(
+                    kind,
+                    name,
+                    trace.format_trace_id(span_context.trace_id),
+                    trace.format_span_id(span_context.span_id),
+                    unit.attributes,
+                )
         handle = self._handle = Work(unit, span)
         self._token = _set_current(unit)
         # The root span made current, as ``trace.use_span`` does (without its exception

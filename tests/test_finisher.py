@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def store(sqlite_url: str) -> Iterator[lease.LeaseStore]:
 
 
 class Ends:
-    """Ends handed to a finisher, and the outcomes its callbacks report."""
+    """Ends handed to a finisher (by name), and the outcomes it reports."""
 
     def __init__(self, store: lease.LeaseStore, names: list[str]) -> None:
         store.ensure(names)
@@ -36,15 +37,20 @@ class Ends:
         self.done = threading.Event()
         self._lock = threading.Lock()
 
-    def hand(self, finisher: Finisher, name: str) -> None:
-        ending = lease.Ending(
+    def finisher(self, store: lease.LeaseStore, **options: Any) -> Finisher[str]:
+        return Finisher(store, ending=self.ending, done=self.written, **options)
+
+    def hand(self, finisher: Finisher[str], name: str) -> None:
+        finisher.finish_later(name)
+
+    def ending(self, name: str) -> lease.Ending:
+        return lease.Ending(
             name=name, token=self.claims[name].token, ended=T0 + timedelta(seconds=1)
         )
-        finisher.finish_later(ending, lambda outcome: self._then(name, outcome))
 
-    def _then(self, name: str, outcome: bool | BaseException) -> None:
+    def written(self, results: list[tuple[str, bool | BaseException]]) -> None:
         with self._lock:
-            self.outcomes[name] = outcome
+            self.outcomes.update(results)
             if len(self.outcomes) == len(self.claims):
                 self.done.set()
 
@@ -59,13 +65,13 @@ def held(clock: FakeClock) -> None:
 
 def holding(
     store: lease.LeaseStore, names: list[str], hold: list[bool] | None = None
-) -> tuple[FakeClock, Ends, Finisher]:
+) -> tuple[FakeClock, Ends, Finisher[str]]:
     """A finisher told rounds wait (while ``hold[0]``, default always), handed the end
     of ``names[0]``, once it holds it back."""
     clock = FakeClock(T0)
     ends = Ends(store, names)
     waiting = [True] if hold is None else hold
-    finisher = Finisher(store, hold=lambda: waiting[0], clock=clock)
+    finisher = ends.finisher(store, hold=lambda: waiting[0], clock=clock)
     ends.hand(finisher, names[0])
     held(clock)
     return clock, ends, finisher
@@ -75,7 +81,7 @@ class TestHold:
     def test_ends_are_written_at_once_when_no_round_waits(self, store):
         clock = FakeClock(T0)
         ends = Ends(store, ["a", "b"])
-        finisher = Finisher(store, hold=lambda: False, clock=clock)
+        finisher = ends.finisher(store, hold=lambda: False, clock=clock)
         ends.hand(finisher, "a")
         ends.hand(finisher, "b")
         assert ends.done.wait(10)  # fake time never moved
@@ -123,7 +129,7 @@ class TestHold:
 
     def test_a_hold_needs_a_clock(self, store):
         with pytest.raises(ValueError, match="needs a clock"):
-            Finisher(store, hold=lambda: True)
+            Ends(store, ["a"]).finisher(store, hold=lambda: True)
 
 
 class TestHandIn:
@@ -132,7 +138,7 @@ class TestHandIn:
     def test_ends_from_many_threads_are_all_written(self, store):
         names = [f"job-{i:03d}" for i in range(200)]
         ends = Ends(store, names)
-        finisher = Finisher(store)
+        finisher = ends.finisher(store)
         threads = [
             threading.Thread(target=lambda part=part: [ends.hand(finisher, n) for n in part])
             for part in (names[i::8] for i in range(8))
@@ -148,9 +154,9 @@ class TestHandIn:
     def test_an_end_handed_in_as_the_finisher_closes_is_refused_not_dropped(self, store):
         """The close lands between the hand-in's look at ``closed`` and its append, and
         the thread ends first: the end is taken back and refused, so the caller knows
-        it is not recorded (its callback is never called)."""
+        it is not recorded (``done`` never reports it)."""
         ends = Ends(store, ["a"])
-        finisher = Finisher(store)
+        finisher = ends.finisher(store)
 
         class ClosingDeque(collections.deque[object]):
             def append(self, item: object) -> None:
