@@ -382,12 +382,12 @@ class Dispatcher:
     def _hold(self, held: _Held) -> None:
         bisect.insort(self._held, held, key=lambda h: h.instant)
 
-    def _unhold(self, won: list[tuple[JobState, lease.Claim]]) -> None:
+    def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
         """Draining before the instant of rounds won ahead: hand each on, as a round cut
         short (another replica's sweep runs it; see :meth:`hand_back`)."""
-        for state, claim in won:
-            self.hand_back(claim)
-            self.schedule_after(state, claim.instant)
+        for state in won:
+            self.hand_back(state.job.name, token)
+            self.schedule_after(state, instant)
 
     def _start_held(self, now: datetime) -> None:
         while self._held and self._held[0].instant <= now:
@@ -480,9 +480,9 @@ class Dispatcher:
         sync = sum(1 for state in states if not state.job.is_async)
         self._claiming_sync += sync
 
-        def done(result: list[lease.Claim] | BaseException) -> None:
+        def done(result: lease.ClaimBatch | BaseException) -> None:
             self._claiming_sync -= sync
-            won: dict[str, lease.Claim] = {}
+            won: set[str] = set()
             if isinstance(result, BaseException):
                 log.error(
                     "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
@@ -490,15 +490,14 @@ class Dispatcher:
                 if isinstance(result, lease.DatabaseUnavailable):
                     self.recovery.database_lost()
             else:
-                won = {claim.name: claim for claim in result}
+                won = set(result.names)
                 self.recovery.database_answered()
                 if len(won) < len(names):
                     self.recovery.sweeper.claims_missed([n for n in names if n not in won], instant)
                 if then is not None:
-                    then(set(won))
+                    then(won)
             late = too_late(claimed_at, self._clock.monotonic())
             ahead = instant > self._clock.now()
-            claims: list[tuple[JobState, lease.Claim]] = []
             # Jobs of a share claimed ahead that it did not win: claimed again later.
             retry = (
                 lost_later
@@ -506,71 +505,99 @@ class Dispatcher:
                 and not self.draining
                 and not self._flags.stopped
             )
+            claimed: list[JobState] = []
             lost: list[JobState] = []
             for state in states:
-                claim = won.get(state.job.name)
-                if claim is None and retry:
+                if state.job.name in won:
+                    claimed.append(state)
+                elif retry:
                     lost.append(state)
-                    continue
-                if claim is not None and late:
-                    log.warning(
-                        "job %r: the claim of %s came back %.1f s after it was sent, when "
-                        "its lease may be lost already: given back, not run here",
-                        state.job.name,
-                        instant.isoformat(),
-                        self._clock.monotonic() - claimed_at,
-                    )
-                if claim is None or self.draining or self._flags.stopped or late:
-                    if claim is not None:  # drain began meanwhile: hand the instant on
-                        self.hand_back(claim)
+                else:
                     self.schedule_after(state, max(instant, issued) if catch_up else instant)
-                    continue
-                if claim.superseded is not None:
-                    old_instant, old_attempt = claim.superseded
-                    log.warning(
-                        "job %r: the unfinished round of %s (attempt %d) is given up: "
-                        "instant %s started first",
-                        state.job.name,
-                        old_instant.isoformat(),
-                        old_attempt,
-                        instant.isoformat(),
-                    )
-                if catch_up:
-                    state.metrics.caught_up(reason.value)
-                    log.info(
-                        "job %r: catching up instant %s%s",
-                        state.job.name,
-                        instant.isoformat(),
-                        " after the database outage" if reason is Reason.OUTAGE else "",
-                    )
-                claims.append((state, claim))
+            batch = None if isinstance(result, BaseException) else result
+            if batch is not None and claimed:
+                if late or self.draining or self._flags.stopped:
+                    # The drain began meanwhile, or the claim came back too late: hand the
+                    # instant on.
+                    for state in claimed:
+                        self._hand_on(state, batch, claimed_at, late=late)
+                        self.schedule_after(state, max(instant, issued) if catch_up else instant)
+                    claimed = []
+                else:
+                    self._report_claimed(claimed, batch, reason)
             if lost and not self._claim_later(instant, lost):
                 for state in lost:
                     self.schedule_after(state, instant)
-            if not claims:
+            if not claimed:
                 return
-            rounds: list[tuple[JobState, int | None]] = [(s, c.token) for s, c in claims]
+            assert batch is not None
+            rounds: list[tuple[JobState, int | None]] = [(state, batch.token) for state in claimed]
             start = functools.partial(
                 self.start_rounds, rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
             )
             if ahead:  # claimed ahead: the rounds start together, on time
-                self._hold(_Held(instant, start, functools.partial(self._unhold, claims)))
+                drop = functools.partial(self._unhold, claimed, batch.token, instant)
+                self._hold(_Held(instant, start, drop))
             else:
                 start()
 
         self._control.run(
-            lambda: self._store.claim(names, instant, self._replica_id), done, self.give_back
+            lambda: self._store.claim_batch(names, instant, self._replica_id),
+            done,
+            self.give_back,
         )
 
-    def hand_back(self, claim: lease.Claim) -> None:
+    def _hand_on(
+        self, state: JobState, batch: lease.ClaimBatch, claimed_at: float, *, late: bool
+    ) -> None:
+        """Give back the lease of a round just won that will not run here."""
+        if late:
+            log.warning(
+                "job %r: the claim of %s came back %.1f s after it was sent, when its "
+                "lease may be lost already: given back, not run here",
+                state.job.name,
+                batch.instant.isoformat(),
+                self._clock.monotonic() - claimed_at,
+            )
+        self.hand_back(state.job.name, batch.token)
+
+    def _report_claimed(
+        self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
+    ) -> None:
+        """Log what a claim that is kept says: the unfinished rounds it gave up, and, for
+        a catch-up, each round caught up (counted too)."""
+        instant = batch.instant.isoformat()
+        for name, (old_instant, old_attempt) in batch.superseded.items():
+            log.warning(
+                "job %r: the unfinished round of %s (attempt %d) is given up: "
+                "instant %s started first",
+                name,
+                old_instant.isoformat(),
+                old_attempt,
+                instant,
+            )
+        if reason is Reason.SCHEDULE:
+            return
+        for state in claimed:
+            state.metrics.caught_up(reason.text)
+            log.info(
+                "job %r: catching up instant %s%s",
+                state.job.name,
+                instant,
+                " after the database outage" if reason is Reason.OUTAGE else "",
+            )
+
+    def hand_back(self, name: str, token: int) -> None:
         """Give back a lease won just as the scheduler began to drain."""
-        self._control.run(
-            lambda: self._store.give_back(claim.name, claim.token), lambda _result: None
-        )
+        self._control.run(lambda: self._store.give_back(name, token), lambda _result: None)
 
-    def give_back(self, claims: lease.Claim | list[lease.Claim] | None) -> None:
+    def give_back(self, claims: lease.ClaimBatch | lease.Claim | None) -> None:
         """Give back leases won after the dispatcher has gone (on the control thread)."""
-        for claim in claims if isinstance(claims, list) else [claims] if claims else []:
+        if isinstance(claims, lease.ClaimBatch):
+            won = claims.claims()
+        else:
+            won = [claims] if claims else []
+        for claim in won:
             try:
                 self._store.give_back(claim.name, claim.token)
             except lease.LeaseError as exc:

@@ -464,7 +464,7 @@ class Sweeper:
                 if isinstance(result, BaseException):
                     log.error("job %r: claiming the second run failed: %s", state.job.name, result)
                 elif result is not None:
-                    dispatcher.hand_back(result)
+                    dispatcher.hand_back(result.name, result.token)
                 dispatcher.schedule_after(state, issued)
                 return
             log.info(

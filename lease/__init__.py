@@ -60,6 +60,7 @@ from ._store import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
 from ._store import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._store import DEFAULT_TTL as DEFAULT_TTL
 from ._store import Claim as Claim
+from ._store import ClaimBatch as ClaimBatch
 from ._store import CutShort as CutShort
 from ._store import LeaseRow as LeaseRow
 from ._store import LeaseState as LeaseState
@@ -80,6 +81,7 @@ from ._trigger import TriggerState as TriggerState
 __all__ = [
     "CLAIM_AHEAD_LIMIT",
     "Claim",
+    "ClaimBatch",
     "CutShort",
     "DEFAULT_HISTORY_DAYS",
     "DEFAULT_HISTORY_PER_NAME",

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -198,6 +198,38 @@ class Claim:
     #: The round this claim gave up, as ``(instant, attempt)``, when the row's previous
     #: round was unfinished (``running`` or ``cut``); ``None`` otherwise.
     superseded: tuple[datetime, int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimBatch:
+    """What one :meth:`LeaseStore.claim_batch` won: first runs of one instant, all under
+    one new token (drawn once per call).
+
+    Thousands of names are claimed together at scale: one value for all of them, not a
+    :class:`Claim` each (:meth:`claims` makes those).
+    """
+
+    instant: datetime
+    #: The fencing token of every lease claimed (0 when none was).
+    token: int
+    #: The names claimed, in the order they were asked for.
+    names: tuple[str, ...]
+    #: The names whose row's previous round was unfinished (``running`` or ``cut``),
+    #: each with the round the claim gave up, as ``(instant, attempt)``.
+    superseded: Mapping[str, tuple[datetime, int]]
+
+    def claims(self) -> list[Claim]:
+        """One :class:`Claim` (attempt 1) per name claimed, in order."""
+        return [
+            Claim(
+                name=name,
+                instant=self.instant,
+                attempt=1,
+                token=self.token,
+                superseded=self.superseded.get(name),
+            )
+            for name in self.names
+        ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -656,11 +688,20 @@ class LeaseStore:
             ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
                 ``holder`` is empty or too long.
         """
+        return self.claim_batch(names, instant, holder).claims()
+
+    def claim_batch(self, names: Iterable[str], instant: datetime, holder: str) -> ClaimBatch:
+        """:meth:`claim`, with what was won as one :class:`ClaimBatch`: the same
+        statement and rules, without a :class:`Claim` made per name.
+
+        Raises:
+            ValueError: as :meth:`claim`.
+        """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
         check_holder(holder)
         if not wanted:
-            return []
+            return ClaimBatch(instant=instant, token=0, names=(), superseded={})
         return self._claim(wanted, epoch, holder)
 
     def take_turn(
@@ -681,9 +722,9 @@ class LeaseStore:
             raise ValueError(f"a chore is a name without whitespace at its ends, not {chore!r}")
         if create:
             self._ensure([name], None)
-        return bool(self._claim([name], epoch, holder))
+        return bool(self._claim([name], epoch, holder).names)
 
-    def _claim(self, wanted: list[str], epoch: int, holder: str) -> list[Claim]:
+    def _claim(self, wanted: list[str], epoch: int, holder: str) -> ClaimBatch:
         token = _new_token()
         now_ms = self._clock_ms()
         stmt, returning = self._claim_statement(given_clock=now_ms is not None)
@@ -699,20 +740,32 @@ class LeaseStore:
         if now_ms is not None:
             params["claim_now"] = now_ms
         with translate_errors("claim leases"), self._transaction() as conn:
+            # Rows as tuples: (name, prev_instant, prev_state, prev_attempt). The instant,
+            # the attempt and the token are the ones just written.
             rows = self._update_returning(
                 conn,
                 stmt,
-                _CLAIM_COLUMNS,
+                _BATCH_COLUMNS,
                 _t.c.token == token,
                 _t.c.name.in_(wanted),
                 returning=returning,
+                tuples=True,
                 **params,
             )
             # Before the commit: a claimer that waited on these rows sees who took them.
-            self._held([(row["name"], token) for row in rows], now_ms, epoch)
-        order = {name: i for i, name in enumerate(wanted)}
-        claims = [_claim_from(row, superseding=True) for row in rows]
-        return sorted(claims, key=lambda claim: order.get(claim.name, len(order)))
+            if self._watched():
+                self._held([(row[0], token) for row in rows], now_ms, epoch)
+        instant = _from_seconds(epoch)
+        superseded: dict[str, tuple[datetime, int]] = {}
+        won: set[str] = set()
+        for name, prev_instant, prev_state, prev_attempt in rows:
+            won.add(name)
+            if prev_state in _UNFINISHED:
+                previous = _previous_round(name, prev_instant, prev_attempt)
+                if previous is not None:
+                    superseded[name] = previous
+        names = tuple(name for name in wanted if name in won)
+        return ClaimBatch(instant=instant, token=token, names=names, superseded=superseded)
 
     def _claim_statement(self, *, given_clock: bool) -> tuple[sa.Update, sa.Update]:
         """The claim's UPDATE, built once per store (and clock kind): every value is a
@@ -756,7 +809,7 @@ class LeaseStore:
                 (_t.c.last_start_ms, now),
             )
         )
-        built = (stmt, stmt.returning(*_CLAIM_COLUMNS))
+        built = (stmt, stmt.returning(*_BATCH_COLUMNS))
         self._claim_statements[given_clock] = built
         return built
 
@@ -804,7 +857,7 @@ class LeaseStore:
                 conn, stmt, _CLAIM_COLUMNS, _t.c.token == token, _t.c.name == wanted
             )
             self._held([(wanted, token)] if rows else [], now_ms, epoch)
-        return _claim_from(rows[0], superseding=False) if rows else None
+        return _claim_from(rows[0]) if rows else None
 
     def renew(self, held: Collection[tuple[str, int]], holder: str) -> set[str]:
         """Extend every lease in ``held`` (``(name, token)`` pairs) to ``now + ttl``.
@@ -1309,6 +1362,10 @@ class LeaseStore:
         """Tell the watchers that a round of ``name`` was requested (after the commit)."""
         self._tell(LeaseWrite(kind=WriteKind.REQUESTED, leases=((name, 0),)))
 
+    def _watched(self) -> bool:
+        """Whether anyone watches this database's writes (see :meth:`watch`)."""
+        return bool(_WATCHERS.get(self._key))
+
     def _tell(self, write: LeaseWrite) -> None:
         """Call the watchers of this database with ``write`` (see :meth:`watch`)."""
         if not _WATCHERS.get(self._key):  # the usual case, without taking the lock
@@ -1422,10 +1479,12 @@ class LeaseStore:
         columns: Sequence[sa.ColumnElement[Any]],
         *written: sa.ColumnElement[bool],
         returning: sa.Update | None = None,
+        tuples: bool = False,
         **params: Any,
-    ) -> list[RowMapping]:
+    ) -> list[Any]:
         """Run ``stmt`` (with bind ``params``) and return ``columns`` of the rows it
-        updated.
+        updated: mappings, or with ``tuples`` plain rows in the order of ``columns``
+        (cheaper by the thousand).
 
         ``written`` must select exactly those rows once the UPDATE has run, within the
         same transaction; it is used only where the dialect lacks UPDATE ... RETURNING.
@@ -1434,11 +1493,16 @@ class LeaseStore:
         if conn.dialect.update_returning:
             if returning is None:
                 returning = stmt.returning(*columns)
-            return list(conn.execute(returning, params).mappings())
-        if conn.execute(stmt, params).rowcount == 0:
+            result = conn.execute(returning, params)
+        elif conn.execute(stmt, params).rowcount == 0:
             return []
-        return list(conn.execute(sa.select(*columns).where(*written)).mappings())
+        else:
+            result = conn.execute(sa.select(*columns).where(*written))
+        return list(result) if tuples else list(result.mappings())
 
+
+#: What a claim reads back of each row it claimed (see :meth:`LeaseStore._claim`).
+_BATCH_COLUMNS: Final = (_t.c.name, _t.c.prev_instant, _t.c.prev_state, _t.c.prev_attempt)
 
 _CLAIM_COLUMNS: Final = (
     _t.c.name,
@@ -1498,26 +1562,35 @@ def _is_running() -> sa.ColumnElement[bool]:
     return _t.c.state == LeaseState.RUNNING.value
 
 
-def _claim_from(row: RowMapping, *, superseding: bool) -> Claim:
-    superseded = None
-    if superseding and row["prev_state"] in _UNFINISHED:
-        prev_instant, prev_attempt = row["prev_instant"], row["prev_attempt"]
-        if _is_int(prev_instant) and prev_instant >= 0 and prev_attempt in (1, 2):
-            superseded = (_from_seconds(prev_instant), int(prev_attempt))
-        else:
-            logger.warning(
-                "lease row %r held a malformed previous round (%r, %r); not reported",
-                row["name"],
-                prev_instant,
-                prev_attempt,
-            )
+def _claim_from(row: RowMapping) -> Claim:
+    """The claim of a second run (it supersedes nothing: the round is the same one)."""
     return Claim(
         name=row["name"],
         instant=_from_seconds(row["instant"]),
         attempt=row["attempt"],
         token=row["token"],
-        superseded=superseded,
     )
+
+
+def _previous_round(
+    name: str, prev_instant: object, prev_attempt: object
+) -> tuple[datetime, int] | None:
+    """The unfinished round a claim of ``name`` gave up, as ``(instant, attempt)``;
+    ``None`` (logged) when the row held a malformed one."""
+    if (
+        _is_int(prev_instant)
+        and prev_instant >= 0
+        and _is_int(prev_attempt)
+        and prev_attempt in (1, 2)
+    ):
+        return _from_seconds(prev_instant), prev_attempt
+    logger.warning(
+        "lease row %r held a malformed previous round (%r, %r); not reported",
+        name,
+        prev_instant,
+        prev_attempt,
+    )
+    return None
 
 
 def _parse_row(row: RowMapping) -> LeaseRow:
@@ -1600,12 +1673,12 @@ def _ms_or_none(value: object) -> datetime | None:
     if not _is_int(value):
         return None
     try:
-        return _EPOCH + int(value) * _MS  # type: ignore[call-overload, no-any-return]
+        return _EPOCH + value * _MS
     except OverflowError:
         return None
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

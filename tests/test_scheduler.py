@@ -248,7 +248,7 @@ class TestClaimLead:
 
     @staticmethod
     def _slow_claims(monkeypatch, clock, seconds, sent=None):
-        claim = lease.LeaseStore.claim
+        claim = lease.LeaseStore.claim_batch
 
         def slow_claim(store, names, instant, holder):  # an answer `seconds` away
             if sent is not None:
@@ -257,7 +257,7 @@ class TestClaimLead:
             clock.sleep(seconds)
             return claims
 
-        monkeypatch.setattr(lease.LeaseStore, "claim", slow_claim)
+        monkeypatch.setattr(lease.LeaseStore, "claim_batch", slow_claim)
 
     def test_claims_go_out_ahead_by_what_they_take_and_rounds_start_on_time(
         self, replicas, clock, recorder, monkeypatch
