@@ -20,6 +20,13 @@ Work accounting for a fake clock: a work item queued while every thread is busy 
 clock does not keep fake time from moving; it is counted again (``unpark``) when a thread
 is about to take it, before the thread's previous item stops being counted
 (:meth:`Workers.hand_over`), so there is no moment when the pool looks idle.
+
+Without accounting (the system clock), a thread that finished an item takes the next
+one without the pool's lock, and nothing is parked: with thousands of rounds of one
+instant queued, dozens of threads otherwise queue on that lock one round after another,
+and each that waits hands the interpreter to another (10,000 rounds on 64 threads: 49
+against 26 µs of the workers' CPU per round). The lock is still taken to wait for work,
+to start threads and to shut down.
 """
 
 from __future__ import annotations
@@ -180,8 +187,9 @@ class Workers:
                 self._threads.append(thread)
                 self._starting += 1
                 return
-        self._parked += 1
-        self._park()
+        if self._accounting:  # a thread taking it settles the count (see _work)
+            self._parked += 1
+            self._park()
 
     def hand_over(self) -> None:
         """Count the item this worker thread takes next, before its current one ends.
@@ -219,7 +227,22 @@ class Workers:
 
     def _work(self) -> None:
         starting = True
+        pending = self._pending
         while True:
+            if not self._accounting and not starting:
+                # No accounting to keep: the next item without the pool's lock (a
+                # deque's popleft is atomic). Dozens of threads taking thousands of
+                # rounds one after another otherwise queue on that lock, and each one
+                # that waits gives the interpreter to another.
+                try:
+                    work = pending.popleft()
+                except IndexError:
+                    pass
+                else:
+                    if not pending:
+                        self._drained()
+                    self._run(work)
+                    continue
             with self._cond:
                 if starting:
                     self._starting -= 1
@@ -237,7 +260,10 @@ class Workers:
                 drained = not self._pending
             if drained:
                 self._drained()
-            try:
-                work()
-            except Exception:  # a worker never dies of its work: the next item waits
-                log.exception("%s: a work item raised; the worker goes on", self._name)
+            self._run(work)
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception:  # a worker never dies of its work: the next item waits
+            log.exception("%s: a work item raised; the worker goes on", self._name)

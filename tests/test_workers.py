@@ -68,3 +68,63 @@ class TestWorkers:
         with pytest.raises(WorkersClosed, match=r"^pool: the worker pool is shut down$"):
             pool.submit(lambda: None)
         assert not issubclass(NoWorkerThread, RuntimeError)
+
+
+class TestTakingWithoutTheLock:
+    """Without work accounting (the system clock), a thread that finished an item takes
+    the next without the pool's lock: every item still runs exactly once."""
+
+    def test_thousands_of_items_from_two_submitters_each_run_once(self):
+        drained: list[bool] = []
+        pool = Workers(8, "pool", drained=lambda: drained.append(True))
+        ran: list[int] = []
+        lock = threading.Lock()
+
+        def item(i: int) -> None:
+            with lock:
+                ran.append(i)
+
+        def submit(part: range) -> None:
+            for first in range(part.start, part.stop, 128):
+                pool.submit_many(
+                    [lambda i=i: item(i) for i in range(first, min(first + 128, part.stop))]
+                )
+
+        submitters = [
+            threading.Thread(target=submit, args=(range(0, 10_000),)),
+            threading.Thread(target=submit, args=(range(10_000, 20_000),)),
+        ]
+        for submitter in submitters:
+            submitter.start()
+        for submitter in submitters:
+            submitter.join()
+        assert pool.shutdown(wait=10)
+        assert sorted(ran) == list(range(20_000))
+        assert drained  # told when the queue emptied
+
+    def test_items_taken_by_a_busy_thread_that_raise_do_not_stop_it(self, caplog):
+        pool = Workers(1, "pool")
+        release, done = threading.Event(), threading.Event()
+        ran: list[int] = []
+
+        def bad() -> None:
+            raise RuntimeError("boom")
+
+        pool.submit(lambda: release.wait(10))  # the one thread is busy: the rest queue
+        pool.submit_many([bad, lambda: ran.append(1), bad, lambda: ran.append(2), done.set])
+        release.set()
+        assert done.wait(10)
+        assert ran == [1, 2]
+        assert caplog.text.count("a work item raised; the worker goes on") == 2
+        assert pool.shutdown(wait=10)
+
+    def test_a_shutdown_lets_the_queued_items_run_then_stops_the_threads(self):
+        pool = Workers(2, "pool")
+        release = threading.Event()
+        ran: list[int] = []
+        pool.submit_many([lambda: release.wait(10)] * 2)
+        pool.submit_many([lambda i=i: ran.append(i) for i in range(100)])
+        assert not pool.shutdown()  # refuses new work; the threads are still busy
+        release.set()
+        assert pool.shutdown(wait=10)
+        assert sorted(ran) == list(range(100))
