@@ -1765,7 +1765,8 @@ def _instant_seconds(instant: datetime) -> int:
 
 
 def _seconds_floor(when: datetime, what: str) -> int:
-    _require_aware(when, what)
+    if type(when) is not datetime or when.tzinfo is not UTC:  # the common case checked at once
+        _require_aware(when, what)
     return (when - _EPOCH) // _SECOND
 
 
