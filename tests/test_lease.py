@@ -280,6 +280,30 @@ class TestClaim:
         superseded = {c.name: c.superseded for c in store.claim(list(claims), T1, "r2")}
         assert superseded == {"given-back": (T0, 1), "crashed": (T0, 1), "done": None}
 
+    def test_a_batch_holds_the_names_won_in_the_order_asked_under_one_token(
+        self, store, manual_clock
+    ):
+        store.ensure(["c", "a", "b", "held"])
+        (held,) = store.claim(["held"], T0, "r0")
+        first = store.claim_batch(["c", "held", "a", "missing", "b"], T0, "r1")
+        assert (first.instant, first.names, first.superseded) == (T0, ("c", "a", "b"), {})
+        rows = store.read(["a", "b", "c", "held"])
+        assert {rows[n].token for n in "abc"} == {first.token}
+        assert rows["held"].token == held.token  # its lease was held: not claimed
+        store.give_back("a", first.token)
+        manual_clock.advance(15)
+        second = store.claim_batch(["a", "b", "c"], T1, "r2")
+        assert second.superseded == {"a": (T0, 1), "b": (T0, 1), "c": (T0, 1)}
+        assert second.claims() == [
+            lease.Claim(name=n, instant=T1, attempt=1, token=second.token, superseded=(T0, 1))
+            for n in "abc"
+        ]
+
+    def test_an_empty_batch_claims_nothing(self, store):
+        store.ensure(["a"])
+        nothing = store.claim_batch([], T0, "r1")
+        assert (nothing.names, nothing.token, nothing.claims()) == ((), 0, [])
+
     def test_it_reports_a_superseded_second_run_with_its_attempt(self, store, manual_clock):
         store.ensure(["a"])
         (first,) = store.claim(["a"], T0, "r1")

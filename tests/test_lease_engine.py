@@ -234,6 +234,7 @@ class TestSurface:
         assert lease.__all__ == [
             "CLAIM_AHEAD_LIMIT",
             "Claim",
+            "ClaimBatch",
             "CutShort",
             "DEFAULT_HISTORY_DAYS",
             "DEFAULT_HISTORY_PER_NAME",
