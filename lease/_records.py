@@ -105,19 +105,35 @@ def bounded_error(text: str | None) -> str | None:
 
 def round_values(row: RoundRow) -> dict[str, Any]:
     """The column values of ``row`` for an INSERT into the history."""
+    trace_id, error = row.trace_id, row.error
     return {
         "name": row.name,
-        "instant": (row.instant - _EPOCH) // _SECOND,
+        "instant": _instant_seconds(row.instant),
         "attempt": row.attempt,
         "holder": row.holder,
         "why": row.why[:16],
         "started_ms": (row.started - _EPOCH) // _MS,
         "ended_ms": (row.ended - _EPOCH) // _MS,
         "outcome": row.outcome[:16],
-        "error": bounded_error(row.error),
-        "trace_id": None if row.trace_id is None else row.trace_id[:32],
+        "error": None if error is None else bounded_error(error),
+        "trace_id": None if trace_id is None else trace_id[:32],
         "requested_by": row.requested_by,
     }
+
+
+#: The instant written out last and its epoch seconds: the rows of a batch are mostly of
+#: one instant (thousands of rounds that started together).
+_last_instant: tuple[datetime, int] = (_EPOCH, 0)
+
+
+def _instant_seconds(instant: datetime) -> int:
+    global _last_instant
+    last = _last_instant
+    if last[0] is instant:
+        return last[1]
+    seconds = (instant - _EPOCH) // _SECOND
+    _last_instant = (instant, seconds)
+    return seconds
 
 
 def round_from(row: RowMapping) -> RoundRow:

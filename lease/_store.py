@@ -991,10 +991,15 @@ class LeaseStore:
                 end = Ending(name=name, token=token, ended=ended)
             endings.append(end)
         _names([end.name for end in endings])  # the batch's names checked in one call
+        last: tuple[int, bool] | None = None
+        group: list[Ending] = []
         for end in endings:
             _check_token(end.token)
             key = (_seconds_floor(end.ended, "ended"), end.succeeded)
-            groups.setdefault(key, []).append(end)
+            if key != last:  # ends of a batch come mostly in runs of one second and outcome
+                group = groups.setdefault(key, [])
+                last = key
+            group.append(end)
             if end.record is not None:
                 records.append(round_values(end.record))
         if not groups:
@@ -1031,8 +1036,9 @@ class LeaseStore:
                 # to send back and parse. Otherwise, read which: a token is drawn per
                 # claim and ends once, so a row with one of these tokens that is now
                 # done was finished here.
-                if conn.execute(stmt).rowcount == len(set(pairs)):
-                    recorded.update(pairs)
+                unique = set(pairs)
+                if conn.execute(stmt).rowcount == len(unique):
+                    recorded |= unique
                     continue
                 done = sa.select(_t.c.name, _t.c.token).where(
                     mine,
@@ -1042,7 +1048,7 @@ class LeaseStore:
                 recorded.update((name, int(token)) for name, token in conn.execute(done))
             if records:
                 self._insert_history(conn, records)
-        if recorded:
+        if recorded and self._watched():
             self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(recorded)))
         return recorded
 
