@@ -915,8 +915,11 @@ def scenario_pause(db: str = "postgres") -> Figures:
             # Cut while tick's current instant runs on b: a round of c's whose end is
             # being written as the cut lands keeps its lease 15 s, then waits for a
             # sweep's second run, and tick stops past the whole pause (seen once, on a
-            # slow machine, 30 ms after such a round's end).
-            s.wait_start("tick", 5, after=time.monotonic(), pid=steady.current.pid)
+            # slow machine, 30 ms after such a round's end). Tick's instants are too small
+            # to share: whichever live replica claims first runs it, so b may wait a few
+            # instants for one; and if the kill caught a in a round of tick, its lease
+            # keeps tick from everyone for the lease's 15 s first.
+            s.wait_start("tick", LEASE_TTL + 5, after=time.monotonic(), pid=steady.current.pid)
             cut_off.cut()
         time.sleep(2 * 5 + 1)  # two instants pass, paused
         killed.start()
