@@ -408,26 +408,26 @@ def _sleep_until(when: float) -> None:
         time.sleep(min(left, 0.5))
 
 
-def _shares(by_instant: dict[int, list[int]]) -> dict[str, Any]:
-    """How evenly each instant's rounds were shared by the live replicas (those that ran a
-    round at that instant or later: a killed one stops counting): the lowest and highest
-    share of a replica in an instant, in % of its fair share (the instant's rounds / live
-    replicas); and the instants run by more than one replica."""
+def _shares(by_instant: dict[int, list[int]], *, killed_after: int | None = None) -> dict[str, Any]:
+    """How evenly each instant's rounds were shared by the live replicas: every replica,
+    but the last one (the one a kill run kills) no longer after ``killed_after``, its
+    kill instant. The lowest and highest share of a replica in an instant, in % of its
+    fair share (the instant's rounds / live replicas); the instants run by more than one
+    replica; and those in which every live replica ran 80-120 % of its fair share.
+
+    A replica that ran nothing in an instant is live all the same: it counts at 0 %
+    (a scheduler that leaves one replica idle is not sharing).
+    """
     low, high, multi, fair_instants = float("inf"), 0.0, 0, 0
-    last: dict[int, int] = {}
     for instant, counts in by_instant.items():
-        for index, n in enumerate(counts):
-            if n:
-                last[index] = max(last.get(index, instant), instant)
-    for instant, counts in by_instant.items():
-        active = [n for index, n in enumerate(counts) if last.get(index, -1) >= instant]
-        if sum(1 for n in active if n) > 1:
+        live = counts if killed_after is None or instant <= killed_after else counts[:-1]
+        if sum(1 for n in live if n) > 1:
             multi += 1
-        fair = sum(active) / len(active) if active else 0
+        fair = sum(live) / len(live) if live else 0
         if fair:
-            low = min(low, min(active) / fair * 100)
-            high = max(high, max(active) / fair * 100)
-            fair_instants += 0.8 * fair <= min(active) and max(active) <= 1.2 * fair
+            low = min(low, min(live) / fair * 100)
+            high = max(high, max(live) / fair * 100)
+            fair_instants += 0.8 * fair <= min(live) and max(live) <= 1.2 * fair
     return {
         "share_pct": [round(low), round(high)] if by_instant else None,
         "instants_fair": f"{fair_instants}/{len(by_instant)}",
@@ -535,7 +535,7 @@ def _analyse(
         else None
     )
     return {
-        **_shares(by_instant),
+        **_shares(by_instant, killed_after=None if kill is None else kill["kill_instant"]),
         # Each replica's mean rounds started per expected instant of the window.
         "rounds_per_instant": [
             round(sum(counts[r] for counts in by_instant.values()) / len(instants), 1)

@@ -1,10 +1,11 @@
-"""The benchmarks' accounting of a run in which a replica is killed: what is missed
-before, at and after the kill's instant, and how the rounds were shared before and
-after (benchmarks/_harness.py). Pure functions; no database, no processes."""
+"""The benchmarks' accounting of a run: what is missed before, at and after a kill's
+instant, how the rounds were shared before and after it, and how evenly the live
+replicas shared each instant (benchmarks/_harness.py). Pure functions; no database, no
+processes."""
 
 from __future__ import annotations
 
-from benchmarks._harness import _analyse, kill_phases
+from benchmarks._harness import _analyse, _shares, kill_phases
 
 NAMES = [f"job-{i:05d}" for i in range(6)]
 INSTANTS = [100, 110, 120, 130]
@@ -67,3 +68,23 @@ def test_analyse_counts_rounds_per_replica_per_instant_and_the_kill() -> None:
     assert result["rounds_per_instant"] == [3.0, 1.5]
     assert result["kill"]["missed"] == [0, 3, 3]
     assert result["kill"]["rounds_per_instant_after"] == [3.0, 0.0]
+
+
+def test_shares_count_an_idle_replica_at_zero_and_a_killed_one_until_its_kill() -> None:
+    # Instant 100: shared evenly. 110: the third replica ran nothing while alive, which
+    # is no sharing. 120 is the kill instant (the killed one ran half its share); at 130
+    # the two survivors share alone.
+    by_instant = {100: [2, 2, 2], 110: [3, 3, 0], 120: [2, 2, 1], 130: [3, 3, 0]}
+
+    shares = _shares(by_instant, killed_after=120)
+
+    assert shares["instants_fair"] == "2/4"  # 100 and 130
+    assert shares["instants_shared"] == "4/4"
+    assert shares["share_pct"] == [0, 150]  # 110: 0 and 3 of a fair 2
+
+
+def test_shares_without_a_kill_count_every_replica_at_every_instant() -> None:
+    # One replica runs every round: a fair share for it alone would be 100 %.
+    shares = _shares({100: [6, 0, 0], 110: [6, 0, 0]})
+
+    assert shares == {"share_pct": [0, 300], "instants_fair": "0/2", "instants_shared": "0/2"}
