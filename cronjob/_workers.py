@@ -19,7 +19,10 @@ Work accounting for a fake clock: a work item queued while every thread is busy 
 *parked* (the ``park`` hook uncounts it), so a queued round behind a job waiting on the
 clock does not keep fake time from moving; it is counted again (``unpark``) when a thread
 is about to take it, before the thread's previous item stops being counted
-(:meth:`Workers.hand_over`), so there is no moment when the pool looks idle.
+(:meth:`Workers.hand_over`), so there is no moment when the pool looks idle. A thread
+that has handed over is on its way back for more: until it is back, an item queued is
+its to take, not parked (its item stops being counted before the thread reaches the
+queue, and fake time must not move past an item a thread is about to run).
 
 Without accounting (the system clock), a thread that finished an item takes the next
 one without the pool's lock, and nothing is parked: with thousands of rounds of one
@@ -100,6 +103,10 @@ class Workers:
         self._starting = 0
         #: Queued items whose accounting is suspended (no thread was free for them).
         self._parked = 0
+        #: Threads whose item has handed over (:meth:`hand_over`) and that have not yet
+        #: come back to the queue: takers, as the idle ones (with accounting only).
+        self._returning = 0
+        self._local = threading.local()
         self._closed = False
 
     @property
@@ -158,7 +165,7 @@ class Workers:
         if self._closed:
             raise WorkersClosed(f"{self._name}: the worker pool is shut down")
         self._pending.append(work)
-        takers = self._idle + self._starting
+        takers = self._idle + self._starting + self._returning
         if len(self._pending) - self._parked <= takers:
             self._cond.notify()
             return
@@ -199,10 +206,14 @@ class Workers:
         """
         if not self._accounting:
             return
+        local = self._local
         with self._cond:
             if self._pending and self._parked > len(self._pending) - 1:
                 self._parked -= 1
                 self._unpark()
+            if getattr(local, "worker", False) and not getattr(local, "returning", False):
+                local.returning = True  # a taker until _work looks at the queue again
+                self._returning += 1
 
     def shutdown(self, *, wait: float | None = None) -> bool:
         """Refuse new work; let queued work finish; stop the threads once idle.
@@ -228,6 +239,8 @@ class Workers:
     def _work(self) -> None:
         starting = True
         pending = self._pending
+        local = self._local
+        local.worker = True
         while True:
             if not self._accounting and not starting:
                 # No accounting to keep: the next item without the pool's lock (a
@@ -247,6 +260,9 @@ class Workers:
                 if starting:
                     self._starting -= 1
                     starting = False
+                if getattr(local, "returning", False):
+                    local.returning = False
+                    self._returning -= 1
                 while not self._pending and not self._closed:
                     self._idle += 1
                     self._cond.wait()

@@ -128,3 +128,48 @@ class TestTakingWithoutTheLock:
         release.set()
         assert pool.shutdown(wait=10)
         assert sorted(ran) == list(range(100))
+
+
+class TestParking:
+    """With work accounting (a fake clock): an item queued while every thread is busy is
+    parked (its accounting suspended) until a thread takes it, unless a thread has handed
+    over and is on its way back for it."""
+
+    @staticmethod
+    def _pool(calls: list[str]) -> Workers:
+        return Workers(
+            1, "pool", park=lambda: calls.append("park"), unpark=lambda: calls.append("unpark")
+        )
+
+    def test_an_item_queued_behind_a_busy_thread_is_parked_until_taken(self):
+        calls: list[str] = []
+        pool = self._pool(calls)
+        release, ran = threading.Event(), threading.Event()
+        pool.submit(lambda: release.wait(10))  # busy, and not handing over
+        pool.submit(ran.set)
+        assert calls == ["park"]
+        release.set()
+        assert ran.wait(10)
+        assert calls == ["park", "unpark"]
+        assert pool.shutdown(wait=10)
+
+    def test_an_item_queued_after_the_running_one_handed_over_is_not_parked(self):
+        # The running item has handed over: its thread's next look at the queue takes
+        # the new item. Parked, the item would not count while the thread finishes the
+        # rest of its item, and a fake clock could move past it (a round started late).
+        calls: list[str] = []
+        pool = self._pool(calls)
+        handed, release, ran = threading.Event(), threading.Event(), threading.Event()
+
+        def first() -> None:
+            pool.hand_over()
+            handed.set()
+            release.wait(10)  # the rest of the item, after it stopped being counted
+
+        pool.submit(first)
+        assert handed.wait(10)
+        pool.submit(ran.set)
+        release.set()
+        assert ran.wait(10)
+        assert calls == []
+        assert pool.shutdown(wait=10)
