@@ -77,7 +77,6 @@ def clock() -> FakeClock:
     return FakeClock(START)
 
 
-
 class TestWallClockStepped:
     def test_a_wall_clock_stepped_back_20_s_neither_delays_renewal_nor_doubles_the_round(
         self, replicas, clock
@@ -201,12 +200,19 @@ class TestClaimInFlightAtStop:
         advancing = threading.Thread(target=clock.advance, args=(3600,))
         stopping = threading.Thread(target=scheduler.stop)
         try:
+            # start() returns before start-up has written the job's row: lock it once it is
+            # there (locking no row would leave the claim unblocked).
+            wait_until(lambda: _row_written(engine), 20, "start-up to write the lease row", 0.02)
             with engine.connect() as blocker:
-                blocker.execute(
+                locked = blocker.execute(
                     sa.text("SELECT name FROM cronjob_lease WHERE name = 'hourly' FOR UPDATE")
-                )
+                ).all()
+                assert locked == [("hourly",)]
+                pid = blocker.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
                 advancing.start()  # at 10:00 the claim waits behind the row lock
-                wait_until(lambda: _claim_waiting(engine), 20, "the claim to wait on its row", 0.02)
+                wait_until(
+                    lambda: _claim_waiting(engine, pid), 20, "the claim to wait on its row", 0.02
+                )
                 stopping.start()
                 thread = scheduler._thread
                 assert thread is not None
@@ -222,13 +228,22 @@ class TestClaimInFlightAtStop:
         assert row.state is not lease.LeaseState.RUNNING  # given back: no 15 s hole
 
 
-def _claim_waiting(engine: sa.Engine) -> bool:
+def _row_written(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        query = sa.text("SELECT count(*) FROM cronjob_lease WHERE name = 'hourly'")
+        return bool(conn.execute(query).scalar_one())
+
+
+def _claim_waiting(engine: sa.Engine, blocker: int) -> bool:
+    """Whether a claim waits on the lock that backend ``blocker`` holds (not any claim of
+    the server's: other tests' schemas have claims of their own)."""
     with engine.connect() as conn:
         waiting = conn.execute(
             sa.text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND query ILIKE 'UPDATE cronjob_lease%'"
-            )
+                "SELECT count(*) FROM pg_stat_activity WHERE :blocker = ANY(pg_blocking_pids(pid))"
+                " AND query ILIKE 'UPDATE cronjob_lease%'"
+            ),
+            {"blocker": blocker},
         ).scalar_one()
     return bool(waiting)
 
