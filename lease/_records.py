@@ -108,7 +108,7 @@ def round_values(row: RoundRow) -> dict[str, Any]:
     trace_id, error = row.trace_id, row.error
     return {
         "name": row.name,
-        "instant": _instant_seconds(row.instant),
+        "instant": _epoch_seconds(row.instant),
         "attempt": row.attempt,
         "holder": row.holder,
         "why": row.why[:16],
@@ -126,7 +126,8 @@ def round_values(row: RoundRow) -> dict[str, Any]:
 _last_instant: tuple[datetime, int] = (_EPOCH, 0)
 
 
-def _instant_seconds(instant: datetime) -> int:
+def _epoch_seconds(instant: datetime) -> int:
+    """``instant`` in whole epoch seconds; the last one asked is kept (by identity)."""
     global _last_instant
     last = _last_instant
     if last[0] is instant:

@@ -786,7 +786,7 @@ class LeaseStore:
             if self._ahead_ms is None
             else sa.bindparam("claim_reached", type_=sa.BigInteger()) <= now
         )
-        if self._engine.dialect.name == "postgresql":
+        if self._postgres:
             # The names as one JSON text, made an array once (an InitPlan) for the index
             # scan: psycopg dumps an array parameter element by element in Python, which
             # for 10,000 names was most of a claim's own CPU.
@@ -1086,7 +1086,7 @@ class LeaseStore:
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
         upsert = None if replica is None else self._replica_upsert(replica)
-        if upsert is not None and self._engine.dialect.name == "postgresql":
+        if upsert is not None and self._postgres:
             stmt = stmt.add_cte(upsert.returning(_p.c.holder).cte("seen"))
             upsert = None
         read = replica is None
@@ -1296,7 +1296,7 @@ class LeaseStore:
         """``name IN names``; on PostgreSQL ``name = ANY(:array)``: one parameter, so the
         statement's text and compiled form are the same whatever the count (cached by
         SQLAlchemy and psycopg alike) instead of one placeholder per name."""
-        if self._engine.dialect.name == "postgresql":
+        if self._postgres:
             array = sa.bindparam("names", names, type_=postgresql.ARRAY(sa.String()), unique=True)
             return _t.c.name == sa.any_(array)
         return _t.c.name.in_(names)
@@ -1511,7 +1511,7 @@ class LeaseStore:
         else:
             result = conn.execute(sa.select(*columns).where(*written()))
         # all(): one fetch of every row, not one call per row.
-        return list(result.all()) if tuples else list(result.mappings().all())
+        return list(result.all() if tuples else result.mappings().all())
 
 
 #: What a claim reads back of each row it claimed (see :meth:`LeaseStore._claim`).
