@@ -202,7 +202,9 @@ class Workers:
         """Count the item this worker thread takes next, before its current one ends.
 
         Called by a work item, on its worker thread, just before it stops counting
-        itself: a parked item waiting for this thread is counted from now on.
+        itself: a parked item waiting for this thread is counted from now on, and until
+        the thread is back at the queue an item queued meanwhile is its to take, not
+        parked.
         """
         if not self._accounting:
             return
