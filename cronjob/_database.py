@@ -7,12 +7,16 @@ serves ``ctx.transaction_async()``. Given a sync URL or engine and async jobs,
 ``transaction_async`` gets an async engine made by :func:`lease.create_async_engine`
 with the matching async driver, or, with none installed, the error naming what to
 install (the jobs that never call it run). Engines passed in are not ours to dispose.
+
+SQLAlchemy's asyncio support is imported only on those paths: it needs greenlet, which
+the base install and the sync extras do not bring (see docs/decisions.md).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,8 +28,16 @@ from ._clock import Clock
 if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-__all__ = ["DATABASE_ENV", "DEFAULT_SQLITE_FILE", "Engines", "connect", "resolve_database"]
+__all__ = [
+    "DATABASE_ENV",
+    "DEFAULT_SQLITE_FILE",
+    "Engines",
+    "connect",
+    "is_async_engine",
+    "resolve_database",
+]
 
 log = logging.getLogger("cronjob")
 
@@ -42,6 +54,16 @@ def resolve_database(
     if database is not None:
         return database
     return os.environ.get(DATABASE_ENV) or f"sqlite:///{DEFAULT_SQLITE_FILE}"
+
+
+def is_async_engine(database: object) -> TypeIs[AsyncEngine]:
+    """Tell whether ``database`` is an ``AsyncEngine``, without importing asyncio support.
+
+    Importing ``sqlalchemy.ext.asyncio`` fails without greenlet; an ``AsyncEngine`` can
+    only exist once that module has been imported, so if it is not loaded, none exists.
+    """
+    module = sys.modules.get("sqlalchemy.ext.asyncio")
+    return module is not None and isinstance(database, module.AsyncEngine)
 
 
 @dataclass(eq=False)
@@ -70,11 +92,9 @@ def connect(
     Raises:
         lease.UnsupportedDatabase: ``check_dialect`` and the database cannot carry leases.
     """
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
     async_engine: AsyncEngine | lease.LeaseError | None = None
     owns_engine = owns_async = False
-    if isinstance(database, AsyncEngine):
+    if is_async_engine(database):
         engine, owns_engine = lease.create_engine(lease.sync_url(database.url)), True
         async_engine = database
     elif isinstance(database, str) and lease.is_async_url(database):
@@ -94,7 +114,7 @@ def connect(
             async_engine = exc
     if sql_comments:
         instrument(engine)
-        if isinstance(async_engine, AsyncEngine):
+        if is_async_engine(async_engine):
             instrument(async_engine.sync_engine)
     store = lease.LeaseStore(engine, clock=clock.lease_clock())
     engines = Engines(engine, owns_engine, async_engine, owns_async, store)

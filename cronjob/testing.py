@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock
+from ._database import is_async_engine
 from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
 from ._registry import Job, Registry
@@ -136,9 +137,7 @@ def make_round(
 
     @contextlib.asynccontextmanager
     async def transaction_async(ctx: Round) -> AsyncIterator[AsyncConnection]:
-        from sqlalchemy.ext.asyncio import AsyncEngine
-
-        if not isinstance(engine, AsyncEngine):
+        if not is_async_engine(engine):
             raise RuntimeError(f"make_round({name!r}) was given no AsyncEngine")
         async with engine.begin() as conn:
             yield conn

@@ -150,12 +150,13 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
             (or greenlet, which SQLAlchemy's asyncio support needs) is not installed.
         UnsupportedDatabase: the URL names an in-memory SQLite database.
     """
-    from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
-
     with translate_errors("create engine"):
         parsed = sa.make_url(url)
     refuse_sqlite_memory(url)
     _require_async_support(parsed)
+    # Imported only here: importing it without greenlet raises ImportError.
+    from sqlalchemy.ext.asyncio import create_async_engine as sa_create_async_engine
+
     with translate_errors("create engine"):
         options, kwargs = _engine_options(parsed, kwargs)
     if parsed.get_backend_name() == "sqlite":
