@@ -5,8 +5,9 @@ The lease statements always run synchronously, on the control thread. Given an
 :func:`lease.create_engine` on the same URL with the sync driver, and the async engine
 serves ``ctx.transaction_async()``. Given a sync URL or engine and async jobs,
 ``transaction_async`` gets an async engine made by :func:`lease.create_async_engine`
-with the matching async driver, or, with none installed, the error naming what to
-install (the jobs that never call it run). Engines passed in are not ours to dispose.
+with the matching async driver. With no async driver, or no greenlet, installed, it
+gets the error naming what to install instead, raised to the jobs that call it (the
+others run). Engines passed in are not ours to dispose.
 
 SQLAlchemy's asyncio support is imported only on those paths: it needs greenlet, which
 the base install and the sync extras do not bring (see docs/decisions.md).
@@ -99,15 +100,15 @@ def connect(
         async_engine = database
     elif isinstance(database, str) and lease.is_async_url(database):
         engine, owns_engine = lease.create_engine(lease.sync_url(database)), True
-        if async_jobs:
-            async_engine, owns_async = lease.create_async_engine(database), True
     elif isinstance(database, str):
         engine, owns_engine = lease.create_engine(database), True
     else:
         engine = database
     if async_engine is None and async_jobs:
+        # The URL given if async, else the sync one with the first installed async driver.
+        async_target = database if isinstance(database, str) else engine.url
         try:
-            async_engine = lease.create_async_engine(lease.async_url(engine.url))
+            async_engine = lease.create_async_engine(lease.async_url(async_target))
             owns_async = True
         except lease.DatabaseError as exc:
             log.info("ctx.transaction_async() is unavailable: %s", exc)

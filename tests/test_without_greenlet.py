@@ -120,3 +120,12 @@ def test_an_async_url_without_greenlet_is_refused_with_what_to_install(tmp_path)
     message = run_without_greenlet(code, cwd=tmp_path)
     assert message.startswith("SQLAlchemy's asyncio support needs greenlet"), message
     assert "[sqlite-async]" in message
+
+
+def test_an_async_url_without_greenlet_fails_only_the_job_that_opens_a_transaction(tmp_path):
+    """Given ``sqlite+aiosqlite://``, the leases run on pysqlite; the sync job runs."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite'}"
+    ran = json.loads(run_without_greenlet(SCHEDULER, url, cwd=tmp_path))
+    assert (ran["sync"], ran["async"], ran["asyncio imported"]) == (60, 60, False)
+    [error] = ran["errors"]
+    assert "SQLAlchemy's asyncio support needs greenlet" in error
