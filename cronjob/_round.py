@@ -8,9 +8,9 @@ import enum
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from ._exceptions import Cancelled, LeaseLost
+from ._exceptions import Cancelled, LeaseLost, Retry
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
@@ -43,6 +43,12 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     #: The job raised the round's cancellation: the round may run a second time.
     CUT_SHORT = "cut short"
+    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
+    TIMED_OUT = "timed_out"
+    #: The round could not start within its job's ``start_deadline``: not run.
+    MISSED_DEADLINE = "missed_deadline"
+    #: This attempt failed (or asked for a retry) and the round runs again.
+    RETRYING = "retrying"
 
     text: str
 
@@ -174,6 +180,18 @@ class Round:
         the round cut short.
         """
         return await self._waker().wait_async(max(0.0, seconds))
+
+    def retry_in(self, seconds: float) -> NoReturn:
+        """Ask for another attempt of this round in ``seconds``: raises :class:`Retry`.
+
+        Let it propagate out of the job. Whether the retry happens is the job's policy's
+        to say (``retries``, and never after the job's next instant is due).
+
+        Raises:
+            Retry: always, carrying ``seconds``.
+            ValueError: ``seconds`` is negative or NaN.
+        """
+        raise Retry(seconds)
 
     def check(self) -> None:
         """Raise the round's cancellation if it has been cancelled; return otherwise.
