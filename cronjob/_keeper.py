@@ -188,6 +188,8 @@ class LeaseKeeper:
     def _maybe_renew(self, now: float) -> None:
         if self._renew_at is None or self._renewing or now < self._renew_at:
             return
+        if self._flags.crashed:  # a forced exit in this same tick: write nothing more
+            return
         held = [run for run in self._held if run.lost_at is None]
         if not held:
             self._renew_at = None
