@@ -39,7 +39,8 @@ class Outcome(enum.Enum):
 
     #: The job returned: the round ran to its end.
     SUCCEEDED = "succeeded"
-    #: The job raised an error of its own: the round ran to its end (logged, not retried).
+    #: The job raised an error of its own: the round ran to its end (logged; retried only
+    #: with the job's ``retries``, each attempt but the last then ending ``retrying``).
     FAILED = "failed"
     #: The job raised the round's cancellation: the round may run a second time.
     CUT_SHORT = "cut short"
@@ -82,7 +83,8 @@ class Round:
         instant: The scheduled instant this round runs for, an aware UTC datetime — the
             same on a second run and on a catch-up. For a manual round, the moment the
             request was made (lease clock, to the millisecond).
-        attempt: 1, or 2 for the second run of a round cut short.
+        attempt: 1, or 2 for the second run of a round cut short; with the job's
+            ``retries``, each further attempt of the instant counts on (2, 3, …).
         trigger: :attr:`Trigger.SCHEDULE`, or :attr:`Trigger.MANUAL` for a round an
             operator asked for; a manual round never moves the schedule.
         requested_by: Who asked for a manual round (``user@host`` unless told); ``None``
@@ -155,12 +157,13 @@ class Round:
 
     @property
     def cancelled(self) -> bool:
-        """Whether the round has been cancelled (shutdown or lease lost)."""
+        """Whether the round has been cancelled (shutdown, lease lost or timed out)."""
         return self._cause is not None
 
     @property
     def cause(self) -> Cancelled | None:
-        """Why the round was cancelled: a :class:`Shutdown` or :class:`LeaseLost`, or None."""
+        """Why the round was cancelled: a :class:`Shutdown`, :class:`LeaseLost` or
+        :class:`TimedOut`, or None."""
         return self._cause
 
     def wait(self, seconds: float) -> bool:
@@ -199,6 +202,7 @@ class Round:
         Raises:
             Shutdown: the scheduler is draining.
             LeaseLost: the round's lease was taken or could not be renewed.
+            TimedOut: the round ran past its job's ``timeout``.
         """
         cause = self._cause
         if cause is not None:
