@@ -732,8 +732,8 @@ class Dispatcher:
         ended ``retrying`` keeps its lease and waits for its retry instead."""
         if run.outcome is Outcome.RETRYING:
             self.runs.discard(run)
-            self.summary.ended(run.outcome, self._clock.monotonic())
             if self.policies.backoff(run, ended):
+                self.summary.ended(run.outcome, self._clock.monotonic())
                 return
         self._forget(run)
         if run.request is not None:

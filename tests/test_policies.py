@@ -254,17 +254,21 @@ class TestRetries:
         assert [ctx.instant for ctx, _ in rounds.seen] == [at(minutes=1)] * 2
         assert [o for *_, o in ended(url, "later")] == ["retrying", "succeeded"]
 
-    def test_retry_raised_without_retries_left_ends_failed(self, url, replicas, clock, rounds):
+    def test_retry_raised_without_retries_left_ends_failed(
+        self, url, replicas, clock, rounds, caplog
+    ):
         def asks(ctx: cronjob.Round) -> None:
             rounds.note(ctx)
             raise cronjob.Retry(1)
 
         registry = Registry()
-        registry.register(asks, "0 0 * * * *", "asks")
+        registry.register(asks, "0 0 * * * *", "asks", retries=1)
         replicas(registry, "a")
+        caplog.set_level(logging.WARNING, logger="cronjob")
         clock.advance(3600 + 60)
-        assert len(rounds.seen) == 1
-        assert [o for *_, o in ended(url, "asks")] == ["failed"]
+        assert rounds.attempts() == [(at(hours=1), 1), (at(hours=1), 2)]
+        assert [o for *_, o in ended(url, "asks")] == ["retrying", "failed"]
+        assert any("has no attempt left" in r.getMessage() for r in caplog.records)
 
     def test_a_retry_that_would_start_at_the_next_instant_is_given_up_on_record(
         self, url, replicas, clock, rounds, caplog
