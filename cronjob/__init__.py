@@ -8,6 +8,8 @@ Layout, one private module per concern:
 - ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
   :func:`job` and :func:`job_per_instance`, :class:`Registry`.
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
+- ``_policy``: :class:`Policy`, a job's timeout, retries, start deadline, self-pause and
+  failure hook, validated at registration.
 - ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
   the lifecycle (start, drain, stop).
 - The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
@@ -63,10 +65,13 @@ from ._exceptions import Cancelled as Cancelled
 from ._exceptions import CronjobError as CronjobError
 from ._exceptions import LeaseLost as LeaseLost
 from ._exceptions import RegistrationError as RegistrationError
+from ._exceptions import Retry as Retry
 from ._exceptions import ScheduleError as ScheduleError
 from ._exceptions import Shutdown as Shutdown
+from ._exceptions import TimedOut as TimedOut
 from ._history import History as History
 from ._lifespan import lifespan as lifespan
+from ._policy import Policy as Policy
 from ._registry import Job as Job
 from ._registry import Registry as Registry
 from ._registry import default_registry as default_registry
@@ -89,13 +94,16 @@ __all__ = [
     "Job",
     "LeaseLost",
     "Outcome",
+    "Policy",
     "RegistrationError",
+    "Retry",
     "Round",
     "Schedule",
     "ScheduleError",
     "Scheduler",
     "Shutdown",
     "SystemClock",
+    "TimedOut",
     "Trigger",
     "default_registry",
     "job",

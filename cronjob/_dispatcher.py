@@ -31,7 +31,9 @@ from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, too_late
 from ._lead import LEAD_MAX, ClaimLead
 from ._peers import GRACE, Peers
+from ._policies import PolicyTimers
 from ._recovery import Recovery
+from ._round import Outcome
 from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
 from ._summary import RoundSummary
@@ -147,6 +149,8 @@ class Dispatcher:
         self._ready = threading.Event()
         #: The rounds started and ended, logged once a minute (their own lines are DEBUG).
         self.summary = RoundSummary(clock.monotonic())
+        #: The jobs' timeouts and retry backoffs (see ``_policies``).
+        self.policies = PolicyTimers(self, clock=clock, store=store, control=control, flags=flags)
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -191,6 +195,7 @@ class Dispatcher:
                 self.recovery.sweep(mono)
             elif self._rest or self._held:
                 self._drop_rest()
+            self.policies.tick(mono)
             self.keeper.tick(mono)
             if self.draining and not self.runs:
                 self.drained.set()
@@ -223,7 +228,11 @@ class Dispatcher:
             timeouts.append((self._heap[0].when - now).total_seconds() - self.lead())
         if self._held and not self.draining:
             timeouts.append((self._held[0].instant - now).total_seconds())
-        parts = [self.recovery.next_wake(draining=self.draining), self.keeper.next_wake()]
+        parts = [
+            self.recovery.next_wake(draining=self.draining),
+            self.keeper.next_wake(),
+            self.policies.next_wake(),
+        ]
         if not self.draining:
             read_at = self.peers.next_wake()
             if read_at is not None:
@@ -702,6 +711,11 @@ class Dispatcher:
                 lambda _result: None,
             )
 
+    def post_round_started(self, run: Run) -> None:
+        """Tell the dispatcher thread that ``run``'s round (of a job with a policy) started,
+        from the round's thread: its timeout is timed from then."""
+        self._inbox.post(functools.partial(self.policies.watch, run))
+
     def post_rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
         """Tell the dispatcher thread that each ``run`` ended at its ``ended`` (from the
         round's thread, or the finisher's), in one message."""
@@ -714,7 +728,13 @@ class Dispatcher:
 
     def round_ended(self, run: Run, ended: datetime) -> None:
         """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant
-        (not after a manual round: the schedule never moved for it)."""
+        (not after a manual round: the schedule never moved for it). An attempt that
+        ended ``retrying`` keeps its lease and waits for its retry instead."""
+        if run.outcome is Outcome.RETRYING:
+            self.runs.discard(run)
+            if self.policies.backoff(run, ended):
+                self.summary.ended(run.outcome, self._clock.monotonic())
+                return
         self._forget(run)
         if run.request is not None:
             return
@@ -744,5 +764,6 @@ class Dispatcher:
         if self.draining:
             return
         self.draining = True
+        self.policies.drain()
         for run in list(self.runs):
             self.runner.cancel(run, Shutdown(f"job {run.ctx.name!r}: the scheduler is draining"))

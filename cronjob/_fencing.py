@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import lease
 
-from ._exceptions import LeaseLost
+from ._exceptions import LeaseLost, TimedOut
 from ._round import lease_lost
 from ._state import Flags, Run
 
@@ -68,10 +68,13 @@ class Fencing:
         Raises:
             LeaseLost: the lease is gone when it opens or before it commits (the block's
                 work is rolled back), or the replica crashed.
+            TimedOut: the round ran past its job's timeout (at the start or before it
+                commits; rolled back).
         """
         ctx = run.ctx
         if self._flags.crashed:
             raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+        _refuse_timed_out(run)
         if run.token is None:  # a per-instance round: a plain transaction
             with self._engine.begin() as conn:
                 yield conn
@@ -82,6 +85,7 @@ class Fencing:
             yield conn
             if self._flags.crashed:  # as a killed process's would, the transaction dies
                 raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+            _refuse_timed_out(run)
             if not self._store.holds(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
@@ -96,6 +100,7 @@ class Fencing:
             raise RuntimeError(f"job {ctx.name!r}: the scheduler has no async engine")
         if isinstance(engine, lease.LeaseError):  # a fresh copy: raised once per call
             raise type(engine)(f"job {ctx.name!r}: {engine}")
+        _refuse_timed_out(run)
         if run.token is None:  # a per-instance round: a plain transaction
             async with engine.begin() as conn:
                 yield conn
@@ -106,6 +111,7 @@ class Fencing:
             yield conn
             if self._flags.crashed:
                 raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+            _refuse_timed_out(run)
             if not await self._store.holds_async(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
@@ -125,6 +131,7 @@ class Fencing:
         ctx = run.ctx
         if self._flags.crashed:
             raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
+        _refuse_timed_out(run)
         if run.token is None:
             return
         if not final and run.ended:
@@ -153,6 +160,18 @@ class Fencing:
             log.warning("the async engine was not disposed within %gs", DISPOSE_SECONDS)
         except Exception as exc:  # a connection that fails to close: it is gone anyway
             log.warning("disposing the async engine failed: %s", exc)
+
+
+def _refuse_timed_out(run: Run) -> None:
+    """Refuse a transaction of a round its timeout cancelled, at its start and before it
+    commits: the round's time is over, though its lease is still held (until it ends).
+
+    Raises:
+        TimedOut: the round's cancellation, as ``ctx.check()`` raises it.
+    """
+    cause = run.ctx.cause
+    if isinstance(cause, TimedOut):
+        raise TimedOut(*cause.args)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

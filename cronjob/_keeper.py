@@ -32,7 +32,7 @@ import lease
 
 from ._clock import Clock
 from ._control import Control
-from ._exceptions import LeaseLost
+from ._exceptions import Cancelled
 from ._round import lease_lost
 from ._state import Flags, Run
 
@@ -133,7 +133,7 @@ class LeaseKeeper:
         control: Control,
         replica_id: str,
         flags: Flags,
-        cancel: Callable[[Run, LeaseLost], None],
+        cancel: Callable[[Run, Cancelled], None],
         crash: Callable[[], None],
         on_fatal: Callable[[str], None],
     ) -> None:
@@ -188,6 +188,8 @@ class LeaseKeeper:
     def _maybe_renew(self, now: float) -> None:
         if self._renew_at is None or self._renewing or now < self._renew_at:
             return
+        if self._flags.crashed:  # a forced exit in this same tick: write nothing more
+            return
         held = [run for run in self._held if run.lost_at is None]
         if not held:
             self._renew_at = None
@@ -207,7 +209,7 @@ class LeaseKeeper:
                 if run.ctx.name in result:
                     run.renewed_at = now
                     self._watch(run)
-                elif not run.ended:  # an ended round's row may be marked done already
+                elif not run.ended or run.backoff:  # an ended round's row may be done already
                     self._lose(run, self._clock.monotonic(), "another claim took it")
             self._renew_at = now + RENEW_EVERY
 
@@ -260,11 +262,17 @@ class LeaseKeeper:
     def _fatal(self, run: Run) -> None:
         assert run.lost_at is not None
         after = self._exit_deadline(run) - run.lost_at
-        message = (
+        self.force_exit(
+            run,
             f"job {run.ctx.name!r} instant {run.ctx.instant.isoformat()}: the round is still "
             f"running {after:g} s after its lease was lost; another replica may "
-            "run the job by now"
+            "run the job by now",
         )
+
+    def force_exit(self, run: Run, message: str) -> None:
+        """End the process because ``run``'s round will not stop (``message`` says why):
+        the scheduler stops as a killed process would, then ``on_fatal`` is told (the
+        default ends the process). Its leases then expire as a dead process's do."""
         self._flags.crashed = True
         # Stop as a dead process would, then report: the default ends the process at
         # once (it logs the message itself, without waiting on a blocked handler).

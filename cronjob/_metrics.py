@@ -21,8 +21,11 @@ pluralized; counters of countable things pluralized, with a ``{annotation}`` uni
 ``total``; an up-down counter not pluralized (``.active``, like ``cicd.pipeline.run.active``);
 durations in seconds (``s``). Attribute values are the ones spans and logs already use:
 ``cronjob.job`` is the job's name, ``cronjob.outcome`` one of ``succeeded``, ``failed``,
-``cut short`` and ``given up`` (a second round cut short), ``cronjob.reason`` why a round
-ran (``schedule``, ``catch-up``, ``catch-up after an outage``, ``re-run``, ``start-up``) or
+``cut short``, ``given up`` (a second round cut short), and with a job's policies
+``timed_out``, ``retrying`` (an attempt followed by another) and ``missed_deadline`` (a
+round not started: counted in ``cronjob.rounds`` only), ``cronjob.reason`` why a round
+ran (``schedule``, ``catch-up``, ``catch-up after an outage``, ``re-run``, ``start-up``,
+``retry``) or
 why an instant was skipped (``overrun``, ``database unreachable``), and ``error.type`` the
 qualified class name of a failed round's exception.
 
@@ -164,6 +167,11 @@ class JobMetrics:
             kind = type(error)
             attributes = {**attributes, "error.type": f"{kind.__module__}.{kind.__qualname__}"}
         self._meters.rounds.add(1, attributes)
+
+    def missed_deadline(self) -> None:
+        """A round was not started: it could not start within its job's start deadline
+        (counted in ``cronjob.rounds`` as ``missed_deadline``; it has no duration)."""
+        self._meters.rounds.add(1, self._by_outcome[Outcome.MISSED_DEADLINE.text])
 
     def rerun(self) -> None:
         """A second run of a round cut short starts."""

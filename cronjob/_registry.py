@@ -10,11 +10,12 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from inspect import Parameter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import lease
 
 from ._exceptions import RegistrationError, ScheduleError
+from ._policy import FailureHook, Policy, PolicyOptions, check_hook, make_policy
 from ._schedule import Schedule, parse
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ __all__ = [
     "register_per_instance",
 ]
 
+#: The policy of a job registered without options: the seed's behaviour.
+DEFAULT_POLICY = Policy()
 #: The longest job name: the name is the lease row's key.
 MAX_NAME_LENGTH = 200
 
@@ -52,6 +55,8 @@ class Job:
             :func:`functools.partial` of either.
         run_at_start: also run once when the replica starts, besides the schedule's
             instants. Per-instance jobs only: a leased job's start-up run is its catch-up.
+        policy: Its timeout, retries, start deadline, self-pause and failure hook
+            (:class:`~cronjob.Policy`); the defaults keep the seed's behaviour.
 
     Raises:
         RegistrationError: ``run_at_start`` on a leased job.
@@ -63,6 +68,7 @@ class Job:
     leased: bool
     is_async: bool
     run_at_start: bool = False
+    policy: Policy = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_at_start, bool):
@@ -88,9 +94,19 @@ class Registry:
     ``Scheduler(registry=...)``. Once a scheduler running a registry has started, the
     registry is frozen: registering then raises :class:`RuntimeError`, because a job
     added after the start would silently never run.
+
+    Args:
+        on_failure: Told of every failed, timed-out or deadline-missed round of the
+            registry's jobs that have no ``on_failure`` of their own (see
+            :data:`~cronjob.FailureHook`).
+
+    Raises:
+        RegistrationError: ``on_failure`` is not callable.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_failure: FailureHook | None = None) -> None:
+        #: The hook for jobs without their own ``on_failure``; ``None``: none.
+        self.on_failure = check_hook(on_failure)
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._frozen_by: str | None = None
@@ -107,7 +123,15 @@ class Registry:
         with self._lock:
             return tuple(self._jobs.values())
 
-    def register(self, fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
+    def register(
+        self,
+        fn: F,
+        spec: str,
+        name: str,
+        *,
+        run_at_start: bool = False,
+        **policy: Unpack[PolicyOptions],
+    ) -> F:
         """Register ``fn`` to run on ``spec``, once per instant across all replicas.
 
         Args:
@@ -123,6 +147,9 @@ class Registry:
             run_at_start: Refused (:class:`RegistrationError`) when true: it is for
                 per-instance jobs; a leased job catches up its latest missed instant at
                 start instead.
+            **policy: The job's policies, each optional: ``timeout``, ``retries``,
+                ``retry_backoff``, ``start_deadline`` (seconds or a ``timedelta``),
+                ``pause_after_failures``, ``on_failure``; see :class:`~cronjob.Policy`.
 
         Returns:
             ``fn`` unchanged.
@@ -130,14 +157,22 @@ class Registry:
         Raises:
             ScheduleError: ``spec`` does not parse, names a refused zone or never fires.
             RegistrationError: no name, a name already taken or that some database
-                cannot store, ``fn`` not callable with one argument, or ``run_at_start``.
+                cannot store, ``fn`` not callable with one argument, ``run_at_start``,
+                or a policy that cannot be honoured (an unknown option, a duration that
+                is not positive, a negative count, a hook that is not callable).
             RuntimeError: a scheduler running this registry has already started.
         """
-        self._add(fn, spec, name, leased=True, run_at_start=run_at_start)
+        self._add(fn, spec, name, leased=True, run_at_start=run_at_start, policy=policy)
         return fn
 
     def register_per_instance(
-        self, fn: F, spec: str, name: str, *, run_at_start: bool = False
+        self,
+        fn: F,
+        spec: str,
+        name: str,
+        *,
+        run_at_start: bool = False,
+        **policy: Unpack[PolicyOptions],
     ) -> F:
         """Register ``fn`` to run on ``spec`` on every replica, without a lease.
 
@@ -145,12 +180,12 @@ class Registry:
         job never catches up an instant and never runs a round a second time. With
         ``run_at_start=True`` it also runs once as the replica starts (warming a cache
         before the first instant). Other arguments, return value and errors are as for
-        :meth:`register`.
+        :meth:`register`; ``pause_after_failures`` is refused (nothing shared to pause).
         """
-        self._add(fn, spec, name, leased=False, run_at_start=run_at_start)
+        self._add(fn, spec, name, leased=False, run_at_start=run_at_start, policy=policy)
         return fn
 
-    def job(self, spec: str, *, name: str) -> Callable[[F], F]:
+    def job(self, spec: str, *, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
         """Decorate a function to :meth:`register` it: ``@registry.job(spec, name="...")``.
 
         The decorator form of :meth:`register`, for code that reads better with the
@@ -163,12 +198,17 @@ class Registry:
         """
 
         def decorate(fn: F) -> F:
-            return self.register(fn, spec, name)
+            return self.register(fn, spec, name, **policy)
 
         return decorate
 
     def job_per_instance(
-        self, spec: str, *, name: str, run_at_start: bool = False
+        self,
+        spec: str,
+        *,
+        name: str,
+        run_at_start: bool = False,
+        **policy: Unpack[PolicyOptions],
     ) -> Callable[[F], F]:
         """Decorate a function to :meth:`register_per_instance` it.
 
@@ -177,7 +217,9 @@ class Registry:
         """
 
         def decorate(fn: F) -> F:
-            return self.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+            return self.register_per_instance(
+                fn, spec, name, run_at_start=run_at_start, **policy
+            )
 
         return decorate
 
@@ -189,9 +231,11 @@ class Registry:
         *,
         leased: bool,
         run_at_start: bool,
+        policy: PolicyOptions,
     ) -> None:
         _check_name(name)
         _check_fn(fn, name)
+        made = make_policy(name, leased=leased, options=policy)
         try:
             schedule = parse(spec)
         except ScheduleError as exc:
@@ -205,6 +249,7 @@ class Registry:
             leased=leased,
             is_async=_is_async(fn),
             run_at_start=run_at_start,
+            policy=made,
         )
         with self._lock:
             if self._frozen_by is not None:
@@ -241,7 +286,7 @@ class Registry:
             raise RegistrationError(
                 f"cannot derive a registry: no job named {', '.join(map(repr, unknown))}"
             )
-        derived = Registry()
+        derived = Registry(on_failure=self.on_failure)
         for name, job in jobs.items():
             if name in dropped:
                 continue
@@ -365,30 +410,40 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 default_registry = Registry()
 
 
-def register(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
+def register(
+    fn: F, spec: str, name: str, *, run_at_start: bool = False, **policy: Unpack[PolicyOptions]
+) -> F:
     """Register ``fn`` in the default registry; see :meth:`Registry.register`."""
-    return default_registry.register(fn, spec, name, run_at_start=run_at_start)
+    return default_registry.register(fn, spec, name, run_at_start=run_at_start, **policy)
 
 
-def register_per_instance(fn: F, spec: str, name: str, *, run_at_start: bool = False) -> F:
+def register_per_instance(
+    fn: F, spec: str, name: str, *, run_at_start: bool = False, **policy: Unpack[PolicyOptions]
+) -> F:
     """Register a per-instance job in the default registry.
 
     See :meth:`Registry.register_per_instance`.
     """
-    return default_registry.register_per_instance(fn, spec, name, run_at_start=run_at_start)
+    return default_registry.register_per_instance(
+        fn, spec, name, run_at_start=run_at_start, **policy
+    )
 
 
-def job(spec: str, *, name: str) -> Callable[[F], F]:
+def job(spec: str, *, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
     """Register the decorated function in the default registry: ``@cronjob.job(spec, name=...)``.
 
     The decorator form of :func:`register`; see :meth:`Registry.job`.
     """
-    return default_registry.job(spec, name=name)
+    return default_registry.job(spec, name=name, **policy)
 
 
-def job_per_instance(spec: str, *, name: str, run_at_start: bool = False) -> Callable[[F], F]:
+def job_per_instance(
+    spec: str, *, name: str, run_at_start: bool = False, **policy: Unpack[PolicyOptions]
+) -> Callable[[F], F]:
     """Register the decorated function as a per-instance job in the default registry.
 
     The decorator form of :func:`register_per_instance`; see :meth:`Registry.job`.
     """
-    return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start)
+    return default_registry.job_per_instance(
+        spec, name=name, run_at_start=run_at_start, **policy
+    )

@@ -8,9 +8,9 @@ import enum
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from ._exceptions import Cancelled, LeaseLost
+from ._exceptions import Cancelled, LeaseLost, Retry
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
@@ -39,10 +39,17 @@ class Outcome(enum.Enum):
 
     #: The job returned: the round ran to its end.
     SUCCEEDED = "succeeded"
-    #: The job raised an error of its own: the round ran to its end (logged, not retried).
+    #: The job raised an error of its own: the round ran to its end (logged; retried only
+    #: with the job's ``retries``, each attempt but the last then ending ``retrying``).
     FAILED = "failed"
     #: The job raised the round's cancellation: the round may run a second time.
     CUT_SHORT = "cut short"
+    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
+    TIMED_OUT = "timed_out"
+    #: The round could not start within its job's ``start_deadline``: not run.
+    MISSED_DEADLINE = "missed_deadline"
+    #: This attempt failed (or asked for a retry) and the round runs again.
+    RETRYING = "retrying"
 
     text: str
 
@@ -76,7 +83,8 @@ class Round:
         instant: The scheduled instant this round runs for, an aware UTC datetime — the
             same on a second run and on a catch-up. For a manual round, the moment the
             request was made (lease clock, to the millisecond).
-        attempt: 1, or 2 for the second run of a round cut short.
+        attempt: 1, or 2 for the second run of a round cut short; with the job's
+            ``retries``, each further attempt of the instant counts on (2, 3, …).
         trigger: :attr:`Trigger.SCHEDULE`, or :attr:`Trigger.MANUAL` for a round an
             operator asked for; a manual round never moves the schedule.
         requested_by: Who asked for a manual round (``user@host`` unless told); ``None``
@@ -149,12 +157,13 @@ class Round:
 
     @property
     def cancelled(self) -> bool:
-        """Whether the round has been cancelled (shutdown or lease lost)."""
+        """Whether the round has been cancelled (shutdown, lease lost or timed out)."""
         return self._cause is not None
 
     @property
     def cause(self) -> Cancelled | None:
-        """Why the round was cancelled: a :class:`Shutdown` or :class:`LeaseLost`, or None."""
+        """Why the round was cancelled: a :class:`Shutdown`, :class:`LeaseLost` or
+        :class:`TimedOut`, or None."""
         return self._cause
 
     def wait(self, seconds: float) -> bool:
@@ -175,12 +184,25 @@ class Round:
         """
         return await self._waker().wait_async(max(0.0, seconds))
 
+    def retry_in(self, seconds: float) -> NoReturn:
+        """Ask for another attempt of this round in ``seconds``: raises :class:`Retry`.
+
+        Let it propagate out of the job. Whether the retry happens is the job's policy's
+        to say (``retries``, and never after the job's next instant is due).
+
+        Raises:
+            Retry: always, carrying ``seconds``.
+            ValueError: ``seconds`` is negative or NaN.
+        """
+        raise Retry(seconds)
+
     def check(self) -> None:
         """Raise the round's cancellation if it has been cancelled; return otherwise.
 
         Raises:
             Shutdown: the scheduler is draining.
             LeaseLost: the round's lease was taken or could not be renewed.
+            TimedOut: the round ran past its job's ``timeout``.
         """
         cause = self._cause
         if cause is not None:

@@ -23,7 +23,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 from opentelemetry import trace
@@ -32,11 +32,12 @@ from opentelemetry.trace import TracerProvider
 import lease
 
 from ._clock import Clock
-from ._exceptions import LeaseLost, Shutdown
+from ._exceptions import Cancelled, Retry, TimedOut
 from ._fencing import Fencing
 from ._finisher import Finisher
 from ._history import History, Pruner
 from ._loop import OwnLoop
+from ._policies import backoff_delay
 from ._round import Outcome, Round, Trigger, classify, iter_own_errors, lease_lost
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
@@ -85,6 +86,8 @@ class RoundRunner:
         owns_async_engine: Dispose ``async_engine`` at shutdown (the scheduler made it).
         history: Keep the round history (a row with each end recorded, pruned as it
             says); ``None`` keeps none.
+        started: Told of each round of a job with a policy as it starts (from its
+            thread; it posts it to the dispatcher, which times it out).
     """
 
     def __init__(
@@ -103,8 +106,10 @@ class RoundRunner:
         async_engine: AsyncEngine | lease.LeaseError | None = None,
         owns_async_engine: bool = False,
         history: History | None = None,
+        started: Callable[[Run], None] = lambda run: None,
     ) -> None:
         self._clock = clock
+        self._started = started
         self._history = history is not None
         self._replica_id = replica_id
         self._store = store
@@ -289,7 +294,7 @@ class RoundRunner:
             starts[i] = Start.NO_THREAD
         return starts
 
-    def cancel(self, run: Run, cause: LeaseLost | Shutdown) -> None:
+    def cancel(self, run: Run, cause: Cancelled) -> None:
         """Cancel ``run``'s round; an async round's task is cancelled too.
 
         The cause is recorded first, then an async task's cancellation is queued on its
@@ -314,6 +319,8 @@ class RoundRunner:
         run.started_mono = clock.monotonic()
         reason = run.reason.text
         run.state.metrics.started(ctx.instant, run.started_at, reason)
+        if run.state.policed:
+            self._started(run)
         return round_scope(ctx, self._replica_id, self._spans, reason=reason)
 
     def _log_start(self, run: Run) -> None:
@@ -344,6 +351,12 @@ class RoundRunner:
         try:
             with self._clock._tracked():
                 try:
+                    if run.state.policed and self._missed(run):
+                        try:
+                            self._end_round(run, None, None)
+                        finally:
+                            hand_over()
+                        return
                     with self._scope(run) as scope:
                         self._log_start(run)
                         try:
@@ -370,6 +383,9 @@ class RoundRunner:
         try:
             with self._clock._tracked():
                 try:
+                    if run.state.policed and self._missed(run):
+                        await asyncio.to_thread(self._end_round, run, None, None)
+                        return
                     with self._scope(run) as scope:
                         self._log_start(run)
                         error: BaseException | None = None
@@ -434,9 +450,14 @@ class RoundRunner:
         """Classify, record and log the end; ``True`` once the finisher took it over."""
         ctx = run.ctx
         outcome = classify(error)
+        if run.state.policed:
+            outcome = self._police(run, outcome, error, ended)
         given_up = ctx.attempt >= 2 and run.token is not None and outcome is Outcome.CUT_SHORT
         seconds = self._clock.monotonic() - run.started_mono
-        run.state.metrics.ended(outcome, error, seconds, given_up=given_up)
+        if outcome is Outcome.MISSED_DEADLINE:  # it never started: no duration, not active
+            run.state.metrics.missed_deadline()
+        else:
+            run.state.metrics.ended(outcome, error, seconds, given_up=given_up)
         if scope is not None:
             try:
                 scope.outcome(outcome, error)
@@ -466,6 +487,27 @@ class RoundRunner:
                     where,
                     ctx.cause,
                 )
+        elif outcome is Outcome.TIMED_OUT:
+            log.warning(
+                "round of %s timed out: it ran past its timeout of %g s (%s)",
+                _where(ctx),
+                run.state.timeout,
+                "it returned after its cancellation"
+                if error is None
+                else f"it ended with {error_summary(error)}",
+            )
+        elif outcome is Outcome.RETRYING:
+            log.warning(
+                "round of %s failed (%s): attempt %d of %d, the next in %.3g s",
+                _where(ctx),
+                error_summary(error) if error is not None else "no error",
+                ctx.attempt,
+                1 + run.state.job.policy.retries,
+                run.retry_delay,
+                exc_info=error,
+            )
+        elif outcome is Outcome.MISSED_DEADLINE:
+            pass  # logged by _missed, as it decided
         else:
             where, cause = _where(ctx), ctx.cause or error
             for own in iter_own_errors(error) if error else ():
@@ -489,6 +531,74 @@ class RoundRunner:
             log.warning("round of %s: its end is not on record (the lease is gone)", _where(ctx))
         return False
 
+    def _missed(self, run: Run) -> bool:
+        """Whether ``run``'s round, about to start, missed its job's start deadline (it is
+        then not run: marked :attr:`Outcome.MISSED_DEADLINE`, and logged).
+
+        Checked for every round of the instant's schedule (scheduled, caught up, a second
+        run); not for a retry (bounded by the job's next instant instead) nor a manual
+        round (an operator asked for it now). A round that starts exactly at the deadline
+        makes it.
+        """
+        deadline = run.state.start_deadline
+        if deadline is None or run.reason is Reason.RETRY or run.request is not None:
+            return False
+        ctx = run.ctx
+        late = self._clock.now() - ctx.instant
+        if late <= deadline:
+            return False
+        run.outcome = Outcome.MISSED_DEADLINE
+        log.warning(
+            "round of %s not run: it could not start within its start deadline of %g s "
+            "after its instant (%.3f s late)",
+            _where(ctx),
+            deadline.total_seconds(),
+            late.total_seconds(),
+        )
+        return True
+
+    def _police(
+        self, run: Run, outcome: Outcome, error: BaseException | None, ended: datetime
+    ) -> Outcome:
+        """The outcome of a round of a job with a policy: a missed start deadline, a
+        timeout (a round its timeout cancelled ended ``timed_out`` whatever it did then),
+        or a failed attempt with attempts left: ``retrying`` (its delay on ``run``),
+        unless the retry could not start before the job's next instant is due."""
+        if run.outcome is Outcome.MISSED_DEADLINE:
+            return Outcome.MISSED_DEADLINE
+        ctx = run.ctx
+        cause = ctx.cause
+        if isinstance(cause, TimedOut):
+            return Outcome.TIMED_OUT
+        if outcome is not Outcome.FAILED or cause is not None or run.request is not None:
+            return outcome
+        policy = run.state.job.policy
+        asked = error if isinstance(error, Retry) else None
+        if ctx.attempt > policy.retries:  # attempts are 1 + retries, a second run counted
+            if asked is not None:
+                log.warning(
+                    "round of %s asked for a retry, but has no attempt left (%d retries)",
+                    _where(ctx),
+                    policy.retries,
+                )
+            return outcome
+        if asked is not None and asked.delay is not None:
+            delay = asked.delay
+        else:
+            delay = backoff_delay(policy.retry_backoff, ctx.attempt)
+        due = run.state.job.schedule.next(ended)
+        if due is not None and ended + timedelta(seconds=delay) >= due:
+            log.warning(
+                "round of %s failed; its retry is given up: the job's next instant %s is "
+                "due before it could start (in %.3g s)",
+                _where(ctx),
+                due.isoformat(),
+                delay,
+            )
+            return outcome
+        run.retry_delay = delay
+        return Outcome.RETRYING
+
     def _records_end(self, run: Run) -> bool:
         return run.token is not None and not self._flags.crashed and run.lost_at is None
 
@@ -498,6 +608,12 @@ class RoundRunner:
         """The end to record: outcome, error summary, and the history row (if kept)."""
         ctx = run.ctx
         summary = None if outcome is Outcome.SUCCEEDED or error is None else error_summary(error)
+        if outcome is Outcome.TIMED_OUT and ctx.cause is not None:
+            summary = error_summary(ctx.cause)
+        elif outcome is Outcome.MISSED_DEADLINE:
+            deadline = run.state.start_deadline
+            seconds = 0.0 if deadline is None else deadline.total_seconds()
+            summary = f"not started within its start deadline of {seconds:g} s"
         word = _word(outcome, ctx.attempt)
         record = None
         if self._history:
@@ -521,6 +637,8 @@ class RoundRunner:
             succeeded=outcome is Outcome.SUCCEEDED,
             error=summary,
             record=record,
+            outcome=_ROW_OUTCOME.get(outcome),
+            retrying=outcome is Outcome.RETRYING,
         )
 
     def _ending_of(self, later: _Later) -> lease.Ending:
@@ -562,6 +680,7 @@ class RoundRunner:
         """Log an end the finisher could not record (in the round's context: its trace
         id), and tell the dispatcher it ended."""
         run = later.run
+        run.retry_delay = None  # an attempt not on record is not retried: the lease is gone
         if isinstance(result, BaseException):
             log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
         if not self._flags.crashed:
@@ -637,6 +756,13 @@ _NO_SPANS = trace.NoOpTracerProvider()
 def _tracing_off() -> bool:
     """Whether no SDK has set OpenTelemetry's global tracer provider (yet)."""
     return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+#: The outcome a lease row keeps for an end that is neither a success nor a failure.
+_ROW_OUTCOME = {
+    Outcome.TIMED_OUT: Outcome.TIMED_OUT.text,
+    Outcome.MISSED_DEADLINE: Outcome.MISSED_DEADLINE.text,
+}
 
 
 def _word(outcome: Outcome, attempt: int) -> str:

@@ -335,6 +335,7 @@ class Scheduler:
             async_engine=self._async_engine,
             owns_async_engine=self._owns_async_engine,
             history=self._history,
+            started=dispatcher.post_round_started,
         )
         dispatcher.keeper = LeaseKeeper(
             clock=clock,

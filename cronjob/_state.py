@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import lease
 
@@ -45,6 +45,8 @@ class Reason(enum.Enum):
     START = "start-up"
     #: An operator asked for a round now (``cronjob trigger``); never moves the schedule.
     MANUAL = "manual"
+    #: A further attempt of a round whose attempt failed (the job's ``retries``).
+    RETRY = "retry"
 
     text: str
     why: str
@@ -71,6 +73,21 @@ class JobState:
     #: A per-instance job paused by an operator, as the latest sweep read it (a leased
     #: job's pause is in its lease row, which the claim itself reads).
     paused: bool = False
+    #: The job has a timeout, retries or a start deadline (its policy is not the
+    #: default): the one test a round of a job without options pays for them.
+    policed: bool = field(init=False, default=False)
+    #: Its policy's timeout in seconds, ``None``: none.
+    timeout: float | None = field(init=False, default=None)
+    #: Its policy's start deadline, ``None``: none.
+    start_deadline: timedelta | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        policy = self.job.policy
+        self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
+        self.start_deadline = policy.start_deadline
+        self.policed = bool(
+            policy.timeout is not None or policy.retries or policy.start_deadline is not None
+        )
 
 
 @dataclass(eq=False)
@@ -103,6 +120,12 @@ class Run:
     request: lease.TriggerRow | None = None
     #: How the job ended, once it did (set by its worker; counted in the summary line).
     outcome: Outcome | None = None
+    #: Its attempt failed and the round runs again after this many seconds (set by its
+    #: worker with :attr:`Outcome.RETRYING`; ``None`` if the retry is given up).
+    retry_delay: float | None = None
+    #: It ended and waits for its retry, its lease still kept: a lease found taken meanwhile
+    #: counts as lost (the retry then does not start).
+    backoff: bool = False
 
 
 @dataclass(eq=False)

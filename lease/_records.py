@@ -54,7 +54,8 @@ class RoundRow:
     #: On the holder's clock.
     started: datetime
     ended: datetime
-    #: ``'succeeded'``, ``'failed'``, ``'cut short'`` or ``'given up'``.
+    #: ``'succeeded'``, ``'failed'``, ``'cut short'``, ``'given up'``, ``'timed_out'``,
+    #: ``'missed_deadline'`` or ``'retrying'`` (an attempt followed by another).
     outcome: str
     error: str | None = None
     trace_id: str | None = None
@@ -75,6 +76,13 @@ class Ending:
     error: str | None = None
     #: The history row to add, or ``None`` (history off).
     record: RoundRow | None = None
+    #: The outcome on the lease row when not ``succeeded``: ``'failed'`` (``None``),
+    #: ``'timed_out'`` or ``'missed_deadline'``; each counts as a failure in a row.
+    outcome: str | None = None
+    #: This attempt failed and the round runs again under the same lease (``'retrying'``):
+    #: the row stays ``running`` and held, its attempt becomes 2 (a run after the first:
+    #: cut short from now on, it is given up), and only the history row is added.
+    retrying: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

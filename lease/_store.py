@@ -971,7 +971,9 @@ class LeaseStore:
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
         one), each with the same conditions as :meth:`finish`, then one INSERT of every
-        history row given. None for an empty ``ends``.
+        history row given. None for an empty ``ends``. An end with ``retrying`` (an
+        attempt followed by another, see :class:`Ending`) keeps its lease: the row stays
+        ``running``, its attempt becomes 2, and its history row is added.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its
@@ -982,7 +984,8 @@ class LeaseStore:
     def _finish(
         self, ends: Collection[tuple[str, int, datetime] | Ending], action: str
     ) -> set[tuple[str, int]]:
-        groups: dict[tuple[int, bool], list[Ending]] = {}
+        # Grouped by (ended second, succeeded, outcome on the row, retrying).
+        groups: dict[tuple[int, bool, str | None, bool], list[Ending]] = {}
         records: list[dict[str, Any]] = []
         endings: list[Ending] = []
         for end in ends:
@@ -991,11 +994,11 @@ class LeaseStore:
                 end = Ending(name=name, token=token, ended=ended)
             endings.append(end)
         _names([end.name for end in endings])  # the batch's names checked in one call
-        last: tuple[int, bool] | None = None
+        last: tuple[int, bool, str | None, bool] | None = None
         group: list[Ending] = []
         for end in endings:
             _check_token(end.token)
-            key = (_seconds_floor(end.ended, "ended"), end.succeeded)
+            key = (_seconds_floor(end.ended, "ended"), end.succeeded, end.outcome, end.retrying)
             if key != last:  # ends of a batch come mostly in runs of one second and outcome
                 group = groups.setdefault(key, [])
                 last = key
@@ -1005,11 +1008,23 @@ class LeaseStore:
         if not groups:
             return set()
         recorded: set[tuple[str, int]] = set()
+        released: set[tuple[str, int]] = set()
         now = self._now()
         with translate_errors(action), self._transaction() as conn:
-            for (ended_s, succeeded), group in groups.items():
+            for (ended_s, succeeded, word, retrying), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)
+                unique = set(pairs)
+                if retrying:
+                    # The lease stays held (the keeper renews it through the backoff);
+                    # only the attempt moves on, so a cut from now on is given up.
+                    stmt = self._in_name_order(_t.update(), sa.and_(mine, _is_running()))
+                    if conn.execute(stmt.values(attempt=2)).rowcount == len(unique):
+                        recorded |= unique
+                        continue
+                    again = sa.select(_t.c.name, _t.c.token).where(mine, _is_running())
+                    recorded.update((name, int(token)) for name, token in conn.execute(again))
+                    continue
                 outcome: dict[str, Any]
                 if succeeded:
                     outcome = {
@@ -1021,7 +1036,7 @@ class LeaseStore:
                 else:
                     errors = {end.name: bounded_error(end.error) for end in group}
                     outcome = {
-                        "last_outcome": "failed",
+                        "last_outcome": word or "failed",
                         "last_error": sa.case(errors, value=_t.c.name, else_=None),
                         "failures": sa.func.coalesce(_t.c.failures, 0) + 1,
                     }
@@ -1036,21 +1051,40 @@ class LeaseStore:
                 # to send back and parse. Otherwise, read which: a token is drawn per
                 # claim and ends once, so a row with one of these tokens that is now
                 # done was finished here.
-                unique = set(pairs)
                 if conn.execute(stmt).rowcount == len(unique):
                     recorded |= unique
+                    released |= unique
                     continue
                 done = sa.select(_t.c.name, _t.c.token).where(
                     mine,
                     _t.c.state == LeaseState.DONE.value,
                     _t.c.skipped_through == ended_s,
                 )
-                recorded.update((name, int(token)) for name, token in conn.execute(done))
+                finished = {(name, int(token)) for name, token in conn.execute(done)}
+                recorded |= finished
+                released |= finished
             if records:
                 self._insert_history(conn, records)
-        if recorded and self._watched():
-            self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(recorded)))
+        if released and self._watched():
+            self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(released)))
         return recorded
+
+    def keep_from_rerun(self, name: str, token: int) -> bool:
+        """Mark the running round of ``name`` (``token``) as one never to run again: its
+        attempt becomes 2, so once its lease is free the sweep gives it up instead of
+        running it a second time (a round that ran past its timeout).
+
+        Returns:
+            ``True`` when the row still had ``token`` and was ``running``.
+        """
+        (wanted,) = _names([name])
+        stmt = (
+            _t.update()
+            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
+            .values(attempt=2)
+        )
+        with translate_errors("keep a round from a second run"), self._transaction() as conn:
+            return conn.execute(stmt).rowcount == 1
 
     def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:
         """Find the rounds of ``names`` that were cut short and may run a second time.

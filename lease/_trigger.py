@@ -299,9 +299,10 @@ class Triggers:
         record: RoundRow | None = None,
     ) -> bool:
         """Record the end of a request's round: ``outcome`` is ``'succeeded'``,
-        ``'failed'``, ``'cut short'`` (it is taken again) or ``'given up'``. Frees the
-        lease (leased names) and puts the outcome on the lease row, without touching its
-        instant, attempt or state; adds ``record`` to the history. One transaction.
+        ``'failed'``, ``'timed_out'``, ``'cut short'`` (it is taken again) or
+        ``'given up'``. Frees the lease (leased names) and puts the outcome on the lease
+        row, without touching its instant, attempt or state; adds ``record`` to the
+        history. One transaction.
 
         Returns:
             ``True`` when the round still held its lease (always for a per-instance one):
@@ -321,7 +322,7 @@ class Triggers:
                 }
                 if outcome == "succeeded":
                     values.update(last_success_ms=now, last_error=None, failures=0)
-                elif outcome in ("failed", "given up"):
+                elif outcome in ("failed", "given up", "timed_out"):
                     values.update(
                         last_error=summary, failures=sa.func.coalesce(_t.c.failures, 0) + 1
                     )

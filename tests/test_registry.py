@@ -6,6 +6,7 @@ import functools
 import importlib
 import re
 import sys
+from datetime import timedelta
 
 import pytest
 
@@ -367,3 +368,87 @@ class TestDecorators:
         finally:
             default_registry._jobs.pop("test-decorator-leased")
             default_registry._jobs.pop("test-decorator-local")
+
+
+class TestPolicyOptions:
+    """Each policy option refused at registration when it cannot be honoured, naming the
+    job, with the exact message; accepted values become the job's ``policy``."""
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"timeout": 0}, "job 'p': timeout must be positive, got 0"),
+            ({"timeout": -1.5}, "job 'p': timeout must be positive, got -1.5"),
+            ({"timeout": float("nan")}, "job 'p': timeout must be positive, got nan"),
+            ({"timeout": float("inf")}, "job 'p': timeout must be positive, got inf"),
+            (
+                {"timeout": timedelta(0)},
+                "job 'p': timeout must be positive, got datetime.timedelta(0)",
+            ),
+            (
+                {"timeout": "10"},
+                "job 'p': timeout must be seconds (a number) or a timedelta, got '10'",
+            ),
+            (
+                {"timeout": True},
+                "job 'p': timeout must be seconds (a number) or a timedelta, got True",
+            ),
+            ({"start_deadline": -1}, "job 'p': start_deadline must be positive, got -1"),
+            ({"retry_backoff": 0}, "job 'p': retry_backoff must be positive, got 0"),
+            ({"retries": -1}, "job 'p': retries must be at least 0, got -1"),
+            ({"retries": 1.0}, "job 'p': retries must be a whole number, got 1.0"),
+            ({"retries": False}, "job 'p': retries must be a whole number, got False"),
+            (
+                {"pause_after_failures": 0},
+                "job 'p': pause_after_failures must be at least 1, got 0",
+            ),
+            ({"on_failure": 3}, "job 'p': on_failure must be callable, got 3"),
+            (
+                {"timout": 3},
+                "job 'p': unknown option(s) timout; a job's options are timeout, retries, "
+                "retry_backoff, start_deadline, pause_after_failures, on_failure",
+            ),
+        ],
+    )
+    def test_a_bad_value_is_refused_naming_the_job(self, options, message):
+        registry = Registry()
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            registry.register(job, "0 * * * * *", "p", **options)
+        assert registry.jobs == ()
+
+    def test_pause_after_failures_is_refused_for_a_per_instance_job(self):
+        message = (
+            "job 'p': pause_after_failures is for leased jobs; a per-instance job has no "
+            "state shared by the replicas to pause"
+        )
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry().register_per_instance(job, "0 * * * * *", "p", pause_after_failures=3)
+
+    def test_a_registry_hook_that_is_not_callable_is_refused(self):
+        message = "Registry(on_failure=...) must be callable, got 'log'"
+        with pytest.raises(RegistrationError, match="^" + re.escape(message) + "$"):
+            Registry(on_failure="log")  # type: ignore[arg-type]
+
+    def test_the_decorators_refuse_as_register_does(self):
+        with pytest.raises(RegistrationError, match=r"^job 'd': retries must be at least 0"):
+            Registry().job("0 * * * * *", name="d", retries=-2)(job)
+        with pytest.raises(RegistrationError, match=r"^job 'd': timeout must be positive"):
+            Registry().job_per_instance("0 * * * * *", name="d", timeout=0)(job)
+
+    def test_accepted_values_make_the_policy_in_a_timedelta(self):
+        registry = Registry()
+        registry.register(
+            job, "0 * * * * *", "p", timeout=1.5, retries=2, start_deadline=timedelta(minutes=1)
+        )
+        [registered] = registry.jobs
+        policy = registered.policy
+        assert policy.timeout == timedelta(seconds=1.5)
+        assert policy.retries == 2 and policy.retry_backoff == timedelta(seconds=10)
+        assert policy.start_deadline == timedelta(minutes=1)
+        assert not policy.is_default
+
+    def test_a_job_without_options_keeps_the_default_policy(self):
+        registry = Registry()
+        registry.register(job, "0 * * * * *", "p")
+        [registered] = registry.jobs
+        assert registered.policy.is_default and registered.policy == cronjob.Policy()

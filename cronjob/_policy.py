@@ -1,0 +1,192 @@
+"""Job policies: what a job's registration asks of its rounds beyond the schedule.
+
+Every option is keyword-only on :func:`~cronjob.register`, :func:`~cronjob.register_per_instance`
+and their decorator forms, and validated there: a value that cannot be honoured fails the
+import, naming the job. Without options a job keeps the seed's behaviour exactly (no
+timeout, no retry, no start deadline, no self-pause, no hook).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+from ._exceptions import RegistrationError
+
+if TYPE_CHECKING:
+    from .admin import RoundRecord
+
+__all__ = [
+    "DEFAULT_RETRY_BACKOFF",
+    "RETRY_BACKOFF_CAP",
+    "FailureHook",
+    "Policy",
+    "PolicyOptions",
+    "check_hook",
+    "make_policy",
+]
+
+#: The first delay before a retry when ``retry_backoff`` is not given (seconds).
+DEFAULT_RETRY_BACKOFF: Final = 10.0
+#: The longest delay between two attempts, however many came before (seconds).
+RETRY_BACKOFF_CAP: Final = 600.0
+
+#: Called once per round that failed, timed out or missed its start deadline, with the
+#: round's record, on a thread of its own (not a worker's); what it raises is logged.
+FailureHook = Callable[["RoundRecord"], object]
+
+Seconds = float | int | timedelta
+
+
+class PolicyOptions(TypedDict, total=False):
+    """The keyword options of a registration that make its :class:`Policy`."""
+
+    #: Cancel a round (``cronjob.TimedOut``) still running this long after it started.
+    timeout: Seconds | None
+    #: Run a round whose job raised its own error again, up to this many more times.
+    retries: int
+    #: The delay before the first retry; each next one doubles, capped, with full jitter.
+    retry_backoff: Seconds
+    #: A round that cannot start this long after its instant is not run (``missed_deadline``).
+    start_deadline: Seconds | None
+    #: After this many failed rounds in a row the job pauses itself cluster-wide.
+    pause_after_failures: int | None
+    #: Told of every failed, timed-out or deadline-missed round (see :data:`FailureHook`).
+    on_failure: FailureHook | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """What a job asks of its rounds; the defaults keep the seed's behaviour.
+
+    Attributes:
+        timeout: A round (each attempt) still running this long after it started is
+            cancelled with :class:`~cronjob.TimedOut`; ``None``: never.
+        retries: How many more attempts a round whose job raised its own error (or
+            :class:`~cronjob.Retry`) gets, for the same instant; 0: none.
+        retry_backoff: The delay before the first retry; the n-th waits a uniformly
+            random time up to ``retry_backoff * 2**(n-1)``, capped at
+            :data:`RETRY_BACKOFF_CAP` (full jitter).
+        start_deadline: A round that cannot start this long after its instant is not
+            run and is recorded ``missed_deadline``; ``None``: a late round still runs.
+        pause_after_failures: After this many rounds in a row failed (retries spent),
+            the job pauses itself on every replica; ``None``: never. Leased jobs only.
+        on_failure: The job's own :data:`FailureHook`; ``None``: the registry's, if any.
+    """
+
+    timeout: timedelta | None = None
+    retries: int = 0
+    retry_backoff: timedelta = timedelta(seconds=DEFAULT_RETRY_BACKOFF)
+    start_deadline: timedelta | None = None
+    pause_after_failures: int | None = None
+    on_failure: FailureHook | None = None
+
+    @property
+    def is_default(self) -> bool:
+        """No option differs from the seed's behaviour (the hook aside)."""
+        return (
+            self.timeout is None
+            and self.retries == 0
+            and self.start_deadline is None
+            and self.pause_after_failures is None
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The options that differ from the defaults, as JSON-ready values (seconds).
+
+        What the replicas' record carries, and what ``cronjob next``, ``cronjob status``
+        and the page show. The hook is named (``module.qualname``), never called.
+        """
+        described: dict[str, Any] = {}
+        if self.timeout is not None:
+            described["timeout"] = self.timeout.total_seconds()
+        if self.retries:
+            described["retries"] = self.retries
+            described["retry_backoff"] = self.retry_backoff.total_seconds()
+        if self.start_deadline is not None:
+            described["start_deadline"] = self.start_deadline.total_seconds()
+        if self.pause_after_failures is not None:
+            described["pause_after_failures"] = self.pause_after_failures
+        if self.on_failure is not None:
+            fn = self.on_failure
+            module = getattr(fn, "__module__", None) or "?"
+            described["on_failure"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+        return described
+
+
+def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
+    """Validate a registration's ``options`` for job ``name`` and return its policy.
+
+    Raises:
+        RegistrationError: an unknown option, or a value that cannot be honoured: a
+            duration that is not a positive finite number of seconds or a positive
+            ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
+            not a whole number ≥ 1, or given for a per-instance job (it has no state
+            shared by the replicas to pause); ``on_failure`` not callable.
+    """
+    unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
+    if unknown:
+        raise RegistrationError(
+            f"job {name!r}: unknown option(s) {', '.join(unknown)}; a job's options are "
+            f"{', '.join(PolicyOptions.__annotations__)}"
+        )
+    timeout = _duration(name, "timeout", options.get("timeout"))
+    start_deadline = _duration(name, "start_deadline", options.get("start_deadline"))
+    backoff = _duration(name, "retry_backoff", options.get("retry_backoff"))
+    retries = _count(name, "retries", options.get("retries"), low=0) or 0
+    pause = _count(name, "pause_after_failures", options.get("pause_after_failures"), low=1)
+    if pause is not None and not leased:
+        raise RegistrationError(
+            f"job {name!r}: pause_after_failures is for leased jobs; a per-instance job "
+            "has no state shared by the replicas to pause"
+        )
+    hook = options.get("on_failure")
+    if hook is not None and not callable(hook):
+        raise RegistrationError(f"job {name!r}: on_failure must be callable, got {hook!r}")
+    return Policy(
+        timeout=timeout,
+        retries=retries,
+        retry_backoff=backoff or timedelta(seconds=DEFAULT_RETRY_BACKOFF),
+        start_deadline=start_deadline,
+        pause_after_failures=pause,
+        on_failure=hook,
+    )
+
+
+def check_hook(hook: object) -> FailureHook | None:
+    """Return a registry-wide ``on_failure`` hook, refusing one that is not callable."""
+    if hook is not None and not callable(hook):
+        raise RegistrationError(f"Registry(on_failure=...) must be callable, got {hook!r}")
+    return hook
+
+
+def _duration(name: str, option: str, value: object) -> timedelta | None:
+    """A positive duration from seconds or a ``timedelta``; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise RegistrationError(
+            f"job {name!r}: {option} must be seconds (a number) or a timedelta, got {value!r}"
+        )
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise RegistrationError(f"job {name!r}: {option} must be positive, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def _count(name: str, option: str, value: object, *, low: int) -> int | None:
+    """A whole number at least ``low``; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RegistrationError(f"job {name!r}: {option} must be a whole number, got {value!r}")
+    if value < low:
+        raise RegistrationError(f"job {name!r}: {option} must be at least {low}, got {value!r}")
+    return value
