@@ -321,7 +321,7 @@ class Triggers:
                 }
                 if outcome == "succeeded":
                     values.update(last_success_ms=now, last_error=None, failures=0)
-                elif outcome in ("failed", "given up"):
+                elif outcome in ("failed", "given up", "timed_out"):
                     values.update(
                         last_error=summary, failures=sa.func.coalesce(_t.c.failures, 0) + 1
                     )
