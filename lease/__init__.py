@@ -81,9 +81,9 @@ from ._trigger import TriggerState as TriggerState
 
 __all__ = [
     "CLAIM_AHEAD_LIMIT",
+    "COUNTED_FAILURES",
     "Claim",
     "ClaimBatch",
-    "COUNTED_FAILURES",
     "CutShort",
     "DEFAULT_HISTORY_DAYS",
     "DEFAULT_HISTORY_PER_NAME",
