@@ -18,7 +18,7 @@ import enum
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TextIO
 
@@ -26,6 +26,7 @@ import lease
 
 from . import admin
 from ._database import resolve_database
+from ._policy import policy_text
 
 __all__ = ["add_commands", "run_history", "run_status"]
 
@@ -37,6 +38,8 @@ EXIT_DATABASE: Final = 3
 ERROR_WIDTH: Final = 80
 #: The widest a pause reason is shown in the table (``--json`` has it whole).
 REASON_WIDTH: Final = 40
+#: The widest a job's policies are shown in the table (``--json`` has them whole).
+POLICY_WIDTH: Final = 80
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhdw])(?:\s+ago)?$")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -72,7 +75,9 @@ def add_commands(commands: Any, database_help: str) -> None:
         "--limit", type=_limit, default=20, metavar="N", help="at most N rounds (default 20)"
     )
     history.add_argument(
-        "--failed", action="store_true", help="only rounds that failed or were given up"
+        "--failed",
+        action="store_true",
+        help="only rounds that failed, timed out, missed their start deadline or were given up",
     )
     history.add_argument(
         "--since",
@@ -177,6 +182,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
             ]
         )
     headers = ["JOB", "SPEC", "NEXT (UTC)", "STATE", "LAST", "DURATION", "FAILURES"]
+    if any(job.policies for job in report.jobs):  # a column only when some job has one
+        headers.append("POLICIES")
+        for row, job in zip(rows, report.jobs, strict=True):
+            row.append(_cell(policy_text(job.policies), POLICY_WIDTH) or "-")
     if rows:
         _print_table(headers, rows, out)
     else:
@@ -289,6 +298,8 @@ def _jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, tuple | list):
         return [_jsonable(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
     return value
 
 

@@ -15,6 +15,8 @@ traceback. This is the one place in the package that reads the wall clock: the d
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -24,6 +26,8 @@ from ._admin_cli import add_commands, run_history, run_status
 from ._control_cli import add_commands as add_control_commands
 from ._control_cli import run_pause, run_resume, run_trigger
 from ._exceptions import ScheduleError
+from ._policy import policy_text
+from ._registry import Job, default_registry
 from ._schedule import DstMark, Schedule, parse
 from ._scheduler import DEFAULT_MAX_WORKERS
 
@@ -94,7 +98,18 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         ),
     )
     show.add_argument(
-        "spec", metavar="SPEC", help="e.g. '0 */5 * * * *', '@every 1h30m' or a CRON_TZ= spec"
+        "spec",
+        metavar="SPEC",
+        help="e.g. '0 */5 * * * *', '@every 1h30m' or a CRON_TZ= spec; or the name of a job "
+        "registered by a --module (or by the framework's app), to show its policies too",
+    )
+    show.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module (it registers jobs) so that SPEC may name one of its jobs",
     )
     show.add_argument(
         "-n",
@@ -195,12 +210,54 @@ def main(
             return run_resume(args)
         if args.command == "trigger":
             return run_trigger(args)
+        job = _named_job(args.spec, args.modules, jobs_imported)
+        if job is not None:
+            return _show_job_next(job, args.count, args.after, sys.stdout)
         return _show_next(args.spec, args.count, args.after, sys.stdout)
     except (_UsageError, ScheduleError) as exc:
         print(f"cronjob: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help: argparse has printed it and asks to exit
         return exc.code if isinstance(exc.code, int) else 0
+
+
+def _named_job(spec: str, modules: list[str], jobs_imported: bool) -> Job | None:
+    """The job of the default registry named ``spec``, once ``modules`` are imported;
+    ``None`` when neither a module nor the framework registered jobs, or none has that
+    name (``spec`` is then a schedule spec).
+
+    Raises:
+        _UsageError: a module cannot be imported, or registers a job it cannot.
+    """
+    if not modules and not jobs_imported:
+        return None
+    sys.path.insert(0, os.getcwd())  # as `cronjob run`: the working directory first
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise _UsageError(
+                f"cannot import job module {module!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    found = [job for job in default_registry.jobs if job.name == spec]
+    if not found and modules and not _looks_like_spec(spec):
+        names = ", ".join(sorted(job.name for job in default_registry.jobs)) or "none"
+        raise _UsageError(f"no job named {spec!r} is registered (jobs: {names})")
+    return found[0] if found else None
+
+
+def _looks_like_spec(text: str) -> bool:
+    """Whether ``text`` could be a schedule spec rather than a job's name."""
+    return text.startswith(("@", "CRON_TZ=", "TZ=")) or " " in text.strip()
+
+
+def _show_job_next(job: Job, count: int, after: datetime | None, out: TextIO) -> int:
+    """``cronjob next JOB``: the job's next instants, then its policies."""
+    kind = "leased" if job.leased else "per instance"
+    print(f"job {job.name!r} ({kind}): {job.schedule.spec}", file=out)
+    described = policy_text(job.policy.describe())
+    print(f"policies: {described or 'none'}", file=out)
+    return _show_next(job.schedule.spec, count, after, out)
 
 
 def _show_next(spec: str, count: int, after: datetime | None, out: TextIO) -> int:

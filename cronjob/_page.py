@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from . import admin
 from ._admin_cli import _duration, _last, _state, _time
+from ._policy import policy_text
 
 __all__ = ["error_page", "job_page", "jobs_page"]
 
@@ -71,6 +72,8 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
         if not problems
         else f'<span class="bad">{len(problems)} problem{_s(len(problems))}</span>'
     )
+    # A column of the jobs' policies only when some job has one.
+    policies = any(job.policies for job in report.jobs)
     rows = [
         _row(
             {
@@ -81,20 +84,20 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
                 "Last": _outcome_text(job.last_outcome, _last(job)),
                 "Duration": e(_duration(job.last_duration)),
                 "Failures": e(job.consecutive_failures if not job.per_instance else "-"),
-            },
+            }
+            | ({"Policies": e(policy_text(job.policies) or "-")} if policies else {}),
             problem=bool(job.problems),
         )
         for job in report.jobs
     ]
+    headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"]
+    if policies:
+        headers.append("Policies")
     body = [
         f"<p class=summary>{len(report.jobs)} job{_s(len(report.jobs))}, {summary}; "
         f"checked {e(_time(report.checked_at))} UTC</p>",
         "<h2>Jobs</h2>",
-        _table(
-            ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"],
-            rows,
-            empty="No jobs on record.",
-        ),
+        _table(headers, rows, empty="No jobs on record."),
     ]
     if problems:
         body.append("<h2>Problems</h2>")
@@ -122,6 +125,8 @@ def job_page(
         "Last success (UTC)": e(_time(job.last_success)),
         "Failures in a row": e(job.consecutive_failures if not job.per_instance else "-"),
     }
+    if job.policies:
+        facts["Policies"] = e(policy_text(job.policies))
     if job.last_error:
         facts["Last error"] = f"<pre>{e(job.last_error)}</pre>"
     if job.skipped_through is not None:
@@ -238,7 +243,7 @@ def _spec(job: admin.JobStatus) -> str:
 
 def _outcome_text(outcome: object, text: str) -> str:
     """``text`` about an outcome, coloured by it."""
-    if outcome in (admin.Outcome.FAILED, admin.Outcome.GAVE_UP):
+    if outcome in admin.FAILED_OUTCOMES:
         return f'<span class="bad">{e(text)}</span>'
     if outcome == admin.Outcome.SUCCEEDED:
         return f'<span class="ok">{e(text)}</span>'

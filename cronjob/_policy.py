@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, TypedDict
@@ -28,6 +28,7 @@ __all__ = [
     "PolicyOptions",
     "check_hook",
     "make_policy",
+    "policy_text",
 ]
 
 #: The first delay before a retry when ``retry_backoff`` is not given (seconds).
@@ -116,6 +117,46 @@ class Policy:
             module = getattr(fn, "__module__", None) or "?"
             described["on_failure"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
         return described
+
+
+def policy_text(described: Mapping[str, object]) -> str:
+    """One line for people of a :meth:`Policy.describe` mapping (as on record):
+    ``timeout 30s, retries 3 (backoff 10s), start deadline 1m, pause after 3 failures,
+    on failure app.page``; ``""`` for none. Keys this release does not know are shown
+    as ``key value``, so a newer replica's options are never hidden."""
+    parts: list[str] = []
+    for key, value in described.items():
+        if key == "timeout":
+            parts.append(f"timeout {_span(value)}")
+        elif key == "retries":
+            backoff = described.get("retry_backoff")
+            suffix = "" if backoff is None else f" (backoff {_span(backoff)})"
+            parts.append(f"retries {value}{suffix}")
+        elif key == "retry_backoff":
+            continue  # with the retries
+        elif key == "start_deadline":
+            parts.append(f"start deadline {_span(value)}")
+        elif key == "pause_after_failures":
+            parts.append(f"pause after {value} failures")
+        elif key == "on_failure":
+            parts.append(f"on failure {value}")
+        else:
+            parts.append(f"{key} {value}")
+    return ", ".join(parts)
+
+
+def _span(seconds: object) -> str:
+    """``90`` -> ``1m30s``, ``0.5`` -> ``0.5s``: a duration in seconds, short."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return str(seconds)
+    if not math.isfinite(seconds) or seconds < 60 or seconds != int(seconds):
+        return f"{seconds:g}s"
+    whole, parts = int(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, whole = divmod(whole, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
 
 
 def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:

@@ -310,11 +310,18 @@ class Recovery:
 
 
 def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
-    """This replica as the sweep puts it on record: who, where, since when, which jobs."""
+    """This replica as the sweep puts it on record: who, where, since when, which jobs
+    and their policies."""
     from . import __version__  # the package is imported by the time a scheduler starts
 
     now = clock.now()
     jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}
+    # Each job's options, for the status and the page (which load no app module).
+    policies = {
+        s.job.name: described
+        for s in dispatcher.states.values()
+        if (described := s.job.policy.describe())
+    }
     return lease.ReplicaRow(
         holder=replica_id,
         host=socket.gethostname(),
@@ -323,4 +330,5 @@ def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> le
         started=now,
         seen=now,
         jobs=jobs,
+        policies=policies,
     )

@@ -33,6 +33,7 @@ import lease
 
 from ._clock import Clock
 from ._exceptions import Cancelled, Retry, TimedOut
+from ._failures import HOOKED, Failures, round_record
 from ._fencing import Fencing
 from ._finisher import Finisher
 from ._history import History, Pruner
@@ -88,6 +89,8 @@ class RoundRunner:
             says); ``None`` keeps none.
         started: Told of each round of a job with a policy as it starts (from its
             thread; it posts it to the dispatcher, which times it out).
+        failures: Told of every round's end once settled (the self-pause, the failure
+            hooks: see :mod:`cronjob._failures`); ``None`` when no job has either.
     """
 
     def __init__(
@@ -107,9 +110,11 @@ class RoundRunner:
         owns_async_engine: bool = False,
         history: History | None = None,
         started: Callable[[Run], None] = lambda run: None,
+        failures: Failures | None = None,
     ) -> None:
         self._clock = clock
         self._started = started
+        self._failures = failures if failures is not None and failures.active else None
         self._history = history is not None
         self._replica_id = replica_id
         self._store = store
@@ -468,7 +473,12 @@ class RoundRunner:
         # with the others ending now, and its record built there: the worker is free
         # for the next round at once.
         later = outcome is not Outcome.CUT_SHORT and self._records_end(run) and run.request is None
-        recorded = later or self._record_end(run, self._ending(run, outcome, error, ended), outcome)
+        recorded = later
+        if not later:
+            ending = self._ending(run, outcome, error, ended)
+            recorded = self._record_end(run, ending, outcome)
+            if self._failures is not None:  # hooks only: no count on a worker's thread
+                self._tell_failures([(run, outcome, ending, False)])
         if outcome is Outcome.SUCCEEDED:
             # DEBUG, as the start: the dispatcher's summary line counts them at INFO. A
             # manual round, rare and asked for by someone, stays at INFO.
@@ -637,13 +647,33 @@ class RoundRunner:
             succeeded=outcome is Outcome.SUCCEEDED,
             error=summary,
             record=record,
-            outcome=_ROW_OUTCOME.get(outcome),
+            outcome=word,
             retrying=outcome is Outcome.RETRYING,
         )
 
     def _ending_of(self, later: _Later) -> lease.Ending:
         """The finisher's ``ending``: the record of an end handed to it."""
-        return self._ending(later.run, later.outcome, later.error, later.ended)
+        later.ending = self._ending(later.run, later.outcome, later.error, later.ended)
+        return later.ending
+
+    def _tell_failures(
+        self, ends: list[tuple[Run, Outcome, lease.Ending | None, bool]]
+    ) -> None:
+        """Hand ends to the failure policies (``(run, outcome, ending, on_record)``);
+        whatever they raise is logged: the ends go on to the dispatcher."""
+        failures = self._failures
+        if failures is None:
+            return
+        try:
+            failures.ended(
+                [
+                    (outcome, round_record(run, outcome, ending, self._replica_id), on_record)
+                    for run, outcome, ending, on_record in ends
+                    if outcome in HOOKED
+                ]
+            )
+        except Exception:
+            log.exception("acting on the failure policies of ended rounds failed")
 
     def _finish_later(self, later: _Later) -> None:
         """Hand the end to the finisher; it is logged and posted once written."""
@@ -659,6 +689,12 @@ class RoundRunner:
         each stops being counted as work (after the post: a fake clock never sees them
         neither running nor posted). An end not recorded is logged and posted alone."""
         recorded: list[tuple[Run, datetime]] = []
+        if self._failures is not None:
+            # Before the ends go on: a job that pauses itself is paused on record before
+            # this replica schedules its next instant.
+            self._tell_failures(
+                [(x.run, x.outcome, x.ending, result is True) for x, result in results]
+            )
         for later, result in results:
             if result is True:  # the common case
                 recorded.append((later.run, later.ended))
@@ -735,7 +771,7 @@ class _Later:
     """The end of a round that ran to its end, handed to the finisher, which builds the
     record to write from it (see :meth:`RoundRunner._ending`)."""
 
-    __slots__ = ("context", "ended", "error", "outcome", "run")
+    __slots__ = ("context", "ended", "ending", "error", "outcome", "run")
 
     def __init__(
         self, run: Run, ended: datetime, outcome: Outcome, error: BaseException | None
@@ -744,6 +780,8 @@ class _Later:
         self.ended = ended
         self.outcome = outcome
         self.error = error
+        #: The record built from it on the finisher's thread (``None`` until then).
+        self.ending: lease.Ending | None = None
         #: The round's context: lines logged for the end keep the round's trace id.
         self.context = contextvars.copy_context()
 
@@ -756,13 +794,6 @@ _NO_SPANS = trace.NoOpTracerProvider()
 def _tracing_off() -> bool:
     """Whether no SDK has set OpenTelemetry's global tracer provider (yet)."""
     return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-
-
-#: The outcome a lease row keeps for an end that is neither a success nor a failure.
-_ROW_OUTCOME = {
-    Outcome.TIMED_OUT: Outcome.TIMED_OUT.text,
-    Outcome.MISSED_DEADLINE: Outcome.MISSED_DEADLINE.text,
-}
 
 
 def _word(outcome: Outcome, attempt: int) -> str:

@@ -27,6 +27,7 @@ from ._control import Control, Inbox
 from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_database
 from ._dispatcher import Dispatcher
 from ._exceptions import Shutdown
+from ._failures import Failures, Hooks, check_history, hooked
 from ._history import History
 from ._keeper import LeaseKeeper, exit_process
 from ._metrics import Meters
@@ -156,6 +157,7 @@ class Scheduler:
         self._control: Control | None = None
         self._dispatcher: Dispatcher | None = None
         self._runner: RoundRunner | None = None
+        self._hooks: Hooks | None = None
         self._thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
@@ -259,6 +261,8 @@ class Scheduler:
             lease.UnsupportedDatabase: the database cannot carry leases.
             lease.MigrationRequired: ``auto_migrate=False`` and the tables are not at head.
             RuntimeError: the scheduler was already started.
+            ValueError: a job's ``pause_after_failures`` cannot be counted: the scheduler
+                keeps no history, or too few rounds per job (see :mod:`._failures`).
         """
         with self._lock:
             if self._started:
@@ -288,6 +292,7 @@ class Scheduler:
         self._start_done = True
 
     def _start(self, jobs: tuple[Job, ...]) -> None:
+        check_history(jobs, self._history)
         leased = sum(job.leased for job in jobs)
         engine, store = self._connect(
             check_dialect=leased > 0, async_jobs=any(job.is_async for job in jobs)
@@ -321,6 +326,11 @@ class Scheduler:
         )
         self._recovery = recovery
         recovery.first_migration()
+        # The failure hooks' thread, only when some job has a hook (started on first use).
+        hooks = self._hooks = Hooks() if hooked(self._registry) else None
+        failures = Failures(
+            store=store, registry=self._registry, replica_id=self.replica_id, hooks=hooks
+        )
         dispatcher.runner = runner = self._runner = RoundRunner(
             clock=clock,
             replica_id=self.replica_id,
@@ -336,6 +346,7 @@ class Scheduler:
             owns_async_engine=self._owns_async_engine,
             history=self._history,
             started=dispatcher.post_round_started,
+            failures=failures,
         )
         dispatcher.keeper = LeaseKeeper(
             clock=clock,
@@ -457,6 +468,9 @@ class Scheduler:
                 log.warning("lease statements still running after %gs at stop", wait)
         if self._runner is not None:
             self._runner.shutdown()
+        if self._hooks is not None:
+            # Bounded: a hook that hangs is left to its daemon thread (see _failures).
+            self._hooks.close()
         if self._engine is not None and self._owns_engine:
             # Even after a crash: a killed process's connections close with it.
             self._engine.dispose()

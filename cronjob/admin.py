@@ -27,8 +27,10 @@ the leases and the replicas' ``last_seen`` are kept on.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -68,6 +70,7 @@ from ._exceptions import ScheduleError
 from ._schedule import Schedule
 
 __all__ = [
+    "FAILED_OUTCOMES",
     "Activity",
     "JobStatus",
     "Outcome",
@@ -115,6 +118,23 @@ class Outcome(enum.StrEnum):
     CUT_SHORT = "cut short"
     #: A second run cut short: the instant is given up.
     GAVE_UP = "given up"
+    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
+    TIMED_OUT = "timed_out"
+    #: The round could not start within its job's ``start_deadline``: not run.
+    MISSED_DEADLINE = "missed_deadline"
+    #: An attempt that failed (or asked for a retry): the round runs again.
+    RETRYING = "retrying"
+
+
+#: The outcomes ``history(failed=True)`` (``cronjob history --failed``) keeps: a round
+#: that did not do its work. An attempt that is retried is not among them (its round's
+#: end is).
+FAILED_OUTCOMES: Final = (
+    Outcome.FAILED,
+    Outcome.GAVE_UP,
+    Outcome.TIMED_OUT,
+    Outcome.MISSED_DEADLINE,
+)
 
 
 class Activity(enum.StrEnum):
@@ -191,6 +211,11 @@ class JobStatus:
     #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
     #: cut short and to be taken again; oldest first.
     requests: tuple[RequestStatus, ...] = ()
+    #: The job's policies as the live replica that started last registered them
+    #: (:meth:`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
+    #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
+    #: empty without options, or when no live replica of this release registers it.
+    policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,9 +302,12 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         if request.open and (request.replica is None or request.replica in live):
             asked.setdefault(request.job, []).append(request)
     registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
-    for replica in replicas:
+    policies: dict[str, Mapping[str, object]] = {}
+    # The replica that started last wins: during a deploy, the release rolling out.
+    for replica in sorted(replicas, key=lambda r: (r.started, r.holder)):
         for name, (spec, leased) in replica.jobs.items():
             registered.setdefault(name, {})[replica.holder] = (spec, leased)
+            policies[name] = replica.policies.get(name, {})
     jobs = [
         _job_status(
             name,
@@ -288,6 +316,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             replicas,
             checked_at,
             tuple(asked.get(name, ())),
+            policies.get(name, {}),
         )
         for name in sorted(set(rows) | set(registered) | set(asked))
     ]
@@ -323,7 +352,8 @@ def history(
         database: a URL, or an engine (not disposed).
         name: the job.
         limit: at most this many rounds (1 to :data:`HISTORY_LIMIT`).
-        failed: only rounds that failed or were given up.
+        failed: only rounds that failed, timed out, missed their start deadline or
+            were given up (:data:`FAILED_OUTCOMES`).
         since: only rounds that ended at or after this aware time.
 
     Raises:
@@ -335,7 +365,7 @@ def history(
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")
     since_ms = None if since is None else _ms(_aware(since, "since"))
-    outcomes = (Outcome.FAILED.value, Outcome.GAVE_UP.value) if failed else None
+    outcomes = tuple(outcome.value for outcome in FAILED_OUTCOMES) if failed else None
     with _store(database) as store:
         found = store.rounds(name, limit=limit, outcomes=outcomes, since_ms=since_ms)
         if not found and not store.known(name):
@@ -368,6 +398,7 @@ def _job_status(
     replicas: list[lease.ReplicaRow],
     now: datetime,
     requests: tuple[RequestStatus, ...] = (),
+    policies: Mapping[str, object] | None = None,
 ) -> JobStatus:
     specs = {spec for spec, _ in registered.values()}
     spec = row.spec if row is not None and row.spec is not None else None
@@ -386,7 +417,10 @@ def _job_status(
     outcome = None if row is None else _enum(Outcome, row.last_outcome)
     failures = 0 if row is None else row.failures
     if failures:
-        what = outcome if outcome is not None else "failed"
+        # The latest counted failure; an attempt being retried or a missed deadline
+        # since leaves the count as it was, so it is not named here.
+        counted = (Outcome.FAILED, Outcome.GAVE_UP, Outcome.TIMED_OUT)
+        what = outcome if outcome in counted else "failed"
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
     # A paused job is not run on purpose: shown as paused, never as stale.
     paused = row is not None and row.paused is not None
@@ -443,6 +477,7 @@ def _job_status(
         paused_by=None if row is None else row.paused_by,
         pause_reason=None if row is None else row.pause_reason,
         requests=requests,
+        policies=dict(policies or {}),
     )
 
 

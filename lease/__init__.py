@@ -47,6 +47,7 @@ from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
 from ._migrate import current_revision as current_revision
 from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
+from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
@@ -80,6 +81,7 @@ from ._trigger import TriggerState as TriggerState
 
 __all__ = [
     "CLAIM_AHEAD_LIMIT",
+    "COUNTED_FAILURES",
     "Claim",
     "ClaimBatch",
     "CutShort",

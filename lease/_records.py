@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -19,8 +19,10 @@ from sqlalchemy.engine import RowMapping
 from ._schema import ERROR_LENGTH, replica_table, round_table
 
 __all__ = [
+    "COUNTED_FAILURES",
     "DEFAULT_HISTORY_DAYS",
     "DEFAULT_HISTORY_PER_NAME",
+    "NOT_COUNTED",
     "Ending",
     "ReplicaRow",
     "RoundRow",
@@ -76,13 +78,31 @@ class Ending:
     error: str | None = None
     #: The history row to add, or ``None`` (history off).
     record: RoundRow | None = None
-    #: The outcome on the lease row when not ``succeeded``: ``'failed'`` (``None``),
-    #: ``'timed_out'`` or ``'missed_deadline'``; each counts as a failure in a row.
+    #: The outcome in the record's words (see :data:`COUNTED_FAILURES`); ``None``: the
+    #: record's, else ``'succeeded'`` or ``'failed'`` per :attr:`succeeded`.
     outcome: str | None = None
     #: This attempt failed and the round runs again under the same lease (``'retrying'``):
     #: the row stays ``running`` and held, its attempt becomes 2 (a run after the first:
     #: cut short from now on, it is given up), and only the history row is added.
     retrying: bool = False
+
+    @property
+    def word(self) -> str:
+        """The outcome written to the lease row's ``last_outcome``."""
+        if self.outcome is not None:
+            return self.outcome
+        if self.record is not None:
+            return self.record.outcome
+        return "succeeded" if self.succeeded else "failed"
+
+
+#: The outcomes of a round that ran to its end that count as one more failure in a row
+#: (``failures`` on the lease row); ``'succeeded'`` resets it. The others a policy adds
+#: leave it as it is: ``'retrying'`` (an attempt, not the round's end) and
+#: ``'missed_deadline'`` (the round never ran).
+COUNTED_FAILURES: Final = frozenset({"failed", "timed_out"})
+#: The outcomes that leave the failures in a row as they are.
+NOT_COUNTED: Final = frozenset({"retrying", "missed_deadline"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +118,9 @@ class ReplicaRow:
     seen: datetime
     #: The names it registered: ``name -> (spec, leased)``.
     jobs: Mapping[str, tuple[str, bool]]
+    #: The policies of the jobs that have any (``name -> Policy.describe()``, JSON-ready);
+    #: a job without options, or a row written by an older release, has none here.
+    policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def bounded_error(text: str | None) -> str | None:
@@ -165,6 +188,7 @@ def round_from(row: RowMapping) -> RoundRow:
 def replica_from(row: RowMapping) -> ReplicaRow:
     """A replica's row as read; a ``jobs`` value that is not what we write reads as none."""
     jobs: dict[str, tuple[str, bool]] = {}
+    policies: dict[str, Mapping[str, Any]] = {}
     try:
         listed = json.loads(row["jobs"])
     except (TypeError, ValueError):
@@ -173,6 +197,9 @@ def replica_from(row: RowMapping) -> ReplicaRow:
         for name, entry in listed.items():
             if isinstance(entry, dict) and isinstance(entry.get("spec"), str):
                 jobs[str(name)] = (entry["spec"], bool(entry.get("leased", True)))
+                policy = entry.get("policy")
+                if isinstance(policy, dict) and policy:
+                    policies[str(name)] = policy
     return ReplicaRow(
         holder=row["holder"],
         host=row["host"],
@@ -181,15 +208,25 @@ def replica_from(row: RowMapping) -> ReplicaRow:
         started=_EPOCH + int(row["started_ms"]) * _MS,
         seen=_EPOCH + int(row["seen_ms"]) * _MS,
         jobs=jobs,
+        policies=policies,
     )
 
 
-def jobs_json(jobs: Mapping[str, tuple[str, bool]]) -> str:
-    """The ``jobs`` column of a replica: ``{name: {"spec": ..., "leased": ...}}``."""
-    return json.dumps(
-        {name: {"spec": spec, "leased": leased} for name, (spec, leased) in sorted(jobs.items())},
-        separators=(",", ":"),
-    )
+def jobs_json(
+    jobs: Mapping[str, tuple[str, bool]],
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The ``jobs`` column of a replica: ``{name: {"spec": ..., "leased": ...}}``, and
+    ``"policy": {...}`` beside them for a job that has one. An older release's reader
+    takes ``spec`` and ``leased`` and ignores the key it does not know."""
+    entries: dict[str, dict[str, Any]] = {}
+    for name, (spec, leased) in sorted(jobs.items()):
+        entry: dict[str, Any] = {"spec": spec, "leased": leased}
+        policy = None if policies is None else policies.get(name)
+        if policy:
+            entry["policy"] = dict(policy)
+        entries[name] = entry
+    return json.dumps(entries, separators=(",", ":"))
 
 
 _r = round_table

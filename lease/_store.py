@@ -51,6 +51,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from ._engine import SQLITE_BEGIN_OPTION, refuse_sqlite_memory
 from ._exceptions import UnsupportedDatabase, translate_errors
 from ._records import (
+    NOT_COUNTED,
     Ending,
     ReplicaRow,
     RoundRow,
@@ -173,10 +174,12 @@ class LeaseRow:
     last_end: datetime | None = None
     last_success: datetime | None = None
     #: How the latest round on record ended (``'succeeded'``, ``'failed'``,
-    #: ``'cut short'``, ``'given up'``), and the failure's summary.
+    #: ``'cut short'``, ``'given up'``, or a policy's ``'timed_out'``,
+    #: ``'missed_deadline'``, ``'retrying'``), and the failure's summary.
     last_outcome: str | None = None
     last_error: str | None = None
-    #: Rounds in a row that failed or were given up.
+    #: Rounds in a row that failed, timed out or were given up (an attempt to be
+    #: retried and a missed start deadline neither count nor reset it).
     failures: int = 0
     #: Paused since (lease clock), by whom, why (revision 0003); ``None`` when not
     #: paused. A paused row is never claimed.
@@ -625,7 +628,7 @@ class LeaseStore:
             "version": replica.version[:64],
             "started_ms": _to_ms(replica.started),
             "seen_ms": self._now(),
-            "jobs": jobs_json(replica.jobs),
+            "jobs": jobs_json(replica.jobs, replica.policies),
         }
         changed = ("host", "pid", "version", "started_ms", "seen_ms", "jobs")
         dialect = self._engine.dialect.name
@@ -947,8 +950,9 @@ class LeaseStore:
         (rounded down): every instant up to it that the round overran stays skipped.
         The end is recorded even if the lease expired meanwhile, as long as no other
         claim replaced the token. On record too: the outcome (``succeeded``, or failed
-        with ``error``, bounded), the end and the last success on the lease clock, the
-        failures in a row; and ``record``, if given, is added to the history, all in
+        with ``error``, bounded; a :class:`Ending`'s ``outcome`` word, see
+        :data:`~lease.COUNTED_FAILURES`), the end and the last success on the lease
+        clock, the failures in a row; and ``record``, if given, is added to the history, all in
         the same transaction.
 
         Returns:
@@ -984,8 +988,8 @@ class LeaseStore:
     def _finish(
         self, ends: Collection[tuple[str, int, datetime] | Ending], action: str
     ) -> set[tuple[str, int]]:
-        # Grouped by (ended second, succeeded, outcome on the row, retrying).
-        groups: dict[tuple[int, bool, str | None, bool], list[Ending]] = {}
+        # Grouped by (ended second, outcome word, retrying).
+        groups: dict[tuple[int, str, bool], list[Ending]] = {}
         records: list[dict[str, Any]] = []
         endings: list[Ending] = []
         for end in ends:
@@ -994,11 +998,11 @@ class LeaseStore:
                 end = Ending(name=name, token=token, ended=ended)
             endings.append(end)
         _names([end.name for end in endings])  # the batch's names checked in one call
-        last: tuple[int, bool, str | None, bool] | None = None
+        last: tuple[int, str, bool] | None = None
         group: list[Ending] = []
         for end in endings:
             _check_token(end.token)
-            key = (_seconds_floor(end.ended, "ended"), end.succeeded, end.outcome, end.retrying)
+            key = (_seconds_floor(end.ended, "ended"), end.word, end.retrying)
             if key != last:  # ends of a batch come mostly in runs of one second and outcome
                 group = groups.setdefault(key, [])
                 last = key
@@ -1011,7 +1015,7 @@ class LeaseStore:
         released: set[tuple[str, int]] = set()
         now = self._now()
         with translate_errors(action), self._transaction() as conn:
-            for (ended_s, succeeded, word, retrying), group in groups.items():
+            for (ended_s, word, retrying), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)
                 unique = set(pairs)
@@ -1026,7 +1030,7 @@ class LeaseStore:
                     recorded.update((name, int(token)) for name, token in conn.execute(again))
                     continue
                 outcome: dict[str, Any]
-                if succeeded:
+                if word == "succeeded":
                     outcome = {
                         "last_outcome": "succeeded",
                         "last_success_ms": now,
@@ -1035,11 +1039,14 @@ class LeaseStore:
                     }
                 else:
                     errors = {end.name: bounded_error(end.error) for end in group}
-                    outcome = {
-                        "last_outcome": word or "failed",
-                        "last_error": sa.case(errors, value=_t.c.name, else_=None),
-                        "failures": sa.func.coalesce(_t.c.failures, 0) + 1,
-                    }
+                    error = sa.case(errors, value=_t.c.name, else_=None)
+                    outcome = {"last_outcome": word[:16], "last_error": error}
+                    if word in NOT_COUNTED:
+                        # An attempt to be retried, or a round never run: the failures in
+                        # a row, and the latest failure's error, stay as they are.
+                        outcome["last_error"] = sa.func.coalesce(error, _t.c.last_error)
+                    else:
+                        outcome["failures"] = sa.func.coalesce(_t.c.failures, 0) + 1
                 stmt = self._in_name_order(_t.update(), sa.and_(mine, _is_running())).values(
                     state=LeaseState.DONE.value,
                     expires_ms=None,

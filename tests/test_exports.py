@@ -42,6 +42,7 @@ SURFACE = {
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
         "Activity",
+        "FAILED_OUTCOMES",
         "JobStatus",
             "Outcome",
         "PauseChange",

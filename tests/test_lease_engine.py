@@ -233,6 +233,7 @@ class TestSurface:
         assert lease.__all__ == sorted(lease.__all__)
         assert lease.__all__ == [
             "CLAIM_AHEAD_LIMIT",
+            "COUNTED_FAILURES",
             "Claim",
             "ClaimBatch",
             "CutShort",
