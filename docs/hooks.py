@@ -36,8 +36,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         if path.is_relative_to(docs):  # a page or file of the site: MkDocs checks it
             return match.group(0)
         if not path.is_relative_to(repo) or not path.exists():
-            log.warning("%s: link to '%s': no such file in the repository", page.file.src_path,
-                        target)
+            log.warning(
+                "%s: link to '%s': no such file in the repository", page.file.src_path, target
+            )
             return match.group(0)
         relative = path.relative_to(repo).as_posix()
         if repo_url:

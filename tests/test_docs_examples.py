@@ -46,8 +46,9 @@ ALL = [
 
 
 @pytest.mark.parametrize(("code", "expected", "page"), ALL)
-def test_the_example_runs_and_prints_what_the_page_says(code, expected, page, tmp_path,
-                                                        monkeypatch):
+def test_the_example_runs_and_prints_what_the_page_says(
+    code, expected, page, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     for _run in range(2):  # a reader runs it again: it must print the same again
         out = io.StringIO()
@@ -62,9 +63,17 @@ def test_the_pages_have_runnable_examples():
     counts = {page.relative_to(REPO).as_posix(): len(examples(page)) for page in pages()}
     assert counts["README.md"] >= 1
     assert sum(counts.values()) >= 20, counts
-    for page in ["concepts/schedules.md", "concepts/lease.md", "concepts/rounds.md",
-                 "concepts/catch-up.md", "operations/status.md", "operations/pause.md",
-                 "operations/metrics.md", "testing/fake-clock.md", "integrations/fastapi.md"]:
+    for page in [
+        "concepts/schedules.md",
+        "concepts/lease.md",
+        "concepts/rounds.md",
+        "concepts/catch-up.md",
+        "operations/status.md",
+        "operations/pause.md",
+        "operations/metrics.md",
+        "testing/fake-clock.md",
+        "integrations/fastapi.md",
+    ]:
         assert counts[f"docs/{page}"] >= 1, page
     for page in ["apscheduler.md", "celery-beat.md", "kubernetes.md"]:
         assert counts[f"docs/coming-from/{page}"] >= 1, page
