@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "testing" / "pytest.md"
 
 
 def readme_test() -> str:
-    """The README's example of a user's test (the python block that defines it)."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    """The docs' example of a user's test (the python block that defines it)."""
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
     (block,) = [b for b in blocks if "def test_digest_runs_daily_at_nine_paris_time" in b]
     return block
 

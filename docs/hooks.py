@@ -1,0 +1,55 @@
+"""MkDocs hook: links from a page to files of the repository outside docs/.
+
+The design documents link to the source files and tests they describe
+(``[`_store.py`](../lease/_store.py)``). Those files are not pages of the site, so MkDocs
+cannot serve them. This hook checks that each such target exists in the repository — a
+link to a file that does not exist is a warning, which ``mkdocs build --strict`` turns
+into a failure — and then renders the link as its text (or, when ``repo_url`` is set, as a
+link to the file in the repository's browser).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mkdocs.hooks.repository_links")
+
+# [text](target), not an image, outside a fenced block (the page's fences are skipped below).
+LINK = re.compile(r"(?<!!)\[([^\]\n]*)\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    docs = Path(config["docs_dir"]).resolve()
+    repo = docs.parent
+    here = (docs / page.file.src_path).parent
+    repo_url = (config.get("repo_url") or "").rstrip("/")
+
+    def swap(match: re.Match[str]) -> str:
+        text, target = match.groups()
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^#|^/", target):  # a URL, an anchor, absolute
+            return match.group(0)
+        path = (here / target.split("#")[0]).resolve()
+        if path.is_relative_to(docs):  # a page or file of the site: MkDocs checks it
+            return match.group(0)
+        if not path.is_relative_to(repo) or not path.exists():
+            log.warning(
+                "%s: link to '%s': no such file in the repository", page.file.src_path, target
+            )
+            return match.group(0)
+        relative = path.relative_to(repo).as_posix()
+        if repo_url:
+            return f"[{text}]({repo_url}/blob/main/{relative})"
+        return text or f"`{relative}`"
+
+    parts: list[str] = []
+    last = 0
+    for fence in FENCE.finditer(markdown):
+        parts.append(LINK.sub(swap, markdown[last : fence.start()]))
+        parts.append(fence.group(0))
+        last = fence.end()
+    parts.append(LINK.sub(swap, markdown[last:]))
+    return "".join(parts)
