@@ -85,7 +85,7 @@ ASYNC_DRIVERS = {
     "mariadb": (("aiomysql", "aiomysql"), ("asyncmy", "asyncmy")),
 }
 
-#: What to install for the async drivers of each database (the extras of the ``cronjob-lease`` distribution).
+#: What to install for the async drivers of each database (extras of ``cronjob-lease``).
 ASYNC_EXTRAS = {
     "postgresql": "cronjob-lease[postgres-async] (psycopg and greenlet), or asyncpg and greenlet",
     "sqlite": "cronjob-lease[sqlite-async] (aiosqlite and greenlet)",
