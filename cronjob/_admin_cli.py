@@ -174,7 +174,7 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
             [
                 _cell(job.name),
                 _cell(spec),
-                _time(job.next_instant),
+                "paused" if job.paused else _time(job.next_instant),
                 _state(job),
                 _last(job),
                 _duration(job.last_duration),

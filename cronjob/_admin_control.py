@@ -249,7 +249,9 @@ class Refusal(enum.StrEnum):
     BUSY = "busy"
     #: The job is paused, and the request did not force it.
     PAUSED = "paused"
-    #: A per-instance job that no live replica registers: nobody to run it.
+    #: A per-instance job that no live replica registers, or ``replica`` is not live:
+    #: nobody to run it. (A leased job's request is written even then: see
+    #: :attr:`TriggerRequest.live_replicas`.)
     NO_REPLICA = "no replica"
 
 
@@ -288,6 +290,15 @@ class TriggerRequest:
     replicas: tuple[str, ...]
     #: When it expires if no replica has taken it (:data:`lease.REQUEST_TTL` on).
     expires: datetime
+    #: The live replicas that have the job (register it) as it was requested. Empty:
+    #: none does (all restarting in a deploy, or none started yet): the request is on
+    #: record and runs if a replica that has the job starts before :attr:`expires`.
+    live_replicas: tuple[str, ...] = ()
+
+    @property
+    def no_live_replica(self) -> bool:
+        """No live replica had the job: nobody takes the request until one starts."""
+        return not self.live_replicas
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -344,6 +355,13 @@ def trigger(
     A per-instance job runs on every live replica that registers it, or on ``replica``.
     A request no replica takes within :data:`lease.REQUEST_TTL` seconds expires.
 
+    When no live replica has a leased job (all restarting in a deploy, say), the request
+    is still written — a replica that starts with the job within the ttl takes it — and
+    the returned request says so: :attr:`TriggerRequest.live_replicas` is empty. A
+    per-instance request names its replicas, which a restart replaces, so with none
+    live it is refused (:attr:`Refusal.NO_REPLICA`) and nothing is written; so is one
+    naming a ``replica`` that is not live. ``force`` overrides only the pause.
+
     Args:
         database: a URL, or an engine (not disposed).
         force: run even while the job is paused.
@@ -354,9 +372,10 @@ def trigger(
     Raises:
         UnknownJob: no job ``name`` is on record; nothing was written.
         TriggerRefused: a round holds the job's lease now (:attr:`Refusal.BUSY`), it is
-            paused without ``force``, or no live replica runs the per-instance job;
-            nothing was written.
-        ValueError: ``replica`` given for a leased job, or not a live replica of it.
+            paused without ``force``, or no live replica runs the per-instance job (or
+            ``replica`` is not live); nothing was written.
+        ValueError: ``replica`` given for a leased job, or a live replica that does not
+            run the per-instance job.
     """
     who = operator() if by is None else by
     lease.check_holder(who)
@@ -392,6 +411,7 @@ def trigger(
                 job=name,
                 why=Refusal.PAUSED,
             )
+        live = tuple(t for t in targets if t is not None) or _leased_by(store, name, now_ms)
         ids = lease.Triggers(store).request(
             name, by=who, force=force, replicas=targets, now_ms=now_ms
         )
@@ -404,7 +424,14 @@ def trigger(
         force=force,
         replicas=tuple(t for t in targets if t is not None),
         expires=requested + timedelta(seconds=lease.REQUEST_TTL),
+        live_replicas=live,
     )
+
+
+def _leased_by(store: lease.LeaseStore, name: str, now_ms: int) -> tuple[str, ...]:
+    """The live replicas that register ``name`` under a lease."""
+    live = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+    return tuple(sorted(r.holder for r in live if name in r.jobs and r.jobs[name][1]))
 
 
 def _runners(store: lease.LeaseStore, name: str, replica: str | None, now_ms: int) -> list[str]:
@@ -412,6 +439,13 @@ def _runners(store: lease.LeaseStore, name: str, replica: str | None, now_ms: in
     live = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
     runners = sorted(r.holder for r in live if name in r.jobs and not r.jobs[name][1])
     if replica is not None:
+        if replica not in {r.holder for r in live}:
+            raise TriggerRefused(
+                f"replica {replica!r} is not live (live: "
+                f"{', '.join(sorted(r.holder for r in live)) or 'none'}); nothing was written",
+                job=name,
+                why=Refusal.NO_REPLICA,
+            )
         if replica not in runners:
             raise ValueError(
                 f"replica {replica!r} is not a live replica running {name!r} (live: "

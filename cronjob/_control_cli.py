@@ -7,7 +7,9 @@ Thin layers over :func:`cronjob.admin.pause`, :func:`~cronjob.admin.resume`,
 ``trigger --wait``: the round failed, was given up, refused, expired, or still ran at the
 timeout; 2 bad input (an unknown job, a reason too long, no tables); 3 the database could
 not be reached; 4 ``trigger`` refused now (a round holds the lease, the job is paused
-without ``--force``, no live replica runs it), nothing written.
+without ``--force``), nothing written; 5 ``trigger``: no live replica has the job (a
+leased job's request is written and runs if one starts within 10 minutes; a per-instance
+job's, or one for a ``--replica`` not live, is not), and ``--wait`` does not wait.
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from . import admin
 from ._admin_cli import _cell, _database, _guarded, _jsonable, _time
 from ._clock import Clock
 
-__all__ = ["EXIT_REFUSED", "add_commands", "run_pause", "run_resume", "run_trigger"]
+__all__ = [
+    "EXIT_NO_REPLICA",
+    "EXIT_REFUSED",
+    "add_commands",
+    "run_pause",
+    "run_resume",
+    "run_trigger",
+]
 
-#: ``cronjob trigger``: refused now (busy, paused, no replica); nothing was written.
+#: ``cronjob trigger``: refused now (busy, paused); nothing was written.
 EXIT_REFUSED = 4
+#: ``cronjob trigger``: no live replica has the job. A leased job's request is written
+#: (a replica starting within the ttl runs it); a per-instance job's is not.
+EXIT_NO_REPLICA = 5
 #: ``cronjob trigger --wait``: the round did not succeed (or had not ended by the timeout).
 EXIT_NOT_SUCCEEDED = 1
 
@@ -65,7 +77,10 @@ def add_commands(commands: Any, database_help: str) -> None:
             "request is refused (exit 4). The schedule does not move. The round sees "
             "ctx.trigger == Trigger.MANUAL; the history records it as manual, with who "
             "asked. A per-instance job runs on every live replica (or --replica ID). A "
-            "request no replica takes within 10 minutes expires."
+            "request no replica takes within 10 minutes expires. When no live replica "
+            "has the job, it says so and exits 5 without waiting: a leased job's request "
+            "is still written and runs if a replica starts within those 10 minutes (a "
+            "deploy); a per-instance job's, or one for a --replica not live, is not."
         ),
     )
     trigger.add_argument("name", metavar="NAME", help="the job to run")
@@ -190,9 +205,16 @@ def run_trigger(
         database = _database(args)
         try:
             request = admin.trigger(
-                database, args.name, force=args.force, replica=args.replica, by=args.by
+                database,
+                args.name,
+                force=args.force,
+                replica=args.replica,
+                by=args.by,
             )
         except admin.TriggerRefused as exc:
+            if exc.why is admin.Refusal.NO_REPLICA:
+                print(f"cronjob: no live replica: {exc}", file=err)
+                return EXIT_NO_REPLICA
             print(f"cronjob: refused: {exc}", file=err)
             return EXIT_REFUSED
         where = (
@@ -200,7 +222,7 @@ def run_trigger(
             if request.replicas
             else "by one replica"
         )
-        if not args.json:
+        if not args.json and not request.no_live_replica:
             print(
                 f"requested a round of {_cell(request.job)} now, {where}, by "
                 f"{_cell(request.requested_by)} at {_time(request.requested)} UTC "
@@ -208,10 +230,19 @@ def run_trigger(
                 f"expires at {_time(request.expires)} UTC)",
                 file=out,
             )
-        if not args.wait:
+        if request.no_live_replica:
+            # Nobody to take it now: say so, and never wait for nothing.
+            print(
+                f"cronjob: no live replica has {_cell(request.job)}: request "
+                f"{', '.join(map(str, request.ids))} is recorded and runs when a replica "
+                f"that has the job starts, if one does before {_time(request.expires)} UTC "
+                "(it expires then)",
+                file=err,
+            )
+        if not args.wait or request.no_live_replica:
             if args.json:
                 print(json.dumps(_jsonable(request), indent=2), file=out)
-            return 0
+            return EXIT_NO_REPLICA if request.no_live_replica else 0
         found = admin.wait(database, request, timeout=args.timeout, clock=clock)
         if args.json:
             print(json.dumps([_jsonable(r) for r in found], indent=2), file=out)

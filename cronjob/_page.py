@@ -64,6 +64,11 @@ def job_href(prefix: str, name: str, *, failed: bool = False) -> str:
     return f"{prefix}/job?name={quote(name, safe='')}" + ("&failed=1" if failed else "")
 
 
+def _next(job: admin.JobStatus) -> str:
+    """The next instant's cell: "paused" while no instant of the job runs."""
+    return "paused" if job.paused else _time(job.next_instant)
+
+
 def jobs_page(report: admin.Status, prefix: str) -> str:
     """The front page: every job on record, the problems, the live replicas."""
     problems = report.problems
@@ -79,7 +84,7 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
             {
                 "Job": f'<a href="{e(job_href(prefix, job.name))}">{e(job.name)}</a>',
                 "Schedule": _spec(job),
-                "Next (UTC)": e(_time(job.next_instant)),
+                "Next (UTC)": e(_next(job)),
                 "State": e(_state(job)),
                 "Last": _outcome_text(job.last_outcome, _last(job)),
                 "Duration": e(_duration(job.last_duration)),
@@ -118,7 +123,7 @@ def job_page(
     """One job: its state on record, then its latest rounds (only failed ones if ``failed``)."""
     facts = {
         "Schedule": _spec(job),
-        "Next instant (UTC)": e(_time(job.next_instant)),
+        "Next instant (UTC)": e(_next(job)),
         "State": e(_state(job)),
         "Last outcome": _outcome_text(job.last_outcome, _last(job)),
         "Last duration": e(_duration(job.last_duration)),

@@ -179,7 +179,8 @@ class JobStatus:
     zone: str | None
     #: Run by every replica without a lease; such a job has no state on record.
     per_instance: bool
-    #: The next instant after "now" per the spec on record.
+    #: The next instant after "now" per the spec on record; ``None`` while paused (no
+    #: instant runs until it is resumed: see :attr:`paused`).
     next_instant: datetime | None
     activity: Activity
     #: The replica running it now, and since when (the claim).
@@ -208,6 +209,8 @@ class JobStatus:
     paused_since: datetime | None = None
     paused_by: str | None = None
     pause_reason: str | None = None
+    #: Paused (:func:`pause`): no instant of it runs, so it has no :attr:`next_instant`.
+    paused: bool = False
     #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
     #: cut short and to be taken again; oldest first.
     requests: tuple[RequestStatus, ...] = ()
@@ -451,7 +454,7 @@ def _job_status(
         spec=spec,
         zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
         per_instance=per_instance,
-        next_instant=None if schedule is None else _next(schedule, now),
+        next_instant=None if schedule is None or paused else _next(schedule, now),
         activity=(
             Activity.RUNNING
             if running
@@ -476,6 +479,7 @@ def _job_status(
         paused_since=None if row is None else row.paused,
         paused_by=None if row is None else row.paused_by,
         pause_reason=None if row is None else row.pause_reason,
+        paused=paused,
         requests=requests,
         policies=dict(policies or {}),
     )

@@ -85,12 +85,12 @@ ASYNC_DRIVERS = {
     "mariadb": (("aiomysql", "aiomysql"), ("asyncmy", "asyncmy")),
 }
 
-#: What to install for the async drivers of each database (the extras of ``cronjob``).
+#: What to install for the async drivers of each database (extras of ``cronjob-lease``).
 ASYNC_EXTRAS = {
-    "postgresql": "cronjob[postgres-async] (psycopg and greenlet), or asyncpg and greenlet",
-    "sqlite": "cronjob[sqlite-async] (aiosqlite and greenlet)",
-    "mysql": "cronjob[mysql-async] (aiomysql and greenlet)",
-    "mariadb": "cronjob[mysql-async] (aiomysql and greenlet)",
+    "postgresql": "cronjob-lease[postgres-async] (psycopg and greenlet), or asyncpg and greenlet",
+    "sqlite": "cronjob-lease[sqlite-async] (aiosqlite and greenlet)",
+    "mysql": "cronjob-lease[mysql-async] (aiomysql and greenlet)",
+    "mariadb": "cronjob-lease[mysql-async] (aiomysql and greenlet)",
 }
 
 #: Execution option naming how a SQLite transaction of an engine made here begins:

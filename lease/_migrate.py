@@ -3,7 +3,9 @@
 The migrations are alembic's, configured here in code (no ``alembic.ini``, and no
 ``logging.config.fileConfig``: the application's logging is its own). Their version
 table is :data:`~lease._schema.VERSION_TABLE`, so an application's own alembic history
-is never touched.
+is never touched. Each :func:`migrate` logs one INFO line of its own on the ``lease``
+logger (the revision, and what it did); alembic's lines are DEBUG records meanwhile
+(:mod:`lease._alembic_log`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-import alembic.command
-import alembic.util
 import sqlalchemy as sa
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
+
+from ._alembic_log import alembic_at_debug
+
+# Alembic logs a line per plugin as it is imported: at DEBUG, as its other lines.
+with alembic_at_debug():
+    import alembic.command
+    import alembic.util
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
 from ._engine import is_sqlite_memory
 from ._exceptions import MigrationFailed, MigrationRequired, translate_errors
@@ -93,6 +100,11 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
     that a newer release migrated with additive revisions (numbered ``0002``, ``0003``,
     …: see :func:`_newer_additive`), which this release runs beside as it is.
 
+    Logs one INFO line on the ``lease`` logger: ``lease schema at 0004`` (nothing to
+    do), ``lease schema created at 0004`` (a database never migrated), ``lease schema
+    at 0004, upgraded from 0002``, or that a newer release's revision is run beside.
+    Alembic's own lines are DEBUG records (on this thread, for the duration).
+
     Args:
         engine: the database; not disposed.
         auto_migrate: ``False`` makes a database that is not at head an error instead
@@ -107,13 +119,23 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
         DatabaseUnavailable, DatabaseError: the database failed a statement.
     """
     check_dialect(engine)
+    with alembic_at_debug():
+        done = _migrate(engine, auto_migrate=auto_migrate)
+    if done is not None:
+        logger.info("%s", done)
+
+
+def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
+    """:func:`migrate`'s work; returns its line for the log (``None``: said already)."""
     script = _script()
     head = head_revision()
     with translate_errors("migrate the lease tables"), engine.connect() as conn:
         current = _current(conn)
         conn.rollback()
-        if current == head or _newer_additive(current, head):
-            return
+        if _newer_additive(current, head):
+            return None
+        if current == head:
+            return f"lease schema at {head}"
         _check_known(script, current, head)
         if not auto_migrate:
             raise MigrationRequired(
@@ -125,8 +147,10 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
             # End the transaction that read the revision: alembic then begins and
             # commits its own, instead of leaving the upgrade to an outer one.
             conn.commit()
-            if current == head or _newer_additive(current, head):
-                return
+            if _newer_additive(current, head):
+                return None
+            if current == head:  # another replica migrated while this one waited
+                return f"lease schema at {head}"
             _check_known(script, current, head)
             config = _config()
             config.attributes["connection"] = conn
@@ -135,6 +159,9 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
             except alembic.util.CommandError as exc:
                 raise MigrationFailed(f"migrating the lease tables failed: {exc}") from exc
             conn.commit()
+    if current is None:
+        return f"lease schema created at {head}"
+    return f"lease schema at {head}, upgraded from {current}"
 
 
 def _config() -> Config:
@@ -150,8 +177,9 @@ def _script() -> ScriptDirectory:
 
 
 def _current(conn: Connection) -> str | None:
-    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    with alembic_at_debug():  # configuring a context logs two lines at INFO
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
 
 
 def _newer_additive(current: str | None, head: str) -> bool:

@@ -82,6 +82,22 @@ class TestStatus:
         assert [r["id"] for r in report["replicas"]] == ["web-1", "web-2"]
         datetime.fromisoformat(report["checked_at"])
 
+    def test_a_paused_job_shows_paused_for_its_next_instant(self, ran, capsys):
+        cronjob.admin.pause(ran, "tick", by="ops")
+        status, out, _ = run(capsys, "status", "tick", "--database-url", ran)
+        assert status == 0
+        header, tick = out.splitlines()[:2]
+        column = header.index("NEXT (UTC)")
+        assert tick[column:].split()[0] == "paused"
+        assert tick[column:].split()[1:3] == ["paused", "by"]  # the state column says who
+        _, out, _ = run(capsys, "status", "--json", "--database-url", ran)
+        flaky, tick_json = json.loads(out)["jobs"]
+        assert (tick_json["next_instant"], tick_json["paused"]) == (None, True)
+        assert (tick_json["spec"], tick_json["paused_by"]) == ("*/5 * * * * *", "ops")
+        assert set(tick_json) == set(flaky)  # every other field kept
+        assert flaky["paused"] is False
+        datetime.fromisoformat(flaky["next_instant"])
+
     def test_an_unknown_job_is_one_line_and_exit_2(self, ran, capsys):
         assert run(capsys, "status", "nope", "--database-url", ran) == (
             2,

@@ -241,7 +241,7 @@ class TestTransactionAsync:
             clock.advance(3600)
         assert [str(exc) for exc in errors] == [
             "job 'writer': an async transaction on sqlite needs an async driver: "
-            "install cronjob[sqlite-async] (aiosqlite and greenlet)"
+            "install cronjob-lease[sqlite-async] (aiosqlite and greenlet)"
         ]
 
 

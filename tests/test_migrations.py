@@ -423,3 +423,117 @@ class TestUpgradeTo0003:
                 .values(instant=int(later.timestamp()), state="running", token=7)
             )
             assert claimed.rowcount == 1
+
+
+class TestLog:
+    """One INFO line of ours per start; alembic's own lines are DEBUG records."""
+
+    @staticmethod
+    def start(url: str) -> None:
+        from datetime import UTC, datetime
+
+        import cronjob
+        from cronjob.testing import FakeClock
+
+        registry = cronjob.Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "tick")
+        clock = FakeClock(datetime(2026, 3, 2, 9, tzinfo=UTC))
+        with cronjob.Scheduler(url, registry=registry, clock=clock, replica_id="a"):
+            pass
+
+    @staticmethod
+    def ours(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+        """The records the migration logs itself, with their level."""
+        return [
+            (r.levelname, r.getMessage())
+            for r in caplog.records
+            if r.name == "lease" and Path(r.pathname).name == "_migrate.py"
+        ]
+
+    @staticmethod
+    def alembic(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name.split(".")[0] == "alembic" and r.levelno == level
+        ]
+
+    def test_a_fresh_start_and_a_later_one_log_one_line_each(self, db_url, caplog):
+        import logging
+
+        head = lease.head_revision()  # a new revision moves it: never written here
+        caplog.set_level(logging.DEBUG)
+        self.start(db_url)
+        assert self.ours(caplog) == [("INFO", f"lease schema created at {head}")]
+        assert self.alembic(caplog, logging.INFO) == []
+        # Lowered, not lost: alembic's lines are there at DEBUG.
+        assert any(m.startswith("Running upgrade") for m in self.alembic(caplog, logging.DEBUG))
+        caplog.clear()
+        self.start(db_url)
+        assert self.ours(caplog) == [("INFO", f"lease schema at {head}")]
+        assert [r for r in caplog.records if r.name.startswith("alembic") and r.levelno >= 20] == []
+
+    def test_an_upgrade_names_the_revision_it_came_from(self, db_engine, caplog):
+        import logging
+
+        TestUpgradeTo0002.upgrade_to(db_engine, "0002")
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        lease.migrate(db_engine)
+        head = lease.head_revision()
+        assert self.ours(caplog) == [("INFO", f"lease schema at {head}, upgraded from 0002")]
+        assert self.alembic(caplog, logging.INFO) == []
+
+    def test_at_info_a_process_logs_nothing_of_alembic_not_even_at_import(self, tmp_path):
+        """A fresh process, logging at INFO before it imports the package: alembic logs
+        as it is imported, and as it migrates."""
+        script = (
+            "import logging, sys\n"
+            "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s %(message)s')\n"
+            "import lease\n"
+            "engine = lease.create_engine(sys.argv[1])\n"
+            "lease.migrate(engine)\n"
+            "lease.migrate(engine)\n"
+            "engine.dispose()\n"
+        )
+        url = f"sqlite:///{tmp_path / 'jobs.sqlite'}"
+        done = subprocess.run(
+            [sys.executable, "-c", script, url], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        head = lease.head_revision()
+        assert done.stderr.splitlines() == [
+            f"INFO lease lease schema created at {head}",
+            f"INFO lease lease schema at {head}",
+        ]
+
+    def test_another_threads_alembic_records_keep_their_level(self, caplog):
+        """An application migrating its own tables on another thread meanwhile: its
+        alembic lines are left as they are."""
+        import logging
+        import threading
+
+        from lease._alembic_log import alembic_at_debug
+
+        caplog.set_level(logging.DEBUG)
+        log = logging.getLogger("alembic.runtime.migration")
+        inside, other_done = threading.Event(), threading.Event()
+
+        def other() -> None:
+            inside.wait(10)
+            log.info("the application's own upgrade")
+            other_done.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        with alembic_at_debug():
+            inside.set()
+            assert other_done.wait(10)
+            log.info("ours")
+        log.info("after")
+        thread.join()
+        assert [(r.getMessage(), r.levelname) for r in caplog.records] == [
+            ("the application's own upgrade", "INFO"),
+            ("ours", "DEBUG"),
+            ("after", "INFO"),
+        ]

@@ -53,6 +53,59 @@ def test_every_install_line_installs_this_distribution():
         assert not re.search(r"\bcronjob\[", doc.read_text()), doc.name
 
 
+#: An install of the other project, anywhere on a line: ``pip install cronjob`` not
+#: followed by ``-lease`` (quoted or not, with extras or not), or an extra of the name
+#: ``cronjob`` in any words (``install cronjob[sqlite-async]`` in an error message).
+OTHER_DISTRIBUTION = re.compile(
+    r"pip3? install +['\"]?cronjob(?![\w-])|(?<![\w./-])cronjob\[[a-z][\w,-]*\]"
+)
+
+
+def install_texts(repo: Path) -> list[Path]:
+    """What a user reads to install: README, every page under docs/ (a docs site
+    included), the examples and the packages' sources (their error messages)."""
+    files = [README, *sorted((repo / "docs").rglob("*.md"))]
+    for package in ("cronjob", "lease", "execctx", "examples", "alembic"):
+        files += sorted((repo / package).rglob("*.py"))
+    return files
+
+
+def test_no_text_installs_the_other_distribution(tmp_path):
+    repo = README.parent
+    texts = install_texts(repo)
+    assert README in texts and len(texts) > 20
+    found = [
+        f"{path.relative_to(repo)}:{number}: {line.strip()}"
+        for path in texts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if OTHER_DISTRIBUTION.search(line)
+    ]
+    assert found == []
+    # The pattern catches each way of naming the other project, and none of ours.
+    for wrong in (
+        "pip install 'cronjob[postgres-async]'",
+        'then pip install "cronjob[mysql-async]"',
+        "run pip install cronjob[sqlite-async]",
+        "  $ pip install cronjob",
+        "pip install cronjob==1.0",
+        "an async driver: install cronjob[sqlite-async] (aiosqlite)",
+        "`'cronjob[mysql-async]'` (PyMySQL and aiomysql)",
+    ):
+        assert OTHER_DISTRIBUTION.search(wrong), wrong
+    for right in (
+        "pip install 'cronjob-lease[postgres-async]'",
+        "pip install cronjob-lease",
+        "install cronjob-lease[sqlite-async] (aiosqlite)",
+        "pip install ./cronjob",
+        "entries[cronjob[0]]",
+    ):
+        assert not OTHER_DISTRIBUTION.search(right), right
+    # A page of a docs site, nested under docs/, is read too.
+    (tmp_path / "docs" / "site" / "guide").mkdir(parents=True)
+    (tmp_path / "docs" / "site" / "guide" / "install.md").write_text("pip install cronjob\n")
+    assert tmp_path / "docs" / "site" / "guide" / "install.md" in install_texts(tmp_path)
+
+
 def test_the_docs_cite_only_files_in_the_repository():
     for doc in [README, *DOCS]:
         text = doc.read_text()
@@ -74,5 +127,5 @@ def test_the_cli_reference_documents_every_command_and_exit_status():
     text = (REPO / "docs" / "reference" / "cli.md").read_text()
     for command in ["run", "next", "status", "history", "pause", "resume", "trigger"]:
         assert f"## `cronjob {command}`" in text, command
-    for status in ["0", "1", "2", "3", "4", "70"]:
+    for status in ["0", "1", "2", "3", "4", "5", "70"]:
         assert f"\n| {status} |" in text, status

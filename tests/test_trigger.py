@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ import cronjob
 import lease
 from cronjob import Registry, Scheduler, Trigger, admin
 from cronjob._cli import main
-from cronjob._control_cli import EXIT_REFUSED, run_trigger
+from cronjob._control_cli import EXIT_NO_REPLICA, EXIT_REFUSED, run_trigger
 from cronjob.admin import Refusal, RequestState, Why
 from cronjob.testing import FakeClock, crash
 
@@ -250,6 +251,30 @@ class TestRunNow:
         assert err.getvalue() == "cronjob: error: no job named 'nope' is on record\n"
         assert request_rows(db_url) == 0
 
+    def test_the_command_exits_4_when_refused(self, db_url, replicas, clock):
+        # The command reads the database's clock: a pause, unlike a lease held on the
+        # fake clock, does not depend on it.
+        cluster(replicas, HOURLY, report=Job())
+        admin.pause(db_url, "report", by="ops", now=clock.now())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["trigger", "report", "--database-url", db_url])
+        assert code == EXIT_REFUSED
+        assert err.getvalue() == (
+            "cronjob: refused: job 'report' is paused (by ops): give --force to run it "
+            "anyway; nothing was written\n"
+        )
+        assert request_rows(db_url) == 0
+
+
+class TestCommand:
+    """The command reads the database's clock: here the replicas' fake clock starts at
+    the real time, so that they are live when it asks."""
+
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock(datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1))
+
     def test_the_command_waits_for_the_round_and_exits_0_on_success(
         self, db_url, replicas, clock
     ):
@@ -267,20 +292,94 @@ class TestRunNow:
         assert lines[0].startswith("requested a round of report now, by one replica, by ops at")
         assert "report on " in lines[1] and ": succeeded in 3.0 s (attempt 1)" in lines[1]
 
-    def test_the_command_exits_4_when_refused(self, db_url, replicas, clock):
-        # The command reads the database's clock: a pause, unlike a lease held on the
-        # fake clock, does not depend on it.
-        cluster(replicas, HOURLY, report=Job())
-        admin.pause(db_url, "report", by="ops", now=clock.now())
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            code = main(["trigger", "report", "--database-url", db_url])
-        assert code == EXIT_REFUSED
-        assert err.getvalue() == (
-            "cronjob: refused: job 'report' is paused (by ops): give --force to run it "
-            "anyway; nothing was written\n"
+
+
+class TestCommandNoReplica:
+    """As :class:`TestCommand`, but the replicas' clock starts five minutes before the
+    real time: the one that ran is no longer live when the command asks."""
+
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock(datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=300))
+
+    def test_the_command_exits_5_at_once_even_with_wait(self, db_url, replicas, clock):
+        TestNoLiveReplica.gone(replicas, clock, Job())
+        out, err, code = io.StringIO(), io.StringIO(), []
+        args = _parse(["trigger", "report", "--wait", "--by", "ops", "--database-url", db_url])
+        waiter = threading.Thread(
+            target=lambda: code.append(run_trigger(args, out, err, clock=clock))
         )
+        waiter.start()
+        waiter.join(30)  # the fake clock never moves: a wait would never end
+        assert not waiter.is_alive() and code == [EXIT_NO_REPLICA] == [5]
+        [line] = err.getvalue().splitlines()
+        assert line.startswith("cronjob: no live replica has report: request ")
+        assert line.endswith(" UTC (it expires then)")
+        assert "is recorded and runs when a replica that has the job starts, if one" in line
+        assert out.getvalue() == ""
+        assert request_rows(db_url) == 1
+
+    def test_force_runs_past_the_pause_but_still_says_no_replica(self, db_url, replicas, clock):
+        TestNoLiveReplica.gone(replicas, clock, Job())
+        admin.pause(db_url, "report", by="ops", now=clock.now())
+        base = ["trigger", "report", "--by", "ops", "--database-url", db_url]
+        err = io.StringIO()
+        assert run_trigger(_parse(base), io.StringIO(), err, clock=clock) == EXIT_REFUSED
+        assert request_rows(db_url) == 0  # paused: refused first, nothing written
+        out = io.StringIO()
+        code = run_trigger(_parse([*base, "--force", "--json"]), out, err, clock=clock)
+        assert code == EXIT_NO_REPLICA
+        written = json.loads(out.getvalue())
+        assert (written["force"], written["live_replicas"]) == (True, [])
+        assert request_rows(db_url) == 1
+
+    def test_a_per_instance_job_or_a_replica_not_live_is_refused_nothing_written(
+        self, db_url, replicas, clock
+    ):
+        TestNoLiveReplica.gone(replicas, clock, Job(), per_instance=True)
+        with pytest.raises(admin.TriggerRefused, match="no live replica runs") as refused:
+            admin.trigger(db_url, "report", by="ops")
+        assert refused.value.why is Refusal.NO_REPLICA
+        for extra in ([], ["--replica", "a"]):
+            err = io.StringIO()
+            argv = ["trigger", "report", *extra, "--by", "ops", "--database-url", db_url]
+            assert run_trigger(_parse(argv), io.StringIO(), err, clock=clock) == EXIT_NO_REPLICA
+            assert err.getvalue().startswith("cronjob: no live replica: ")
+            assert "nothing was written" in err.getvalue()
         assert request_rows(db_url) == 0
+
+
+class TestNoLiveReplica:
+    """No live replica has the job: the operator is told, the command exits 5 and never
+    waits; a leased job's request is still written, for a replica that starts soon."""
+
+    @staticmethod
+    def gone(replicas, clock, job: Job, *, per_instance: bool = False) -> Registry:
+        registry = Registry()
+        if per_instance:
+            registry.register_per_instance(job, HOURLY, "report")
+            registry.register(Job(), HOURLY, "other")
+        else:
+            registry.register(job, HOURLY, "report")
+        gone = replicas(registry, "a")
+        clock.advance(1)  # on record, with its jobs
+        crash(gone)  # its record stays, and goes stale:
+        clock.advance(120)  # no replica is live
+        return registry
+
+    def test_a_leased_request_is_written_says_so_and_runs_when_a_replica_starts(
+        self, db_url, replicas, clock
+    ):
+        job = Job()
+        registry = self.gone(replicas, clock, job)
+        request = admin.trigger(db_url, "report", by="ops", now=clock.now())
+        assert (request.live_replicas, request.no_live_replica) == ((), True)
+        assert request_rows(db_url) == 1
+        replicas(registry, "b")  # the deploy's new replica, within the ttl
+        clock.advance(15)
+        assert [(seen.replica, seen.requested_by) for seen in job.manual()] == [("b", "ops")]
+        again = admin.trigger(db_url, "report", by="ops", now=clock.now())
+        assert (again.live_replicas, again.no_live_replica) == (("b",), False)
 
 
 class TestPerInstance:
@@ -302,8 +401,9 @@ class TestPerInstance:
         assert only.replicas == ("b",)
         clock.advance(15)
         assert sorted(seen.replica for seen in job.manual()) == ["a", "b", "b"]
-        with pytest.raises(ValueError, match="not a live replica"):
+        with pytest.raises(admin.TriggerRefused, match="'zz' is not live") as refused:
             admin.trigger(db_url, "local", by="ops", replica="zz", now=clock.now())
+        assert refused.value.why is Refusal.NO_REPLICA
 
     def test_a_paused_per_instance_job_runs_now_only_with_force(self, db_url, replicas, clock):
         job = Job()

@@ -24,7 +24,7 @@ from wsgiref.util import setup_testing_defaults
 import pytest
 
 import cronjob
-from cronjob import Registry, Scheduler, web
+from cronjob import Registry, Scheduler, admin, web
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour.
@@ -129,6 +129,17 @@ class TestJobsPage:
         assert "invoices 0 30 * * * * 2026-03-02 11:30:00 idle failed 2026-03-02 10:30:00" in shown
         assert "invoices: failing: 2 rounds in a row failed" in shown
         assert "web-1" in shown and "web-2" in shown
+
+    def test_a_paused_job_shows_paused_not_a_next_instant(self, deployment, clock):
+        admin.pause(deployment, "report", by="ops", now=clock.now())
+        page = wsgi_get(web.wsgi_app(deployment, clock=clock), "/")
+        shown = " ".join(text_of(page.text).split())
+        assert "report 0 0 * * * * paused paused by ops since 2026-03-02 11:01:00" in shown
+        assert "12:00:00" not in shown  # its next instant, which does not run
+        assert "invoices 0 30 * * * * 2026-03-02 11:30:00 idle" in shown
+        job = wsgi_get(web.wsgi_app(deployment, clock=clock), "/job", "name=report")
+        facts = " ".join(text_of(job.text).split())
+        assert "Next instant (UTC) paused" in facts
 
     def test_links_stay_under_the_mount_path(self, deployment, clock):
         page = wsgi_get(web.wsgi_app(deployment, clock=clock), "/")
