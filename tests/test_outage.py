@@ -150,8 +150,8 @@ def replicas(clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
 
 
 def run_day_one(outage: Outage, registry: cronjob.Registry, clock: FakeClock) -> None:
-    """Run the daily job's first instant (catch-up is owed only to a job that ran before),
-    then leave the database alone until 08:59:30 the next day (no day of sweeps to wait)."""
+    """Run the daily job's first instant, then leave the database alone until 08:59:30 the
+    next day (no day of sweeps to wait)."""
     with cronjob.Scheduler(outage.database(), registry=registry, clock=clock, replica_id="0"):
         clock.advance_to(NINE + timedelta(seconds=1))
     clock.advance_to(NINE + DAY - timedelta(seconds=30))
@@ -191,6 +191,28 @@ class TestOutage:
         assert any("(catch-up after an outage)" in m for m in messages)
         clock.advance(30)  # nothing more until tomorrow
         assert rounds.instants() == [NINE, NINE + DAY]
+
+    def test_a_first_instant_missed_in_an_outage_runs_once_when_the_database_answers(
+        self, outage, replicas, clock
+    ):
+        """Deployed at 08:59:00 (its rows written then), the daily job has never run when
+        its first instant, 09:00, passes with the database away: it was the job's to run."""
+        rounds = Rounds(clock)
+        registry = cronjob.Registry()
+        registry.register(rounds.job, "0 0 9 * * *", "digest")
+        replicas(outage.database(), registry, "a")
+        replicas(outage.database(), registry, "b")
+        clock.advance_to(NINE - timedelta(seconds=4))
+        outage.cut()
+        clock.advance_to(NINE + timedelta(seconds=16))
+        assert rounds.seen == []
+        outage.heal()
+        clock.advance(30)
+        assert rounds.instants() == [NINE]
+        assert NINE + timedelta(seconds=16) < rounds.seen[0].started
+        assert rounds.seen[0].started <= NINE + timedelta(seconds=16 + 8)  # next probe
+        clock.advance(60)
+        assert rounds.instants() == [NINE]
 
     def test_a_job_every_10_s_catches_up_once_then_resumes(self, outage, replicas, clock):
         rounds = Rounds(clock)
