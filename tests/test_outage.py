@@ -8,6 +8,9 @@ The outage is real, not a mock: on PostgreSQL and MariaDB the replicas reach the
 through a TCP proxy of the test's own that resets every connection and refuses new ones;
 on SQLite another connection holds the file's exclusive lock while the replicas' busy
 timeout is cut to 50 ms, so every write they try fails as "database is locked".
+
+One test runs in real time (``slow``): a ``cronjob run`` process behind the fault suite's
+proxy, cut off across its job's first instant. It restarts no server.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,7 +32,7 @@ from sqlalchemy import event
 import cronjob
 import lease
 from cronjob.testing import FakeClock
-from tests.faults.harness import Proxy
+from tests.faults.harness import JobSpec, Proxy, Scenario, wait_until, wall_now
 
 #: 08:59:00 on a Monday; the daily job's instant is 09:00:00.
 START = datetime(2026, 3, 2, 8, 59, tzinfo=UTC)
@@ -260,3 +264,39 @@ class TestOneReplicaCutOff:
         clock.advance(30)
         assert rounds.instants() == [NINE, NINE + DAY]
         assert rounds.seen[-1].replica == "b"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_first_instant_cut_off_in_real_time_runs_once_when_postgres_answers():
+    """A ``cronjob run`` process on PostgreSQL through a TCP proxy; its daily job, whose
+    row the start wrote, has never run. Every connection is reset, and new ones refused,
+    from 1.5 s before the job's first instant to 2 s after: once the database answers,
+    that instant runs, once, as a catch-up after the outage."""
+    instant = wall_now().replace(microsecond=0) + timedelta(seconds=8)
+    spec = f"CRON_TZ=UTC {instant.second} {instant.minute} {instant.hour} * * *"
+    with Scenario("first_instant", [JobSpec("daily", spec, "work", 0.2)], db="postgres") as s:
+        replica = s.replica("a", proxy=True)
+        s.start()
+        row = wait_until(
+            lambda: (found := s.lease_row("daily")) and found["deployed_ms"] and found,
+            10,
+            "the job's lease row, with its first deployment",
+        )
+        cut_at = instant - timedelta(seconds=1.5)
+        assert row["deployed_ms"] < cut_at.timestamp() * 1000, "the replica took too long"
+        time.sleep(max(0.0, (cut_at - wall_now()).total_seconds()))
+        replica.cut("reset")
+        time.sleep(max(0.0, (instant + timedelta(seconds=2) - wall_now()).total_seconds()))
+        assert [r for r in s.rounds() if r.job == "daily"] == []
+        replica.heal()
+        healed = time.monotonic()
+        ran = s.wait_start("daily", 10)
+        assert ran["mono"] >= healed
+        time.sleep(1.0)
+        assert s.stop() == {"a": 0}
+        assert [(r.instant, r.attempt) for r in s.rounds() if r.job == "daily"] == [(instant, 1)]
+        assert (
+            f"catching up instant {instant.isoformat()} after the database outage"
+            in replica.output()
+        )
