@@ -723,7 +723,9 @@ class LeaseStore:
             return ClaimBatch(instant=instant, token=0, names=(), superseded={})
         return self._claim(wanted, epoch, holder)
 
-    def take_turn(self, chore: str, instant: datetime, holder: str, *, create: bool = True) -> bool:
+    def take_turn(
+        self, chore: str, instant: datetime, holder: str, *, create: bool = True
+    ) -> bool:
         """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
         for the one holder whose claim won.
 
@@ -1488,7 +1490,8 @@ class LeaseStore:
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
             )
             conn.exec_driver_sql(
-                (save or "SET") + f" SESSION innodb_lock_wait_timeout = {seconds},"
+                (save or "SET")
+                + f" SESSION innodb_lock_wait_timeout = {seconds},"
                 f" SESSION lock_wait_timeout = {seconds}"
             )
             conn.info[_BOUND] = (
