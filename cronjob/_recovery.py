@@ -8,7 +8,9 @@ The seed's rules, as this part applies them:
   a privilege) is not down: the start fails on it.
 - **Catch-up**: once the database is reached, each leased job whose most recent instant
   (within the last 24 h, measured on that instant) was not claimed and not overrun runs
-  it once, on one replica.
+  it once, on one replica. A job that never ran is owed it only if it comes after the
+  job's first deployment (its lease row's first write, :attr:`lease.LeaseRow.deployed`):
+  the instants before were never its to run.
 - **Outage**: a claim the database could not answer leaves its instant owed. Recovery
   then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
   catch-up rule: the most recent instant each job missed, once, on one replica; the
@@ -254,9 +256,14 @@ class Recovery:
     ) -> None:
         """Claim each job's most recent instant that start-up (or an outage) owes it.
 
-        The seed's rule: the job has run before (its row has an instant), the most recent
-        instant at or before ``now`` lies within the last day, no replica claimed it, and
-        no round that ran to its end overran it. A job busy with a round is skipped.
+        The seed's rule: the most recent instant at or before ``now`` lies within the last
+        day, is the job's to run — the job has run before (its row has an instant), or it
+        never ran and the instant comes strictly after its first deployment on record (an
+        instant at the very moment the row was written belongs before it, as a replica's
+        schedule starts strictly after its start) — no replica claimed it, and no round
+        that ran to its end overran it. A row whose first deployment is unknown (an older
+        release wrote it) owes nothing before it has run. A job busy with a round is
+        skipped.
         """
         latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
         owed: dict[datetime, list[JobState]] = {}
@@ -273,13 +280,18 @@ class Recovery:
                     row.instant.isoformat(),
                     now.isoformat(),
                 )
-            if row is None or row.instant is None or state.busy:
-                continue  # never ran: it starts with its next instant
+            if row is None or state.busy:
+                continue
             instant = state.job.schedule.prev(latest)
             if instant is None or now - instant > CATCH_UP_HORIZON:
                 continue  # history, not a missed round
-            if row.instant >= instant:
-                continue  # claimed already
+            if row.instant is not None:
+                if row.instant >= instant:
+                    continue  # claimed already
+            elif row.deployed is None or instant <= row.deployed:
+                # Never ran, and the instant came before its first deployment (or when that
+                # was is unknown, on a row an older release wrote): its next one is its first.
+                continue
             if row.skipped_through is not None and instant <= row.skipped_through:
                 continue  # overrun by a round that ran to its end
             self._dispatcher.take(state)

@@ -11,6 +11,8 @@
 - ``cronjob_trigger`` (revision 0004): one row per request for a round now (run-now), or
   for the catch-up of an instant skipped while paused; and ``requested_by`` on
   ``cronjob_round``, who asked for a manual round.
+- revision 0005 adds ``deployed_ms`` to ``cronjob_lease``: when the row was first written
+  (the job's first deployment), so catch-up owes a job that never ran the instants after it.
 
 ``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -117,6 +119,12 @@ lease_table = sa.Table(
     sa.Column("paused_ms", sa.BigInteger(), nullable=True),
     sa.Column("paused_by", sa.String(HOLDER_LENGTH), nullable=True),
     sa.Column("pause_reason", sa.String(REASON_LENGTH), nullable=True),
+    # Revision 0005, nullable: epoch milliseconds on the lease clock at which a replica
+    # first wrote the row — the job's first deployment; the catch-up owes a job that never
+    # ran the instants after it. NULL on a row written before 0005 or by a replica of an
+    # older release since, until a replica of a newer one registers the job (the
+    # deployment then known for sure) and fills it with that moment.
+    sa.Column("deployed_ms", sa.BigInteger(), nullable=True),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

@@ -186,6 +186,10 @@ class LeaseRow:
     paused: datetime | None = None
     paused_by: str | None = None
     pause_reason: str | None = None
+    #: When a replica first wrote the row — the name's first deployment — on the lease
+    #: clock (revision 0005). ``None`` on a row an older release wrote, until a replica of
+    #: this release registers the name (:meth:`LeaseStore.ensure` then fills it).
+    deployed: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -433,12 +437,15 @@ class LeaseStore:
         return int(value)
 
     def ensure(self, names: Iterable[str], *, specs: Mapping[str, str] | None = None) -> None:
-        """Insert a row for each name that has none: never claimed, state ``new``.
+        """Insert a row for each name that has none: never claimed, state ``new``,
+        deployed now (``deployed_ms``, on the lease clock: the name's first deployment).
 
         Existing rows are left as they are, but for their ``spec`` when ``specs`` gives
         one (what the caller registered under the name, shown by status tools): the
-        latest caller's spec wins. One statement (run once per batch of parameters),
-        whatever the number of names.
+        latest caller's spec wins; and for a ``deployed_ms`` left NULL (a row written
+        before revision 0005, or by an older release's replica since), which becomes now:
+        the name is deployed by then for sure. A deployment on record never moves. One
+        statement (run once per batch of parameters), whatever the number of names.
 
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
@@ -455,6 +462,8 @@ class LeaseStore:
             "attempt": 1,
             "state": LeaseState.NEW.value,
             "token": 0,
+            # One now for the whole statement (the database's, or the given clock's).
+            "deployed_ms": self._now(),
         }
         params: list[dict[str, Any]] = [{"name": name} for name in wanted]
         if specs is not None:
@@ -465,20 +474,29 @@ class LeaseStore:
         if dialect in ("postgresql", "sqlite"):
             insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_t)
             insert = insert.values(defaults)
+            deployed = sa.func.coalesce(_t.c.deployed_ms, insert.excluded.deployed_ms)
             if specs is None:
-                stmt = insert.on_conflict_do_nothing()
+                # Only a row whose deployment is unknown is written to.
+                stmt = insert.on_conflict_do_update(
+                    index_elements=[_t.c.name],
+                    set_={"deployed_ms": deployed},
+                    where=_t.c.deployed_ms.is_(None),
+                )
             else:
                 stmt = insert.on_conflict_do_update(
-                    index_elements=[_t.c.name], set_={"spec": insert.excluded.spec}
+                    index_elements=[_t.c.name],
+                    set_={"spec": insert.excluded.spec, "deployed_ms": deployed},
                 )
         else:
             # Not INSERT IGNORE: IGNORE also turns data errors into warnings, so a value
             # the column cannot hold would be truncated and stored instead of refused.
             my = mysql.insert(_t).values(defaults)
-            if specs is None:
-                stmt = my.on_duplicate_key_update(name=my.inserted.name)
-            else:
-                stmt = my.on_duplicate_key_update(spec=my.inserted.spec)
+            updates: dict[str, Any] = {
+                "deployed_ms": sa.func.coalesce(_t.c.deployed_ms, my.inserted.deployed_ms)
+            }
+            if specs is not None:
+                updates["spec"] = my.inserted.spec
+            stmt = my.on_duplicate_key_update(updates)
         with translate_errors("ensure leases"), self._transaction() as conn:
             conn.execute(stmt, params)
 
@@ -1685,6 +1703,10 @@ def _parse_row(row: RowMapping) -> LeaseRow:
     if prev_attempt not in (None, 1, 2):
         raise _MalformedRow(f"prev_attempt {prev_attempt!r}")
     previous_state = state("prev_state", nullable=True)
+    # The catch-up acts on it: a value this package never writes is not guessed at.
+    deployed_ms = row.get("deployed_ms")
+    if deployed_ms is not None and (not _is_int(deployed_ms) or deployed_ms < 0):
+        raise _MalformedRow(f"deployed_ms {deployed_ms!r}")
     assert instant is not None and current is not None and token is not None
     try:
         return LeaseRow(
@@ -1713,6 +1735,7 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             paused=_ms_or_none(row.get("paused_ms")),
             paused_by=_text_or_none(row.get("paused_by")),
             pause_reason=_text_or_none(row.get("pause_reason")),
+            deployed=None if deployed_ms is None else _EPOCH + deployed_ms * _MS,
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None

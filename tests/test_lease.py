@@ -85,6 +85,7 @@ class TestEnsure:
             prev_instant=None,
             prev_state=None,
             prev_attempt=None,
+            deployed=T0,
         )
 
     def test_it_leaves_existing_rows_as_they_are(self, store):
@@ -93,6 +94,41 @@ class TestEnsure:
         store.ensure(["a", "b"])
         assert store.read(["a"])["a"].token == claim.token
         assert store.read(["a"])["a"].state is lease.LeaseState.RUNNING
+
+    def test_the_first_deployment_never_moves(self, store, manual_clock):
+        store.ensure(["a"])
+        manual_clock.advance(60)
+        store.ensure(["a", "b"])
+        store.ensure(["a", "b"], specs={"a": "* * * * *", "b": "* * * * *"})
+        rows = store.read(["a", "b"])
+        assert (rows["a"].deployed, rows["b"].deployed) == (T0, T1)
+
+    def test_a_row_without_a_deployment_gets_the_first_ensure_that_sees_it(
+        self, store, manual_clock
+    ):
+        """A row an older release wrote (no deployed_ms): this release's next ensure tells
+        when it knows the name deployed for sure, with a spec or without."""
+        insert_row(store.engine, name="old")
+        insert_row(store.engine, name="old-spec")
+        insert_row(store.engine, name="ran", instant=60, state="done")
+        assert store.read(["old"])["old"].deployed is None
+        manual_clock.advance(60)
+        store.ensure(["old", "ran"])
+        store.ensure(["old-spec"], specs={"old-spec": "0 * * * * *"})
+        rows = store.read(["old", "old-spec", "ran"])
+        assert [rows[n].deployed for n in ("old", "old-spec", "ran")] == [T1, T1, T1]
+        assert rows["ran"].instant == datetime(1970, 1, 1, 0, 1, tzinfo=UTC)  # untouched
+
+    def test_the_first_deployment_is_on_the_database_clock_without_a_given_one(
+        self, migrated_engine
+    ):
+        store = lease.LeaseStore(migrated_engine)
+        before = store.now_ms()
+        store.ensure(["a"])
+        after = store.now_ms()
+        deployed = store.read(["a"])["a"].deployed
+        assert deployed is not None
+        assert before <= ms(deployed) <= after
 
     def test_it_inserts_many_names_with_one_statement(self, store):
         names = [f"job-{i}" for i in range(2_000)]
@@ -654,6 +690,7 @@ class TestRead:
         insert_row(engine, name="never-but-running", state="running")
         insert_row(engine, name="bad-prev", instant=60, state="done", prev_state="garbage")
         insert_row(engine, name="bad-token", instant=60, state="done", token=-3)
+        insert_row(engine, name="bad-deployed", deployed_ms=-1)
         insert_row(engine, name="edited ", instant=60, state="done")
         store.ensure(["fine"])
         names = [
@@ -663,6 +700,7 @@ class TestRead:
             "never-but-running",
             "bad-prev",
             "bad-token",
+            "bad-deployed",
             "edited",
             "fine",
         ]
@@ -670,8 +708,9 @@ class TestRead:
             rows = store.read(names)
         assert list(rows) == ["fine"]
         logged = caplog.text
-        for name in names[:6]:
+        for name in names[:7]:
             assert f"lease row {name!r} is malformed" in logged
+        assert "lease row 'bad-deployed' is malformed (deployed_ms -1)" in logged
         # The other operations carry on around them.
         assert [c.name for c in store.claim(["fine"], T0, "r1")] == ["fine"]
         assert store.find_cut_short(names) == []
@@ -685,6 +724,10 @@ class TestRead:
         with caplog.at_level(logging.WARNING, logger="lease"):
             assert store.read(["text-token"]) == {}
         assert "lease row 'text-token' is malformed (token 'abc')" in caplog.text
+        insert_row(engine, name="text-deployed", deployed_ms="yesterday")
+        with caplog.at_level(logging.WARNING, logger="lease"):
+            assert store.read(["text-deployed"]) == {}
+        assert "lease row 'text-deployed' is malformed (deployed_ms 'yesterday')" in caplog.text
         engine.dispose()
 
 

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0004"
+HEAD = "0005"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -123,6 +123,8 @@ class TestUpgrade:
         assert "UPDATE cronjob_alembic_version SET version_num='0002'" in sql
         assert "ALTER TABLE cronjob_lease ADD COLUMN paused_ms BIGINT" in sql
         assert "UPDATE cronjob_alembic_version SET version_num='0003'" in sql
+        assert "ALTER TABLE cronjob_lease ADD COLUMN deployed_ms BIGINT" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0005'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
@@ -537,3 +539,53 @@ class TestLog:
             ("ours", "DEBUG"),
             ("after", "INFO"),
         ]
+
+
+class TestUpgradeTo0005:
+    """Revision 0005 only adds ``deployed_ms``: a round in flight survives the upgrade, a
+    replica of release 0004 (whose insert never names the column) keeps making rows beside
+    this release, and those rows' deployment is unknown until this release registers them."""
+
+    def test_a_round_in_flight_survives_and_rows_of_release_0004_are_filled_by_ensure(
+        self, db_engine, manual_clock
+    ):
+        TestUpgradeTo0002.upgrade_to(db_engine, "0004")
+        t0 = manual_clock.now()
+        with db_engine.begin() as conn:  # release 0004 made a row and runs a round under it
+            conn.execute(
+                _OLD.insert().values(
+                    name="old-job",
+                    instant=int(t0.timestamp()),
+                    attempt=1,
+                    state="running",
+                    token=42,
+                    holder="old",
+                    expires_ms=int(t0.timestamp() * 1000) + 15_000,
+                )
+            )
+        lease.migrate(db_engine)  # the new release starts: 0004 -> 0005, live
+        assert lease.current_revision(db_engine) == HEAD
+        with db_engine.begin() as conn:  # release 0004 registers a job beside it
+            conn.execute(
+                _OLD.insert().values(
+                    name="old-new-job", instant=-1, attempt=1, state="new", token=0
+                )
+            )
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        rows = new.read(["old-job", "old-new-job"])
+        assert (rows["old-job"].state, rows["old-job"].token, rows["old-job"].holder) == (
+            lease.LeaseState.RUNNING,
+            42,
+            "old",
+        )
+        assert [rows[n].deployed for n in ("old-job", "old-new-job")] == [None, None]
+        manual_clock.advance(30)
+        new.ensure(["old-new-job", "new-job"])
+        rows = new.read(["old-job", "old-new-job", "new-job"])
+        later = manual_clock.now()
+        assert [rows[n].deployed for n in ("old-job", "old-new-job", "new-job")] == [
+            None,  # not registered by this release yet
+            later,
+            later,
+        ]
+        assert rows["old-job"].token == 42

@@ -8,6 +8,9 @@ The outage is real, not a mock: on PostgreSQL and MariaDB the replicas reach the
 through a TCP proxy of the test's own that resets every connection and refuses new ones;
 on SQLite another connection holds the file's exclusive lock while the replicas' busy
 timeout is cut to 50 ms, so every write they try fails as "database is locked".
+
+One test runs in real time (``slow``): a ``cronjob run`` process behind the fault suite's
+proxy, cut off across its job's first instant. It restarts no server.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,7 +32,7 @@ from sqlalchemy import event
 import cronjob
 import lease
 from cronjob.testing import FakeClock
-from tests.faults.harness import Proxy
+from tests.faults.harness import JobSpec, Proxy, Scenario, wait_until, wall_now
 
 #: 08:59:00 on a Monday; the daily job's instant is 09:00:00.
 START = datetime(2026, 3, 2, 8, 59, tzinfo=UTC)
@@ -150,8 +154,8 @@ def replicas(clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
 
 
 def run_day_one(outage: Outage, registry: cronjob.Registry, clock: FakeClock) -> None:
-    """Run the daily job's first instant (catch-up is owed only to a job that ran before),
-    then leave the database alone until 08:59:30 the next day (no day of sweeps to wait)."""
+    """Run the daily job's first instant, then leave the database alone until 08:59:30 the
+    next day (no day of sweeps to wait)."""
     with cronjob.Scheduler(outage.database(), registry=registry, clock=clock, replica_id="0"):
         clock.advance_to(NINE + timedelta(seconds=1))
     clock.advance_to(NINE + DAY - timedelta(seconds=30))
@@ -191,6 +195,28 @@ class TestOutage:
         assert any("(catch-up after an outage)" in m for m in messages)
         clock.advance(30)  # nothing more until tomorrow
         assert rounds.instants() == [NINE, NINE + DAY]
+
+    def test_a_first_instant_missed_in_an_outage_runs_once_when_the_database_answers(
+        self, outage, replicas, clock
+    ):
+        """Deployed at 08:59:00 (its rows written then), the daily job has never run when
+        its first instant, 09:00, passes with the database away: it was the job's to run."""
+        rounds = Rounds(clock)
+        registry = cronjob.Registry()
+        registry.register(rounds.job, "0 0 9 * * *", "digest")
+        replicas(outage.database(), registry, "a")
+        replicas(outage.database(), registry, "b")
+        clock.advance_to(NINE - timedelta(seconds=4))
+        outage.cut()
+        clock.advance_to(NINE + timedelta(seconds=16))
+        assert rounds.seen == []
+        outage.heal()
+        clock.advance(30)
+        assert rounds.instants() == [NINE]
+        assert NINE + timedelta(seconds=16) < rounds.seen[0].started
+        assert rounds.seen[0].started <= NINE + timedelta(seconds=16 + 8)  # next probe
+        clock.advance(60)
+        assert rounds.instants() == [NINE]
 
     def test_a_job_every_10_s_catches_up_once_then_resumes(self, outage, replicas, clock):
         rounds = Rounds(clock)
@@ -238,3 +264,52 @@ class TestOneReplicaCutOff:
         clock.advance(30)
         assert rounds.instants() == [NINE, NINE + DAY]
         assert rounds.seen[-1].replica == "b"
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_first_instant_cut_off_in_real_time_runs_once_when_postgres_answers():
+    """A ``cronjob run`` process on PostgreSQL through a TCP proxy; its daily jobs, whose
+    rows the start wrote, have never run. Every connection is reset, and new ones refused,
+    from 1.5 s before one job's first instant to 2 s after: once the database answers,
+    that instant runs, once, as a catch-up after the outage.
+
+    The jobs' first instants are 4 s apart, from 6 s after the launch: the one cut across
+    is the first that leaves room for the cut once the rows are written, however long
+    the process took to start on a busy machine."""
+    launched = wall_now().replace(microsecond=0)
+    instants = {f"daily-{s}": launched + timedelta(seconds=s) for s in (6, 10, 14, 18)}
+    jobs = [
+        JobSpec(name, f"CRON_TZ=UTC {t.second} {t.minute} {t.hour} * * *", "work", 0.2)
+        for name, t in instants.items()
+    ]
+    with Scenario("first_instant", jobs, db="postgres") as s:
+        replica = s.replica("a", proxy=True)
+        s.start()
+        deployed = wait_until(
+            lambda: s.sql("SELECT MAX(deployed_ms) AS d FROM cronjob_lease")[0]["d"],
+            10,
+            "the jobs' lease rows, with their first deployment",
+        )
+        room = wall_now() + timedelta(seconds=2)
+        name, instant = next(
+            ((n, t) for n, t in instants.items() if t > room),
+            ("", launched),
+        )
+        assert name, "the replica took too long to start"
+        assert deployed < instant.timestamp() * 1000
+        time.sleep(max(0.0, (instant - timedelta(seconds=1.5) - wall_now()).total_seconds()))
+        replica.cut("reset")
+        time.sleep(max(0.0, (instant + timedelta(seconds=2) - wall_now()).total_seconds()))
+        assert [r for r in s.rounds() if r.job == name] == []
+        replica.heal()
+        healed = time.monotonic()
+        ran = s.wait_start(name, 10)
+        assert ran["mono"] >= healed
+        time.sleep(1.0)
+        assert s.stop() == {"a": 0}
+        assert [(r.instant, r.attempt) for r in s.rounds() if r.job == name] == [(instant, 1)]
+        assert (
+            f"job {name!r}: catching up instant {instant.isoformat()} after the database outage"
+            in replica.output()
+        )

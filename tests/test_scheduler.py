@@ -603,6 +603,76 @@ class TestCatchUp:
         clock.advance(1800)
         assert recorder.instants() == [at(hours=1)]
 
+    def test_a_first_instant_that_passed_while_every_replica_restarted_runs_once(
+        self, url, replicas, clock, recorder
+    ):
+        """Deployed at 09:00:10 (its row written then), stopped before its first instant
+        (09:00:24), started again after it: that instant was the job's to run."""
+        registry = Registry()
+        registry.register(recorder.quick, "24 0 9 * * *", "daily")
+        clock.advance(10)
+        self.run_then_stop(replicas, registry, 5)  # up from 09:00:10 to 09:00:15
+        assert recorder.rounds == []
+        assert lease_row(url, "daily").deployed == at(seconds=10)
+        clock.advance(15)  # 09:00:30
+        replicas(registry, "b")
+        replicas(registry, "c")
+        clock.advance(0)
+        assert recorder.instants() == [at(seconds=24)]
+        clock.advance(3600)
+        assert recorder.instants() == [at(seconds=24)]
+
+    def test_a_first_instant_at_the_moment_its_row_was_written_is_not_owed(
+        self, url, replicas, clock, recorder
+    ):
+        """The boundary: a row written 1 ms before the instant owes it; one written at the
+        instant itself does not (the replica that wrote it started at or before it, and a
+        schedule starts strictly after its start)."""
+        before, at_it = Registry(), Registry()
+        before.register(recorder.quick, "24 0 9 * * *", "before")
+        at_it.register(recorder.quick, "24 0 9 * * *", "at")
+        clock.advance_to(at(seconds=24) - timedelta(milliseconds=1))
+        self.run_then_stop(replicas, before, 0)
+        clock.advance(0.001)  # 09:00:24.000
+        scheduler = replicas(at_it, "second")
+        clock.advance(0)
+        scheduler.stop()
+        assert recorder.rounds == []
+        assert lease_row(url, "before").deployed == at(seconds=24) - timedelta(milliseconds=1)
+        assert lease_row(url, "at").deployed == at(seconds=24)
+        clock.advance(6)  # 09:00:30, every replica down since 09:00:24
+        both = Registry()
+        both.register(recorder.quick, "24 0 9 * * *", "before")
+        both.register(recorder.quick, "24 0 9 * * *", "at")
+        replicas(both, "b")
+        clock.advance(0)
+        assert [(r.name, r.instant) for r in recorder.rounds] == [("before", at(seconds=24))]
+
+    def test_a_row_an_older_release_wrote_owes_no_instant_before_it_ran(
+        self, url, replicas, clock, recorder
+    ):
+        """No deployment on record (a replica of release 0004 wrote the row): the rule of
+        that release holds — 09:00:24 is not caught up — and this release's start puts its
+        own deployment on record, which owes the instants after it."""
+        engine = lease.create_engine(url)
+        lease.migrate(engine)
+        engine.dispose()
+        execute(  # what release 0004's ensure inserts: no deployed_ms
+            url,
+            "INSERT INTO cronjob_lease (name, instant, attempt, state, token)"
+            " VALUES ('daily', -1, 1, 'new', 0)",
+        )
+        registry = Registry()
+        registry.register(recorder.quick, "24 0 9 * * *", "daily")
+        clock.advance(30)  # 09:00:30
+        self.run_then_stop(replicas, registry, 0)
+        assert recorder.rounds == []
+        assert lease_row(url, "daily").deployed == at(seconds=30)
+        clock.advance(24 * 3600)  # every replica down across tomorrow's 09:00:24
+        replicas(registry, "b")
+        clock.advance(0)
+        assert recorder.instants() == [at(hours=24, seconds=24)]
+
     def test_an_instant_overrun_by_a_round_that_ran_to_its_end_is_not_caught_up(
         self, replicas, clock, recorder
     ):
