@@ -79,7 +79,7 @@ from ._round import Round as Round
 from ._round import Trigger as Trigger
 from ._schedule import Schedule as Schedule
 from ._schedule import parse as parse
-from ._scheduler import Scheduler as Scheduler
+from .engine._scheduler import Scheduler as Scheduler
 
 __all__ = [
     "Cancelled",
@@ -111,6 +111,6 @@ __version__ = "0.1.0"
 # Public objects name the public module, so reprs and docs never show `_x`.
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("cronjob._"):
+    if getattr(_obj, "__module__", "").startswith(("cronjob._", "cronjob.engine.")):
         _obj.__module__ = __name__
 del _name, _obj

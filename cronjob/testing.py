@@ -25,7 +25,7 @@ from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
 from ._registry import Job, Registry
 from ._round import Outcome, Round, classify
-from ._scheduler import Scheduler
+from .engine._scheduler import Scheduler
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 import lease
 
-from ._exceptions import CronjobError
+from .._exceptions import CronjobError
 
 #: A replica not seen for this long is not shown as live (four sweeps missed).
 REPLICA_LIVE_SECONDS: Final = 60.0

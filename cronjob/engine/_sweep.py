@@ -17,7 +17,7 @@
   its second run if it was cut short, a per-instance job's round asked of this replica,
   or the catch-up of an instant skipped while paused (claimed as any instant). Requests
   older than :data:`lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
-  request's ``NOTIFY`` wakes the sweep at once (see :mod:`cronjob._listen`).
+  request's ``NOTIFY`` wakes the sweep at once (see :mod:`cronjob.engine._listen`).
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
 from ._control import Control
 from ._keeper import too_late
 from ._listen import Listener

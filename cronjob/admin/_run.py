@@ -15,9 +15,9 @@ import traceback
 import execctx
 import lease
 
-from ._database import resolve_database
-from ._exceptions import CronjobError
-from ._scheduler import Scheduler
+from .._exceptions import CronjobError
+from ..engine._database import resolve_database
+from ..engine._scheduler import Scheduler
 
 __all__ = ["run_command"]
 

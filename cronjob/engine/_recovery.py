@@ -13,7 +13,7 @@ The seed's rules, as this part applies them:
   then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
   catch-up rule: the most recent instant each job missed, once, on one replica; the
   claim itself decides which replica, so replicas recovering together run it once.
-- **Sweep** and **check**: once the database is ready, :class:`~cronjob._sweep.Sweeper`
+- **Sweep** and **check**: once the database is ready, :class:`~cronjob.engine._sweep.Sweeper`
   (re-runs of rounds cut short, missing rows, clock skew).
 
 Dispatcher thread only; the statements run on the control thread.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
 from ._control import Control
 from ._state import JobState, Reason
 from ._sweep import Sweeper
@@ -311,7 +311,7 @@ class Recovery:
 
 def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
     """This replica as the sweep puts it on record: who, where, since when, which jobs."""
-    from . import __version__  # the package is imported by the time a scheduler starts
+    from .. import __version__  # the package is imported by the time a scheduler starts
 
     now = clock.now()
     jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}

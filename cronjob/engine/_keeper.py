@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
+from .._exceptions import LeaseLost
+from .._round import lease_lost
 from ._control import Control
-from ._exceptions import LeaseLost
-from ._round import lease_lost
 from ._state import Flags, Run
 
 __all__ = ["EXIT_LEASE_LOST", "LeaseKeeper", "exit_process", "too_late"]

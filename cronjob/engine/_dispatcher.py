@@ -25,9 +25,9 @@ from typing import NamedTuple
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
+from .._exceptions import Shutdown
 from ._control import Control, Inbox
-from ._exceptions import Shutdown
 from ._keeper import LeaseKeeper, too_late
 from ._lead import LEAD_MAX, ClaimLead
 from ._peers import GRACE, Peers

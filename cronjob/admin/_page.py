@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from urllib.parse import quote
 
-from . import admin
-from ._admin_cli import _duration, _last, _state, _time
+from .. import admin
+from ._read_cli import _duration, _last, _state, _time
 
 __all__ = ["error_page", "job_page", "jobs_page"]
 

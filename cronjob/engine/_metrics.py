@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
 
-from ._round import Outcome
+from .._round import Outcome
 
 if TYPE_CHECKING:
-    from ._schedule import Schedule
+    from .._schedule import Schedule
 
 __all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters"]
 

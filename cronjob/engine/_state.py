@@ -14,9 +14,9 @@ from datetime import datetime
 
 import lease
 
+from .._registry import Job
+from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
-from ._registry import Job
-from ._round import Outcome, Round
 
 __all__ = ["Flags", "JobState", "Reason", "Run"]
 
@@ -66,7 +66,7 @@ class JobState:
     busy: bool = False
     #: The round in flight, if any.
     run: Run | None = None
-    #: Where the job's rounds are measured (see :mod:`cronjob._metrics`).
+    #: Where the job's rounds are measured (see :mod:`cronjob.engine._metrics`).
     metrics: JobMetrics = NO_METRICS
     #: A per-instance job paused by an operator, as the latest sweep read it (a leased
     #: job's pause is in its lease row, which the claim itself reads).

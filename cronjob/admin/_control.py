@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 import lease
 
-from ._admin_base import REPLICA_LIVE_SECONDS, UnknownJob, at_ms, aware, operator, store_on, to_ms
-from ._clock import Clock, SystemClock
-from ._exceptions import CronjobError, ScheduleError
-from ._schedule import Schedule
+from .._clock import Clock, SystemClock
+from .._exceptions import CronjobError, ScheduleError
+from .._schedule import Schedule
+from ._base import REPLICA_LIVE_SECONDS, UnknownJob, at_ms, aware, operator, store_on, to_ms
 
 __all__ = [
     "REASON_LENGTH",

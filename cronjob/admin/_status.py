@@ -4,7 +4,7 @@ Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
 a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
 :func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
-row, a note in the history; a request for a round now), see :mod:`cronjob._admin_control`.
+row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`.
 Nothing migrates: a database without the tables, or at an older revision, is an
 error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
@@ -38,34 +38,34 @@ import sqlalchemy as sa
 import lease
 from lease import REQUEST_TTL as REQUEST_TTL
 
-from ._admin_base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
-from ._admin_base import SchemaNewer as SchemaNewer
-from ._admin_base import SchemaOutdated as SchemaOutdated
-from ._admin_base import StatusError as StatusError
-from ._admin_base import TablesMissing as TablesMissing
-from ._admin_base import UnknownJob as UnknownJob
-from ._admin_base import as_enum as _enum
-from ._admin_base import at_ms as _at
-from ._admin_base import aware as _aware
-from ._admin_base import store_on as _store
-from ._admin_base import to_ms as _ms
-from ._admin_control import REASON_LENGTH as REASON_LENGTH
-from ._admin_control import PauseChange as PauseChange
-from ._admin_control import Refusal as Refusal
-from ._admin_control import RequestState as RequestState
-from ._admin_control import RequestStatus as RequestStatus
-from ._admin_control import TriggerRefused as TriggerRefused
-from ._admin_control import TriggerRequest as TriggerRequest
-from ._admin_control import pause as pause
-from ._admin_control import pause_all as pause_all
-from ._admin_control import request_status
-from ._admin_control import requests as requests
-from ._admin_control import resume as resume
-from ._admin_control import resume_all as resume_all
-from ._admin_control import trigger as trigger
-from ._admin_control import wait as wait
-from ._exceptions import ScheduleError
-from ._schedule import Schedule
+from .._exceptions import ScheduleError
+from .._schedule import Schedule
+from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
+from ._base import SchemaNewer as SchemaNewer
+from ._base import SchemaOutdated as SchemaOutdated
+from ._base import StatusError as StatusError
+from ._base import TablesMissing as TablesMissing
+from ._base import UnknownJob as UnknownJob
+from ._base import as_enum as _enum
+from ._base import at_ms as _at
+from ._base import aware as _aware
+from ._base import store_on as _store
+from ._base import to_ms as _ms
+from ._control import REASON_LENGTH as REASON_LENGTH
+from ._control import PauseChange as PauseChange
+from ._control import Refusal as Refusal
+from ._control import RequestState as RequestState
+from ._control import RequestStatus as RequestStatus
+from ._control import TriggerRefused as TriggerRefused
+from ._control import TriggerRequest as TriggerRequest
+from ._control import pause as pause
+from ._control import pause_all as pause_all
+from ._control import request_status
+from ._control import requests as requests
+from ._control import resume as resume
+from ._control import resume_all as resume_all
+from ._control import trigger as trigger
+from ._control import wait as wait
 
 __all__ = [
     "Activity",

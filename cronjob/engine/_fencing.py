@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import lease
 
-from ._exceptions import LeaseLost
-from ._round import lease_lost
+from .._exceptions import LeaseLost
+from .._round import lease_lost
 from ._state import Flags, Run
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ import json
 import sys
 from typing import Any, TextIO
 
-from . import admin
-from ._admin_cli import _cell, _database, _guarded, _jsonable, _time
-from ._clock import Clock
+from .. import admin
+from .._clock import Clock
+from ._read_cli import _cell, _database, _guarded, _jsonable, _time
 
 __all__ = ["EXIT_REFUSED", "add_commands", "run_pause", "run_resume", "run_trigger"]
 

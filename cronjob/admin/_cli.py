@@ -1,10 +1,10 @@
 """The ``cronjob`` command line.
 
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
-modules that register jobs and runs the scheduler (see :mod:`cronjob._run`);
+modules that register jobs and runs the scheduler (see :mod:`cronjob.admin._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
-:mod:`cronjob._admin_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
-and run a job now on every replica (see :mod:`cronjob._control_cli`).
+:mod:`cronjob.admin._read_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
+and run a job now on every replica (see :mod:`cronjob.admin._control_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, TextIO
 
-from ._admin_cli import add_commands, run_history, run_status
+from .._exceptions import ScheduleError
+from .._schedule import DstMark, Schedule, parse
+from ..engine._scheduler import DEFAULT_MAX_WORKERS
 from ._control_cli import add_commands as add_control_commands
 from ._control_cli import run_pause, run_resume, run_trigger
-from ._exceptions import ScheduleError
-from ._schedule import DstMark, Schedule, parse
-from ._scheduler import DEFAULT_MAX_WORKERS
+from ._read_cli import add_commands, run_history, run_status
 
 __all__ = ["main"]
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
 
 __all__ = ["Listener"]
 

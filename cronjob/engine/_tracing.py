@@ -9,7 +9,7 @@ from opentelemetry.trace import TracerProvider
 
 import execctx
 
-from ._round import Outcome, Round
+from .._round import Outcome, Round
 
 __all__ = ["RoundScope", "round_scope"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ._round import Outcome
+from .._round import Outcome
 
 __all__ = ["SUMMARY_PERIOD", "RoundSummary"]
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._clock import Clock
+from .._clock import Clock
 from ._workers import Workers
 
 __all__ = ["Control", "Inbox"]

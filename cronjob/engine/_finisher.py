@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
 
 __all__ = ["Finisher"]
 

@@ -24,8 +24,8 @@ from typing import Any, Final, TextIO
 
 import lease
 
-from . import admin
-from ._database import resolve_database
+from .. import admin
+from ..engine._database import resolve_database
 
 __all__ = ["add_commands", "run_history", "run_status"]
 
@@ -314,7 +314,7 @@ def _guarded(show: Callable[[], int], err: TextIO) -> int:
 
 def _serve(args: argparse.Namespace, err: TextIO) -> int:
     """``cronjob status --serve HOST:PORT``: the page, until interrupted (exit 0)."""
-    from . import web
+    from . import _web as web
 
     host, port = args.serve
     try:

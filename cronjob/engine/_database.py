@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import lease
 from execctx import instrument
 
-from ._clock import Clock
+from .._clock import Clock
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

@@ -1,9 +1,9 @@
 """The round runner: runs rounds (sync on worker threads, async on a loop) and records ends.
 
 A round runs inside its unit of work (its root span, its trace id in logs and SQL; see
-:mod:`cronjob._tracing`). When the job returns or raises, the round is classified (see
+:mod:`cronjob.engine._tracing`). When the job returns or raises, the round is classified (see
 :func:`cronjob._round.classify`) and its end recorded: a round that ran to its end is
-written by the :class:`~cronjob._finisher.Finisher` in a batch with others; a round cut
+written by the :class:`~cronjob.engine._finisher.Finisher` in a batch with others; a round cut
 short gives its lease back at once so another replica can run it a second time. Then the
 end is posted to the dispatcher, which schedules the job's next instant.
 
@@ -31,13 +31,13 @@ from opentelemetry.trace import TracerProvider
 
 import lease
 
-from ._clock import Clock
-from ._exceptions import LeaseLost, Shutdown
+from .._clock import Clock
+from .._exceptions import LeaseLost, Shutdown
+from .._history import History, Pruner
+from .._round import Outcome, Round, Trigger, classify, iter_own_errors, lease_lost
 from ._fencing import Fencing
 from ._finisher import Finisher
-from ._history import History, Pruner
 from ._loop import OwnLoop
-from ._round import Outcome, Round, Trigger, classify, iter_own_errors, lease_lost
 from ._state import Flags, JobState, Reason, Run
 from ._tracing import RoundScope, round_scope
 from ._workers import Workers, WorkersClosed

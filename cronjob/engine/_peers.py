@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 
 import lease
 
-from ._clock import Clock
+from .._clock import Clock
 from ._control import Control
 from ._lead import LEAD_MAX
 from ._state import JobState

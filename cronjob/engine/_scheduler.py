@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Final, Self
 
 import lease
 
-from ._clock import Clock, SystemClock
+from .._clock import Clock, SystemClock
+from .._exceptions import Shutdown
+from .._history import History
+from .._registry import Job, Registry, default_registry
 from ._control import Control, Inbox
 from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_database
 from ._dispatcher import Dispatcher
-from ._exceptions import Shutdown
-from ._history import History
 from ._keeper import LeaseKeeper, exit_process
 from ._metrics import Meters
 from ._recovery import Recovery
-from ._registry import Job, Registry, default_registry
 from ._runner import RoundRunner
 from ._state import Flags, JobState
 
@@ -90,7 +90,7 @@ class Scheduler:
             provider (no spans are recorded unless an SDK is configured).
         meter_provider: Where the scheduler's metrics go (rounds by job and outcome,
             lateness, durations, re-runs, catch-ups, lost leases, skipped instants, rounds
-            running; see ``cronjob._metrics``); by default OpenTelemetry's global provider
+            running; see ``cronjob.engine._metrics``); by default OpenTelemetry's global provider
             (nothing is recorded unless an SDK is configured).
         history: How long the round history (``cronjob history NAME``) keeps rounds, see
             :class:`History`; ``None`` keeps none. Each job's state (last outcome, last
@@ -296,7 +296,7 @@ class Scheduler:
 
         inbox = self._inbox = Inbox(clock)
         control = self._control = Control(clock, inbox)
-        from . import __version__
+        from .. import __version__
 
         meters = Meters(self._meter_provider, version=__version__)
         states = {job.name: JobState(job, metrics=meters.job(job.name)) for job in jobs}
