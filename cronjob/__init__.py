@@ -79,7 +79,8 @@ from ._round import Round as Round
 from ._round import Trigger as Trigger
 from ._schedule import Schedule as Schedule
 from ._schedule import parse as parse
-from .engine._scheduler import Scheduler as Scheduler
+from ._version import __version__ as __version__
+from .engine import Scheduler as Scheduler
 
 __all__ = [
     "Cancelled",
@@ -105,8 +106,6 @@ __all__ = [
     "register",
     "register_per_instance",
 ]
-
-__version__ = "0.1.0"
 
 # Public objects name the public module, so reprs and docs never show `_x`.
 for _name in __all__:

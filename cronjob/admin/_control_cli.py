@@ -19,7 +19,8 @@ from typing import Any, TextIO
 
 from .. import admin
 from .._clock import Clock
-from ._read_cli import _cell, _database, _guarded, _jsonable, _time
+from ._format import _cell, _time
+from ._read_cli import _database, _guarded, _jsonable
 
 __all__ = ["EXIT_REFUSED", "add_commands", "run_pause", "run_resume", "run_trigger"]
 

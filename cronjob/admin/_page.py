@@ -16,7 +16,7 @@ from datetime import datetime
 from urllib.parse import quote
 
 from .. import admin
-from ._read_cli import _duration, _last, _state, _time
+from ._format import _duration, _last, _state, _time
 
 __all__ = ["error_page", "job_page", "jobs_page"]
 

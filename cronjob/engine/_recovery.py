@@ -311,7 +311,7 @@ class Recovery:
 
 def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
     """This replica as the sweep puts it on record: who, where, since when, which jobs."""
-    from .. import __version__  # the package is imported by the time a scheduler starts
+    from .._version import __version__
 
     now = clock.now()
     jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}

@@ -296,7 +296,7 @@ class Scheduler:
 
         inbox = self._inbox = Inbox(clock)
         control = self._control = Control(clock, inbox)
-        from .. import __version__
+        from .._version import __version__
 
         meters = Meters(self._meter_provider, version=__version__)
         states = {job.name: JobState(job, metrics=meters.job(job.name)) for job in jobs}
