@@ -8,10 +8,11 @@ Layout, one private module per concern:
 - ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
   :func:`job` and :func:`job_per_instance`, :class:`Registry`.
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
-- ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
+- ``engine/_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
   the lifecycle (start, drain, stop).
-- The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
-  flight), ``_runner`` (running rounds, recording their ends, the fenced transaction),
+- The scheduler's parts, in :mod:`cronjob.engine`: ``_dispatcher`` (the heap of
+  instants, claims, the rounds in flight), ``_runner`` (running rounds, recording their
+  ends, the fenced transaction),
   ``_peers`` (the live replicas, each one's share of an instant), ``_keeper`` (renewal,
   lease loss, the forced exit), ``_recovery`` (reaching the
   database, catch-up, outages), ``_sweep`` (second runs, the minute check),
