@@ -25,9 +25,10 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from cronjob import __version__, _page, admin
-from cronjob._metrics import Meters
+from cronjob import __version__, admin
 from cronjob._round import Outcome
+from cronjob.admin import _page
+from cronjob.engine._metrics import Meters
 
 RESULTS = Path(__file__).parent / "results" / "metrics.json"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

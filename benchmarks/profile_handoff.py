@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 import cronjob
 import execctx
-from cronjob._run import _RoundFormatter, freeze_start_up
+from cronjob.admin._run import _RoundFormatter, freeze_start_up
 
 SERVER = os.environ.get(
     "CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432"

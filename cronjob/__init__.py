@@ -10,10 +10,11 @@ Layout, one private module per concern:
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
 - ``_policy``: :class:`Policy`, a job's timeout, retries, start deadline, self-pause and
   failure hook, validated at registration.
-- ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
+- ``engine/_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
   the lifecycle (start, drain, stop).
-- The scheduler's parts: ``_dispatcher`` (the heap of instants, claims, the rounds in
-  flight), ``_runner`` (running rounds, recording their ends, the fenced transaction),
+- The scheduler's parts, in :mod:`cronjob.engine`: ``_dispatcher`` (the heap of
+  instants, claims, the rounds in flight), ``_runner`` (running rounds, recording their
+  ends, the fenced transaction),
   ``_peers`` (the live replicas, each one's share of an instant), ``_keeper`` (renewal,
   lease loss, the forced exit), ``_recovery`` (reaching the
   database, catch-up, outages), ``_sweep`` (second runs, the minute check),
@@ -84,7 +85,8 @@ from ._round import Round as Round
 from ._round import Trigger as Trigger
 from ._schedule import Schedule as Schedule
 from ._schedule import parse as parse
-from ._scheduler import Scheduler as Scheduler
+from ._version import __version__ as __version__
+from .engine import Scheduler as Scheduler
 
 __all__ = [
     "Cancelled",
@@ -114,11 +116,9 @@ __all__ = [
     "register_per_instance",
 ]
 
-__version__ = "0.1.0"
-
 # Public objects name the public module, so reprs and docs never show `_x`.
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("cronjob._"):
+    if getattr(_obj, "__module__", "").startswith(("cronjob._", "cronjob.engine.")):
         _obj.__module__ = __name__
 del _name, _obj

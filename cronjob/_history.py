@@ -1,6 +1,6 @@
 """The round history's retention: :class:`History`, and pruning one replica at a time.
 
-Each replica's finisher (see :mod:`cronjob._finisher`) asks :class:`Pruner` after writing
+Each replica's finisher (see :mod:`cronjob.engine._finisher`) asks :class:`Pruner` after writing
 a batch of ends; at most once per clock hour, the replica tries to take that hour's turn
 (one claim of a lease of its own, see :meth:`lease.LeaseStore.take_turn`), and the one
 replica whose claim wins deletes, in one statement, the rounds older than

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ._scheduler import Scheduler
+from .engine._scheduler import Scheduler
 
 __all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
 

@@ -21,12 +21,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock
-from ._database import is_async_engine
 from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
 from ._registry import Job, Registry
 from ._round import Outcome, Round, classify
-from ._scheduler import Scheduler
+from .engine._database import is_async_engine
+from .engine._scheduler import Scheduler
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine

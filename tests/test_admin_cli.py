@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 import cronjob
 import lease
-from cronjob._cli import main
+from cronjob.admin._cli import main
 from cronjob.testing import FakeClock
 
 

@@ -7,7 +7,7 @@ tests/test_flask.py).
 
 from __future__ import annotations
 
-from cronjob._cli import main
+from cronjob.admin._cli import main
 
 
 def test_run_needs_a_module_from_the_plain_command(capsys):

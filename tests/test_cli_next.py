@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cronjob._cli import main
+from cronjob.admin._cli import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -170,9 +170,9 @@ class TestBadInput:
 class TestRunSubcommand:
     def test_it_hands_its_arguments_to_run_command(self, capsys, monkeypatch):
         seen = []
-        fake = types.ModuleType("cronjob._run")
+        fake = types.ModuleType("cronjob.admin._run")
         fake.run_command = lambda args: seen.append(args) or 7  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "cronjob._run", fake)
+        monkeypatch.setitem(sys.modules, "cronjob.admin._run", fake)
         status = main(["run", "--database-url", "sqlite:///x.db", "app.jobs", "app.more"])
         assert status == 7
         assert seen[0].database_url == "sqlite:///x.db"
@@ -180,9 +180,9 @@ class TestRunSubcommand:
 
     def test_the_database_url_is_optional(self, monkeypatch):
         seen = []
-        fake = types.ModuleType("cronjob._run")
+        fake = types.ModuleType("cronjob.admin._run")
         fake.run_command = lambda args: seen.append(args) or 0  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "cronjob._run", fake)
+        monkeypatch.setitem(sys.modules, "cronjob.admin._run", fake)
         assert main(["run", "app.jobs"]) == 0
         assert seen[0].database_url is None
 

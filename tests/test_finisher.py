@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import lease
-from cronjob._finisher import HOLD_LIMIT, Finisher
-from cronjob._workers import Workers
+from cronjob.engine._finisher import HOLD_LIMIT, Finisher
+from cronjob.engine._workers import Workers
 from cronjob.testing import FakeClock
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -114,7 +114,7 @@ class TestHold:
         finisher.close()
 
     def test_a_full_batch_is_not_held(self, store, monkeypatch):
-        monkeypatch.setattr("cronjob._finisher.BATCH_LIMIT", 2)
+        monkeypatch.setattr("cronjob.engine._finisher.BATCH_LIMIT", 2)
         _, ends, finisher = holding(store, ["a", "b"])
         ends.hand(finisher, "b")  # the second end fills the batch
         assert ends.done.wait(10)

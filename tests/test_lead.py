@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cronjob._lead import DECAY, LEAD_MAX, MARGIN, ClaimLead
+from cronjob.engine._lead import DECAY, LEAD_MAX, MARGIN, ClaimLead
 
 
 def test_it_starts_at_zero_and_follows_the_slowest_recent_claim_with_a_margin():

@@ -21,10 +21,10 @@ from conftest import lease_row
 
 import cronjob
 import lease
-from cronjob._control import Control, Inbox
-from cronjob._keeper import EXIT_LEASE_LOST, LeaseKeeper
 from cronjob._round import Round
-from cronjob._state import Flags, JobState, Reason, Run
+from cronjob.engine._control import Control, Inbox
+from cronjob.engine._keeper import EXIT_LEASE_LOST, LeaseKeeper
+from cronjob.engine._state import Flags, JobState, Reason, Run
 from cronjob.testing import FakeClock, crash
 from tests.faults.harness import wait_until
 
@@ -252,7 +252,7 @@ class TestForcedExit:
     def test_the_exit_after_a_lost_lease_does_not_wait_on_a_blocked_log_handler(self):
         script = """
 import logging, threading
-from cronjob._keeper import exit_process
+from cronjob.engine._keeper import exit_process
 
 class Blocked(logging.Handler):
     def emit(self, record):

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 import cronjob
 import lease
 from cronjob import Registry, Scheduler, admin
-from cronjob._cli import main
 from cronjob.admin import Activity, Why
+from cronjob.admin._cli import main
 from cronjob.testing import FakeClock, crash
 
 #: A Monday, on the hour.

@@ -26,9 +26,9 @@ import sqlalchemy as sa
 import cronjob
 import lease
 from cronjob import Registry, Scheduler, admin, web
-from cronjob._cli import main
-from cronjob._failures import Failures, Hooks
 from cronjob.admin import Activity, Why
+from cronjob.admin._cli import main
+from cronjob.engine._failures import Failures, Hooks
 from cronjob.testing import FakeClock
 from lease._records import jobs_json, round_values
 from lease._schema import round_table
@@ -551,7 +551,8 @@ class TestPoliciesShown:
         monkeypatch.chdir(tmp_path)
         monkeypatch.setattr(cronjob._registry, "default_registry", Registry())
         monkeypatch.setattr(cronjob, "default_registry", cronjob._registry.default_registry)
-        monkeypatch.setattr(cronjob._cli, "default_registry", cronjob._registry.default_registry)
+        fresh = cronjob._registry.default_registry
+        monkeypatch.setattr(cronjob.admin._cli, "default_registry", fresh)
         monkeypatch.syspath_prepend(str(tmp_path))
         args = ["next", "--module", "policyjobs", "sync", "-n", "1", "--after", "2026-01-01T00:00Z"]
         buffer = io.StringIO()

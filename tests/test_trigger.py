@@ -25,9 +25,9 @@ from conftest import lease_row
 import cronjob
 import lease
 from cronjob import Registry, Scheduler, Trigger, admin
-from cronjob._cli import main
-from cronjob._control_cli import EXIT_NO_REPLICA, EXIT_REFUSED, run_trigger
 from cronjob.admin import Refusal, RequestState, Why
+from cronjob.admin._cli import main
+from cronjob.admin._control_cli import EXIT_NO_REPLICA, EXIT_REFUSED, run_trigger
 from cronjob.testing import FakeClock, crash
 
 #: A Monday, on the hour.
@@ -551,6 +551,6 @@ class TestStatements:
 
 
 def _parse(argv: list[str]) -> object:
-    from cronjob._cli import _build_parser
+    from cronjob.admin._cli import _build_parser
 
     return _build_parser("cronjob", False).parse_args(argv)

@@ -241,7 +241,7 @@ class TestServe:
             process.wait(timeout=30)
 
     def test_a_bad_address_is_one_line_and_exit_2(self, capsys):
-        from cronjob._cli import main
+        from cronjob.admin._cli import main
 
         assert main(["status", "--serve", "localhost"]) == 2
         assert "must be HOST:PORT, like 127.0.0.1:8321, got 'localhost'" in capsys.readouterr().err

@@ -96,7 +96,7 @@ def test_cronjob_run_starts_and_drains_without_greenlet(tmp_path):
         "import cronjob\n"
         "cronjob.register(lambda ctx: None, '* * * * * *', 'tick')\n"
     )
-    command = WITHOUT_GREENLET + "from cronjob._cli import main; sys.exit(main())"
+    command = WITHOUT_GREENLET + "from cronjob.admin._cli import main; sys.exit(main())"
     status, log = run_until_started(
         [sys.executable, "-c", command, "run", "--database-url", "sqlite:///jobs.sqlite", "jobs"],
         cwd=tmp_path,

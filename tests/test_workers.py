@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from cronjob._workers import NoWorkerThread, Workers, WorkersClosed
+from cronjob.engine._workers import NoWorkerThread, Workers, WorkersClosed
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
-from .._cli import main
-from .._scheduler import Scheduler
+from ..admin._cli import main
+from ..engine._scheduler import Scheduler
 
 __all__ = ["Cronjob", "command"]
 
@@ -92,7 +92,7 @@ def _import_all(modules: Iterable[str]) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @with_appcontext
 def command(args: tuple[str, ...]) -> None:
-    """``flask cronjob ARGS...``: :func:`cronjob._cli.main` with the app's defaults."""
+    """``flask cronjob ARGS...``: :func:`cronjob.admin._cli.main` with the app's defaults."""
     extension = current_app.extensions.get(EXTENSION)
     url = extension.database_url() if isinstance(extension, Cronjob) else None
     status = main(list(args), prog="flask cronjob", database_url=url, jobs_imported=True)

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cronjob._cli import main
+from cronjob.admin._cli import main
 from cronjob.contrib.django._database import database_url
 
 

@@ -1,0 +1,95 @@
+"""The operator's side of cronjob: what an operator reads, changes and runs.
+
+Everything a person (or a script) uses to look at and steer the replicas lives here, apart
+from the engine that runs rounds (:mod:`cronjob.engine`):
+
+- This package, :mod:`cronjob.admin` (public): the admin API. ``_status`` reads what the
+  scheduler did (:func:`status`, :func:`history`); ``_control`` writes (:func:`pause`,
+  :func:`resume`, :func:`trigger`, :func:`wait`); ``_base`` holds what both share
+  (the database, the schema check, the errors).
+- ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
+  ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
+  ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``; ``_format``: the
+  cells the tables and the page share.
+- ``_web``: the status page as a WSGI or ASGI app (public as :mod:`cronjob.web`);
+  ``_page`` renders its HTML.
+
+The admin API needs no application module and starts no scheduler: it reads and writes
+the tables the replicas share. Importing this package does no I/O.
+"""
+
+from __future__ import annotations
+
+from lease import REQUEST_TTL as REQUEST_TTL
+
+from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
+from ._base import SchemaNewer as SchemaNewer
+from ._base import SchemaOutdated as SchemaOutdated
+from ._base import StatusError as StatusError
+from ._base import TablesMissing as TablesMissing
+from ._base import UnknownJob as UnknownJob
+from ._control import REASON_LENGTH as REASON_LENGTH
+from ._control import PauseChange as PauseChange
+from ._control import Refusal as Refusal
+from ._control import RequestState as RequestState
+from ._control import RequestStatus as RequestStatus
+from ._control import TriggerRefused as TriggerRefused
+from ._control import TriggerRequest as TriggerRequest
+from ._control import pause as pause
+from ._control import pause_all as pause_all
+from ._control import request_status as request_status
+from ._control import requests as requests
+from ._control import resume as resume
+from ._control import resume_all as resume_all
+from ._control import trigger as trigger
+from ._control import wait as wait
+from ._status import FAILED_OUTCOMES as FAILED_OUTCOMES
+from ._status import HISTORY_LIMIT as HISTORY_LIMIT
+from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
+from ._status import Activity as Activity
+from ._status import JobStatus as JobStatus
+from ._status import Outcome as Outcome
+from ._status import ReplicaStatus as ReplicaStatus
+from ._status import RoundRecord as RoundRecord
+from ._status import Status as Status
+from ._status import Why as Why
+from ._status import history as history
+from ._status import status as status
+
+__all__ = [
+    "FAILED_OUTCOMES",
+    "Activity",
+    "JobStatus",
+    "Outcome",
+    "PauseChange",
+    "Refusal",
+    "ReplicaStatus",
+    "RequestState",
+    "RequestStatus",
+    "RoundRecord",
+    "SchemaNewer",
+    "SchemaOutdated",
+    "Status",
+    "StatusError",
+    "TablesMissing",
+    "TriggerRefused",
+    "TriggerRequest",
+    "UnknownJob",
+    "Why",
+    "history",
+    "pause",
+    "pause_all",
+    "requests",
+    "resume",
+    "resume_all",
+    "status",
+    "trigger",
+    "wait",
+]
+
+# Public objects name the public module (cronjob.admin.PauseChange, not admin._control).
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("cronjob.admin._"):
+        _obj.__module__ = __name__
+del _name, _obj

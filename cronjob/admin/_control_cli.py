@@ -1,0 +1,295 @@
+"""``cronjob pause``, ``resume`` and ``trigger``: an operator's control of the jobs on every
+replica.
+
+Thin layers over :func:`cronjob.admin.pause`, :func:`~cronjob.admin.resume`,
+:func:`~cronjob.admin.trigger` and friends. Exit statuses: 0 done, or nothing to do
+(already paused, not paused: said so) — for ``trigger --wait``, the round succeeded; 1
+``trigger --wait``: the round failed, was given up, refused, expired, or still ran at the
+timeout; 2 bad input (an unknown job, a reason too long, no tables); 3 the database could
+not be reached; 4 ``trigger`` refused now (a round holds the lease, the job is paused
+without ``--force``), nothing written; 5 ``trigger``: no live replica has the job (a
+leased job's request is written and runs if one starts within 10 minutes; a per-instance
+job's, or one for a ``--replica`` not live, is not), and ``--wait`` does not wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from .. import admin
+from .._clock import Clock
+from ._format import _cell, _time
+from ._read_cli import _database, _guarded, _jsonable
+
+__all__ = [
+    "EXIT_NO_REPLICA",
+    "EXIT_REFUSED",
+    "add_commands",
+    "run_pause",
+    "run_resume",
+    "run_trigger",
+]
+
+#: ``cronjob trigger``: refused now (busy, paused); nothing was written.
+EXIT_REFUSED = 4
+#: ``cronjob trigger``: no live replica has the job. A leased job's request is written
+#: (a replica starting within the ttl runs it); a per-instance job's is not.
+EXIT_NO_REPLICA = 5
+#: ``cronjob trigger --wait``: the round did not succeed (or had not ended by the timeout).
+EXIT_NOT_SUCCEEDED = 1
+
+
+def add_commands(commands: Any, database_help: str) -> None:
+    """Add ``pause`` and ``resume`` to the ``cronjob`` command's subparsers."""
+    pause = commands.add_parser(
+        "pause",
+        help="pause a job on every replica (a running round runs to its end)",
+        description=(
+            "Pause a job on every replica, from its next instant: no replica starts, "
+            "re-runs or catches up a round of it until it is resumed. A round running now "
+            "is not cancelled. Who (user@host), when and why are on record."
+        ),
+    )
+    pause.add_argument(
+        "--reason", metavar="TEXT", default=None, help=f"why (at most {admin.REASON_LENGTH} chars)"
+    )
+    resume = commands.add_parser(
+        "resume",
+        help="resume a paused job: its next instant runs",
+        description=(
+            "Resume a paused job on every replica: its next instant runs. The instants "
+            "skipped while it was paused are never run (no catch-up, no re-run)."
+        ),
+    )
+    resume.add_argument(
+        "--catch-up",
+        action="store_true",
+        help="also run the latest instant skipped while paused (within a day), once",
+    )
+    trigger = commands.add_parser(
+        "trigger",
+        help="run one round of a job now, on one replica, without moving its schedule",
+        description=(
+            "Ask for one round of a job now. A replica takes it within one sweep (15 s) "
+            "under the job's lease, so it never overlaps a round: if one is running, the "
+            "request is refused (exit 4). The schedule does not move. The round sees "
+            "ctx.trigger == Trigger.MANUAL; the history records it as manual, with who "
+            "asked. A per-instance job runs on every live replica (or --replica ID). A "
+            "request no replica takes within 10 minutes expires. When no live replica "
+            "has the job, it says so and exits 5 without waiting: a leased job's request "
+            "is still written and runs if a replica starts within those 10 minutes (a "
+            "deploy); a per-instance job's, or one for a --replica not live, is not."
+        ),
+    )
+    trigger.add_argument("name", metavar="NAME", help="the job to run")
+    trigger.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the round's end, print its outcome, exit 0 only if it succeeded",
+    )
+    trigger.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="with --wait: give up waiting after this long (exit 1; the round goes on)",
+    )
+    trigger.add_argument("--force", action="store_true", help="run it even while paused")
+    trigger.add_argument(
+        "--replica",
+        metavar="ID",
+        default=None,
+        help="a per-instance job: run it on this replica only",
+    )
+    trigger.add_argument("--json", action="store_true", help="print the request(s) as JSON")
+    trigger.add_argument("--by", metavar="WHO", default=None, help="who (default: user@host)")
+    trigger.add_argument("--database-url", metavar="URL", default=None, help=database_help)
+    for parser, what in ((pause, "pause"), (resume, "resume")):
+        parser.add_argument("name", metavar="NAME", nargs="?", help=f"the job to {what}")
+        parser.add_argument(
+            "--all", action="store_true", help=f"{what} every job on record instead"
+        )
+        parser.add_argument("--by", metavar="WHO", default=None, help="who (default: user@host)")
+        parser.add_argument("--database-url", metavar="URL", default=None, help=database_help)
+
+
+def run_pause(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """``cronjob pause NAME|--all``: says what it paused, and which rounds run on."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def act() -> int:
+        _one_or_all(args)
+        database = _database(args)
+        if args.all:
+            changes = admin.pause_all(database, reason=args.reason, by=args.by)
+            changed = [c for c in changes if c.changed]
+            print(f"paused {_jobs(changed, _by(changed))}", file=out)
+            for change in changes:
+                if not change.changed:
+                    print(f"  {_cell(change.job)} was paused already", file=out)
+        else:
+            change = admin.pause(database, args.name, reason=args.reason, by=args.by)
+            changes = (change,)
+            if change.changed:
+                print(f"paused {_cell(change.job)}{_by(changes)}", file=out)
+            else:
+                print(f"{_cell(change.job)} is paused already{_since(change)}", file=out)
+            if change.pause_reason:
+                print(f"  reason: {_cell(change.pause_reason)}", file=out)
+        for change in changes:
+            if change.running_on is not None and change.changed:
+                print(
+                    f"  {_cell(change.job)}: the round running on {_cell(change.running_on)} "
+                    "is not cancelled: it runs to its end",
+                    file=out,
+                )
+        return 0
+
+    return _guarded(act, err)
+
+
+def run_resume(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """``cronjob resume NAME|--all``."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def act() -> int:
+        _one_or_all(args)
+        database = _database(args)
+        if args.all:
+            changes = admin.resume_all(database, by=args.by, catch_up=args.catch_up)
+            changed = [c for c in changes if c.changed]
+            print(f"resumed {_jobs(changed)}", file=out)
+        else:
+            change = admin.resume(database, args.name, by=args.by, catch_up=args.catch_up)
+            changes = (change,)
+            if change.changed:
+                print(
+                    f"resumed {_cell(change.job)}: its next instant runs; those skipped do not",
+                    file=out,
+                )
+            else:
+                print(f"{_cell(change.job)} is not paused: nothing changed", file=out)
+        for change in changes:
+            if change.catch_up is not None:
+                print(
+                    f"  {_cell(change.job)}: catching up {_time(change.catch_up)} UTC, skipped "
+                    "while paused (a replica claims it within 15 s)",
+                    file=out,
+                )
+            elif args.catch_up and change.changed:
+                print(
+                    f"  {_cell(change.job)}: no instant skipped while paused to catch up", file=out
+                )
+        return 0
+
+    return _guarded(act, err)
+
+
+def run_trigger(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    clock: Clock | None = None,
+) -> int:
+    """``cronjob trigger NAME [--wait]``; ``clock`` paces ``--wait`` (tests pass a fake)."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def act() -> int:
+        database = _database(args)
+        try:
+            request = admin.trigger(
+                database,
+                args.name,
+                force=args.force,
+                replica=args.replica,
+                by=args.by,
+            )
+        except admin.TriggerRefused as exc:
+            if exc.why is admin.Refusal.NO_REPLICA:
+                print(f"cronjob: no live replica: {exc}", file=err)
+                return EXIT_NO_REPLICA
+            print(f"cronjob: refused: {exc}", file=err)
+            return EXIT_REFUSED
+        where = (
+            f"on {len(request.replicas)} replica(s): {', '.join(map(_cell, request.replicas))}"
+            if request.replicas
+            else "by one replica"
+        )
+        if not args.json and not request.no_live_replica:
+            print(
+                f"requested a round of {_cell(request.job)} now, {where}, by "
+                f"{_cell(request.requested_by)} at {_time(request.requested)} UTC "
+                f"(request {', '.join(map(str, request.ids))}; taken within 15 s, or it "
+                f"expires at {_time(request.expires)} UTC)",
+                file=out,
+            )
+        if request.no_live_replica:
+            # Nobody to take it now: say so, and never wait for nothing.
+            print(
+                f"cronjob: no live replica has {_cell(request.job)}: request "
+                f"{', '.join(map(str, request.ids))} is recorded and runs when a replica "
+                f"that has the job starts, if one does before {_time(request.expires)} UTC "
+                "(it expires then)",
+                file=err,
+            )
+        if not args.wait or request.no_live_replica:
+            if args.json:
+                print(json.dumps(_jsonable(request), indent=2), file=out)
+            return EXIT_NO_REPLICA if request.no_live_replica else 0
+        found = admin.wait(database, request, timeout=args.timeout, clock=clock)
+        if args.json:
+            print(json.dumps([_jsonable(r) for r in found], indent=2), file=out)
+        else:
+            for r in found:
+                print(_ended(r), file=out)
+        ok = all(r.succeeded for r in found)
+        return 0 if ok else EXIT_NOT_SUCCEEDED
+
+    return _guarded(act, err)
+
+
+def _ended(r: admin.RequestStatus) -> str:
+    """One line: how request ``r``'s round ended (or that it has not)."""
+    head = f"{_cell(r.job)}"
+    if r.ran_on is not None:
+        head += f" on {_cell(r.ran_on)}"
+    if r.open:
+        return f"{head}: still {r.state} at the timeout (attempt {r.attempt}); it goes on"
+    if r.state == admin.RequestState.REFUSED:
+        return f"{head}: refused ({r.outcome}): a round held the lease, or the job was paused"
+    if r.state == admin.RequestState.EXPIRED:
+        return f"{head}: expired: no replica took it within {admin.REQUEST_TTL:g} s"
+    took = ""
+    if r.started is not None and r.ended is not None:
+        took = f" in {(r.ended - r.started).total_seconds():.1f} s"
+    error = f": {_cell(r.error)}" if r.error else ""
+    return f"{head}: {r.outcome}{took} (attempt {r.attempt}){error}"
+
+
+def _one_or_all(args: argparse.Namespace) -> None:
+    if (args.name is None) == (not args.all):
+        raise ValueError("name one job, or give --all (not both)")
+
+
+def _jobs(changes: list[admin.PauseChange], by: str = "") -> str:
+    """``2 jobs[ by WHO]: one, two``."""
+    if not changes:
+        return "no job (none on record in that state)"
+    names = ", ".join(_cell(c.job) for c in changes)
+    return f"{len(changes)} job{'s' if len(changes) != 1 else ''}{by}: {names}"
+
+
+def _by(changes: tuple[admin.PauseChange, ...] | list[admin.PauseChange]) -> str:
+    return "" if not changes else f" by {_cell(changes[0].paused_by or '?')}"
+
+
+def _since(change: admin.PauseChange) -> str:
+    return f" (by {_cell(change.paused_by or '?')} since {_time(change.paused_since)} UTC)"

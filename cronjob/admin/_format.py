@@ -1,0 +1,79 @@
+"""The cells the ``cronjob`` tables and the status page share: times, durations, a job's
+state and last round, an operator's text on one line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from .. import admin
+
+#: The widest a pause reason is shown in the table (``--json`` has it whole).
+REASON_WIDTH: Final = 40
+
+
+def _why(record: admin.RoundRecord) -> str:
+    """``manual (WHO)`` for a manual round; the reason otherwise."""
+    if record.requested_by is None:
+        return str(record.why)
+    return f"{record.why} ({_cell(record.requested_by)})"
+
+
+def _state(job: admin.JobStatus) -> str:
+    return "; ".join(part for part in (_activity(job), _asked(job)) if part)
+
+
+def _activity(job: admin.JobStatus) -> str:
+    paused = _paused(job)
+    if job.per_instance:
+        return "per instance" if paused is None else f"per instance, {paused}"
+    if job.activity is admin.Activity.RUNNING:
+        since = job.running_since.strftime("%H:%M:%S") if job.running_since else "?"
+        running = f"running on {_cell(job.running_on or '?')} since {since}"
+        return running if paused is None else f"{running}; {paused}"
+    return str(job.activity) if paused is None else paused
+
+
+def _asked(job: admin.JobStatus) -> str:
+    """``round now asked by WHO at TIME (pending)``, one per open request."""
+    return "; ".join(
+        f"round now asked by {_cell(r.requested_by)} at {r.requested:%H:%M:%S} ({r.state})"
+        for r in job.requests
+    )
+
+
+def _paused(job: admin.JobStatus) -> str | None:
+    """``paused by WHO since TIME (REASON)``, or ``None``: not paused."""
+    if job.paused_since is None:
+        return None
+    reason = f" ({_cell(job.pause_reason, REASON_WIDTH)})" if job.pause_reason else ""
+    return f"paused by {_cell(job.paused_by or '?')} since {_time(job.paused_since)}{reason}"
+
+
+def _last(job: admin.JobStatus) -> str:
+    if job.last_outcome is None:
+        return "-"
+    return f"{job.last_outcome} {_time(job.last_end)}"
+
+
+def _time(when: datetime | None) -> str:
+    return "-" if when is None else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(span: timedelta | None) -> str:
+    if span is None:
+        return "-"
+    seconds = span.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return (f"{hours}h" if hours else "") + f"{minutes}m{rest:02d}s"
+
+
+def _cell(text: str, width: int | None = None) -> str:
+    """``text`` on one line: control characters escaped, cut to ``width`` (marked)."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if width is not None and len(shown) > width:
+        shown = shown[: width - 3] + "..."
+    return shown

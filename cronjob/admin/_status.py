@@ -1,0 +1,510 @@
+"""What the scheduler did, read from the database the replicas share; and the pause.
+
+Everything here reads the tables the replicas keep current (``cronjob_lease``,
+``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
+a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
+:func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
+row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`.
+Nothing migrates: a database without the tables, or at an older revision, is an
+error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+
+Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
+the leases and the replicas' ``last_seen`` are kept on.
+
+::
+
+    from cronjob import admin
+
+    report = admin.status("postgresql+psycopg://app@db/app")
+    for job in report.jobs:
+        print(job.name, job.last_outcome, job.consecutive_failures, job.problems)
+    for record in admin.history("postgresql+psycopg://app@db/app", "send-invoices", limit=5):
+        print(record.instant, record.outcome, record.error)
+    admin.pause("postgresql+psycopg://app@db/app", "send-invoices", reason="API down")
+    request = admin.trigger("postgresql+psycopg://app@db/app", "send-invoices", force=True)
+    print(admin.wait("postgresql+psycopg://app@db/app", request, timeout=60))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+import sqlalchemy as sa
+
+import lease
+
+from .._exceptions import ScheduleError
+from .._schedule import Schedule
+from ._base import REPLICA_LIVE_SECONDS, UnknownJob
+from ._base import as_enum as _enum
+from ._base import at_ms as _at
+from ._base import aware as _aware
+from ._base import store_on as _store
+from ._base import to_ms as _ms
+from ._control import RequestState, RequestStatus, request_status
+
+__all__ = [
+    "FAILED_OUTCOMES",
+    "Activity",
+    "JobStatus",
+    "Outcome",
+    "ReplicaStatus",
+    "RoundRecord",
+    "Status",
+    "Why",
+    "history",
+    "status",
+]
+
+#: The slack on top of two periods before a job without a successful end counts as
+#: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
+STALE_SLACK_SECONDS: Final = 60.0
+#: The most rounds :func:`history` returns at once.
+HISTORY_LIMIT: Final = 10_000
+
+
+class Outcome(enum.StrEnum):
+    """How a round ended, as recorded."""
+
+    #: The job returned.
+    SUCCEEDED = "succeeded"
+    #: The job raised an error of its own (ran to its end; not retried).
+    FAILED = "failed"
+    #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
+    CUT_SHORT = "cut short"
+    #: A second run cut short: the instant is given up.
+    GAVE_UP = "given up"
+    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
+    TIMED_OUT = "timed_out"
+    #: The round could not start within its job's ``start_deadline``: not run.
+    MISSED_DEADLINE = "missed_deadline"
+    #: An attempt that failed (or asked for a retry): the round runs again.
+    RETRYING = "retrying"
+
+
+#: The outcomes ``history(failed=True)`` (``cronjob history --failed``) keeps: a round
+#: that did not do its work. An attempt that is retried is not among them (its round's
+#: end is).
+FAILED_OUTCOMES: Final = (
+    Outcome.FAILED,
+    Outcome.GAVE_UP,
+    Outcome.TIMED_OUT,
+    Outcome.MISSED_DEADLINE,
+)
+
+
+class Activity(enum.StrEnum):
+    """What a job is doing now."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    #: Paused by an operator (:func:`pause`): no replica starts a round of it.
+    PAUSED = "paused"
+
+
+class Why(enum.StrEnum):
+    """Why a round ran."""
+
+    #: Its instant came.
+    SCHEDULE = "schedule"
+    #: Start-up or the end of a database outage owed it (the catch-up rule).
+    CATCH_UP = "catch-up"
+    #: Its first round was cut short: this is attempt 2.
+    RERUN = "re-run"
+    #: A per-instance job registered with ``run_at_start=True``, as its replica started.
+    START = "start"
+    #: An operator asked for it now (:func:`trigger`); ``requested_by`` says who.
+    MANUAL = "manual"
+    #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
+    #: ``replica`` is who paused it, its outcome ``'paused'``.
+    PAUSE = "pause"
+    #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
+    #: ``'resumed'``.
+    RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStatus:
+    """One job, as the replicas left it on record."""
+
+    name: str
+    #: The spec on record (the latest replica to start wrote it); ``None`` if unknown
+    #: (a row written by an older release).
+    spec: str | None
+    #: The IANA zone of a ``CRON_TZ=`` spec, else ``None`` (UTC).
+    zone: str | None
+    #: Run by every replica without a lease; such a job has no state on record.
+    per_instance: bool
+    #: The next instant after "now" per the spec on record; ``None`` while paused (no
+    #: instant runs until it is resumed: see :attr:`paused`).
+    next_instant: datetime | None
+    activity: Activity
+    #: The replica running it now, and since when (the claim).
+    running_on: str | None
+    running_since: datetime | None
+    #: The latest instant claimed, and its attempt.
+    instant: datetime | None
+    attempt: int | None
+    last_outcome: Outcome | None
+    last_start: datetime | None
+    last_end: datetime | None
+    last_duration: timedelta | None
+    last_success: datetime | None
+    #: ``"ExceptionType: message"`` of the latest failure, bounded; ``None`` after a
+    #: success.
+    last_error: str | None
+    consecutive_failures: int
+    #: The latest round overran its next instants up to here: they stay skipped.
+    skipped_through: datetime | None
+    #: The specs the live replicas registered, when they disagree (a rolling deploy).
+    specs_seen: tuple[str, ...]
+    #: One line each: failing, stale, specs that disagree. Empty when healthy.
+    problems: tuple[str, ...]
+    #: Paused since, by whom, why (:func:`pause`); ``None`` when not paused. A paused
+    #: job with a round running shows :attr:`Activity.RUNNING`: the round runs to its end.
+    paused_since: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
+    #: Paused (:func:`pause`): no instant of it runs, so it has no :attr:`next_instant`.
+    paused: bool = False
+    #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
+    #: cut short and to be taken again; oldest first.
+    requests: tuple[RequestStatus, ...] = ()
+    #: The job's policies as the live replica that started last registered them
+    #: (:meth:`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
+    #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
+    #: empty without options, or when no live replica of this release registers it.
+    policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaStatus:
+    """One live replica."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    started: datetime
+    last_seen: datetime
+    #: The names it registered.
+    jobs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """Every job on record and the live replicas, as of ``checked_at``."""
+
+    checked_at: datetime
+    jobs: tuple[JobStatus, ...]
+    replicas: tuple[ReplicaStatus, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """No job is failing, stale, or registered with specs that disagree."""
+        return not any(job.problems for job in self.jobs)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Every job's problems, ``"name: problem"``, in the order of the jobs."""
+        return tuple(f"{job.name}: {problem}" for job in self.jobs for problem in job.problems)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """One round that ended, from the history."""
+
+    job: str
+    instant: datetime
+    attempt: int
+    replica: str
+    why: Why | str
+    #: On the replica's clock.
+    started: datetime
+    ended: datetime
+    outcome: Outcome | str
+    error: str | None
+    trace_id: str | None
+    #: Who asked for a manual round (:attr:`Why.MANUAL`); ``None`` otherwise.
+    requested_by: str | None = None
+
+    @property
+    def duration(self) -> timedelta:
+        """How long the round ran."""
+        return self.ended - self.started
+
+
+def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
+    """Read every job's state and the live replicas.
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        now: "now" for next instants, liveness and staleness; the database's clock by
+            default.
+
+    Raises:
+        TablesMissing, SchemaOutdated, SchemaNewer: the tables cannot be read as this
+            release reads them; nothing was changed.
+        lease.DatabaseUnavailable, lease.DatabaseError: the database failed a statement.
+    """
+    with _store(database) as store:
+        now_ms = store.now_ms() if now is None else _ms(_aware(now, "now"))
+        rows = store.read_all()
+        replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+        open_requests = lease.Triggers(store).read()
+    checked_at = _at(now_ms)
+    asked: dict[str, list[RequestStatus]] = {}
+    live = {replica.holder for replica in replicas}
+    for found in open_requests:
+        request = request_status(found, checked_at)
+        # A per-instance round whose replica is gone ended with it (no lease tells).
+        if request.open and (request.replica is None or request.replica in live):
+            asked.setdefault(request.job, []).append(request)
+    registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
+    policies: dict[str, Mapping[str, object]] = {}
+    # The replica that started last wins: during a deploy, the release rolling out.
+    for replica in sorted(replicas, key=lambda r: (r.started, r.holder)):
+        for name, (spec, leased) in replica.jobs.items():
+            registered.setdefault(name, {})[replica.holder] = (spec, leased)
+            policies[name] = replica.policies.get(name, {})
+    jobs = [
+        _job_status(
+            name,
+            rows.get(name),
+            registered.get(name, {}),
+            replicas,
+            checked_at,
+            tuple(asked.get(name, ())),
+            policies.get(name, {}),
+        )
+        for name in sorted(set(rows) | set(registered) | set(asked))
+    ]
+    return Status(
+        checked_at=checked_at,
+        jobs=tuple(jobs),
+        replicas=tuple(
+            ReplicaStatus(
+                id=r.holder,
+                host=r.host,
+                pid=r.pid,
+                version=r.version,
+                started=r.started,
+                last_seen=r.seen,
+                jobs=tuple(sorted(r.jobs)),
+            )
+            for r in sorted(replicas, key=lambda r: r.holder)
+        ),
+    )
+
+
+def history(
+    database: str | sa.Engine,
+    name: str,
+    *,
+    limit: int = 50,
+    failed: bool = False,
+    since: datetime | None = None,
+) -> list[RoundRecord]:
+    """The latest rounds of job ``name`` that ended, newest first.
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        name: the job.
+        limit: at most this many rounds (1 to :data:`HISTORY_LIMIT`).
+        failed: only rounds that failed, timed out, missed their start deadline or
+            were given up (:data:`FAILED_OUTCOMES`).
+        since: only rounds that ended at or after this aware time.
+
+    Raises:
+        UnknownJob: no job ``name`` is on record (no lease row, no round, no replica
+            registering it).
+        ValueError: ``limit`` is out of range, ``since`` is naive.
+        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
+        raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")
+    since_ms = None if since is None else _ms(_aware(since, "since"))
+    outcomes = tuple(outcome.value for outcome in FAILED_OUTCOMES) if failed else None
+    with _store(database) as store:
+        found = store.rounds(name, limit=limit, outcomes=outcomes, since_ms=since_ms)
+        if not found and not store.known(name):
+            raise UnknownJob(f"no job named {name!r} is on record")
+    return [
+        RoundRecord(
+            job=row.name,
+            instant=row.instant,
+            attempt=row.attempt,
+            replica=row.holder,
+            why=_enum(Why, row.why) or row.why,
+            started=row.started,
+            ended=row.ended,
+            outcome=_enum(Outcome, row.outcome) or row.outcome,
+            error=row.error,
+            trace_id=row.trace_id,
+            requested_by=row.requested_by,
+        )
+        for row in found
+    ]
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _job_status(
+    name: str,
+    row: lease.LeaseRow | None,
+    registered: dict[str, tuple[str, bool]],
+    replicas: list[lease.ReplicaRow],
+    now: datetime,
+    requests: tuple[RequestStatus, ...] = (),
+    policies: Mapping[str, object] | None = None,
+) -> JobStatus:
+    specs = {spec for spec, _ in registered.values()}
+    spec = row.spec if row is not None and row.spec is not None else None
+    if spec is None and specs:
+        spec = min(specs)
+    if spec is not None:
+        specs.add(spec)
+    # A per-instance job's row exists only once it was paused: what the replicas say wins.
+    per_instance = bool(registered) and not any(leased for _, leased in registered.values())
+    schedule = _schedule(spec)
+    problems: list[str] = []
+    if len(specs) > 1:
+        problems.append("replicas registered different specs: " + ", ".join(sorted(specs)))
+    # Held: a scheduled round, or a manual one (which leaves the row's state alone).
+    running = row is not None and row.expires_ms is not None and row.expires_ms > _ms(now)
+    outcome = None if row is None else _enum(Outcome, row.last_outcome)
+    failures = 0 if row is None else row.failures
+    if failures:
+        # The latest counted failure; an attempt being retried or a missed deadline
+        # since leaves the count as it was, so it is not named here.
+        counted = (Outcome.FAILED, Outcome.GAVE_UP, Outcome.TIMED_OUT)
+        what = outcome if outcome in counted else "failed"
+        problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
+    # A paused job is not run on purpose: shown as paused, never as stale.
+    paused = row is not None and row.paused is not None
+    stale = None if paused or per_instance else _stale(schedule, row, registered, replicas, now)
+    if stale is not None:
+        problems.append(stale)
+    for request in requests:
+        if request.state is RequestState.PENDING and not registered:
+            expires = request.requested + timedelta(seconds=lease.REQUEST_TTL)
+            problems.append(
+                f"a round requested by {request.requested_by} is pending, but no live replica "
+                f"registers the job: it expires at {expires:%Y-%m-%d %H:%M:%S} UTC"
+            )
+    duration = None
+    if row is not None and row.last_end is not None and row.last_start is not None:
+        duration = row.last_end - row.last_start if row.last_end >= row.last_start else None
+    skipped = None
+    if row is not None and row.skipped_through is not None and schedule is not None:
+        # The round that ended then: the row's instant, or the one before a later claim.
+        ended = row.instant
+        if ended is None or ended > row.skipped_through:
+            ended = row.prev_instant
+        overrun = None if ended is None else _next(schedule, ended)
+        if overrun is not None and overrun <= row.skipped_through:
+            skipped = row.skipped_through
+    return JobStatus(
+        name=name,
+        spec=spec,
+        zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
+        per_instance=per_instance,
+        next_instant=None if schedule is None or paused else _next(schedule, now),
+        activity=(
+            Activity.RUNNING
+            if running
+            else Activity.PAUSED
+            if row is not None and row.paused is not None
+            else Activity.IDLE
+        ),
+        running_on=row.holder if running and row is not None else None,
+        running_since=row.last_start if running and row is not None else None,
+        instant=None if row is None else row.instant,
+        attempt=None if row is None or row.instant is None else row.attempt,
+        last_outcome=outcome if isinstance(outcome, Outcome) else None,
+        last_start=None if row is None else row.last_start,
+        last_end=None if row is None else row.last_end,
+        last_duration=duration,
+        last_success=None if row is None else row.last_success,
+        last_error=None if row is None else row.last_error,
+        consecutive_failures=failures,
+        skipped_through=skipped,
+        specs_seen=tuple(sorted(specs)) if len(specs) > 1 else (),
+        problems=tuple(problems),
+        paused_since=None if row is None else row.paused,
+        paused_by=None if row is None else row.paused_by,
+        pause_reason=None if row is None else row.pause_reason,
+        paused=paused,
+        requests=requests,
+        policies=dict(policies or {}),
+    )
+
+
+def _stale(
+    schedule: Schedule | None,
+    row: lease.LeaseRow | None,
+    registered: dict[str, tuple[str, bool]],
+    replicas: list[lease.ReplicaRow],
+    now: datetime,
+) -> str | None:
+    """``"stale: ..."`` when no successful end came within two periods plus the slack."""
+    if schedule is None or row is None:
+        return None  # per-instance jobs keep no state; an unknown spec has no period
+    period = _period(schedule, now)
+    if period is None:
+        return None
+    allowed = 2 * period + timedelta(seconds=STALE_SLACK_SECONDS)
+    since = row.last_success
+    if since is None:
+        # Never succeeded: count from the earliest start of a live replica running it.
+        starts = [r.started for r in replicas if r.holder in registered]
+        if not starts:
+            return None
+        since = min(starts)
+    if now - since <= allowed:
+        return None
+    seen = "never" if row.last_success is None else f"last at {row.last_success.isoformat()}"
+    return f"stale: no successful end within {_human(allowed)} ({seen})"
+
+
+@functools.lru_cache(maxsize=65536)
+def _next(schedule: Schedule, now: datetime) -> datetime | None:
+    """``schedule.next(now)``, once per schedule and moment (jobs share both)."""
+    return schedule.next(now)
+
+
+@functools.lru_cache(maxsize=4096)
+def _period(schedule: Schedule, now: datetime) -> timedelta | None:
+    """The current period: from the latest instant at or before ``now`` to the next."""
+    latest = schedule.prev(now + timedelta(seconds=1))
+    following = None if latest is None else schedule.next(latest)
+    return None if latest is None or following is None else following - latest
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule(spec: str | None) -> Schedule | None:
+    """The schedule of ``spec`` (parsed once per spec: jobs share specs), or ``None``."""
+    if spec is None:
+        return None
+    try:
+        return Schedule(spec)
+    except ScheduleError:
+        return None  # a spec this release cannot parse (a newer one's): no next instant
+
+
+def _human(span: timedelta) -> str:
+    """``2h1m``, ``90s`` -> ``1m30s``: the units that are not zero, largest first."""
+    seconds = int(span.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"

@@ -1,0 +1,29 @@
+"""The engine: everything that runs rounds, behind the :class:`Scheduler` façade.
+
+Nothing here is public; :mod:`cronjob` re-exports :class:`Scheduler`. The parts, one
+private module each (the package docstring of :mod:`cronjob` draws who owns what):
+
+- ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts and holds the
+  lifecycle (start, drain, stop).
+- ``_dispatcher``: the heap of instants, the claims, the rounds in flight (the dispatcher
+  thread); ``_lead``: how early a claim goes out; ``_summary``: its per-instant log line.
+- ``_runner``: starting rounds, recording their ends, the fenced transaction; ``_workers``
+  (the round threads), ``_loop`` (our own asyncio loop), ``_finisher`` (ends, batched),
+  ``_fencing`` (the fenced transactions), ``_tracing`` (a round's span).
+- ``_keeper``: renewal, lease loss, the forced exit.
+- ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and
+  the minute check; ``_listen``: the database's notices of lease writes.
+- ``_peers``: the live replicas and each one's share of an instant.
+- ``_control``: the inbox and the control thread; ``_state``: the records the parts share.
+- ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.
+
+The engine imports the public face's building blocks (``cronjob._clock``, ``_round``,
+``_registry``, ``_schedule``, ``_exceptions``, ``_history``) and :mod:`lease`; it never
+imports :mod:`cronjob` itself, :mod:`cronjob.admin` or :mod:`cronjob.web`.
+"""
+
+from __future__ import annotations
+
+from ._scheduler import Scheduler as Scheduler
+
+__all__ = ["Scheduler"]

@@ -1,0 +1,315 @@
+"""What a job's policy does when its rounds fail: pause the job, call the failure hook.
+
+:class:`Failures` is told of every round's end once it is settled (on the finisher's
+thread for an end recorded with others, on the round's own thread otherwise: a
+per-instance round, a manual one). It never runs user code there:
+
+- **The self-pause** (``pause_after_failures=N``, leased jobs): when a round of such a
+  job ends ``failed`` or ``timed_out`` and its end is on record, one query over the job's
+  latest rounds in the history decides, on the finisher's thread, before the end is
+  handed back to the dispatcher (so this replica starts no next round before the pause
+  is on record). The job pauses when the newest N of its rounds that count — ``failed``
+  and ``timed_out`` count, ``succeeded`` and a ``resumed`` note end the run — all failed.
+  An attempt to be retried, a round cut short or given up, a missed start deadline
+  neither count nor end the run. The history is the replicas' shared record, so failures
+  on every replica count together; two replicas that decide at once both write the
+  pause, and :meth:`lease.LeaseStore.set_paused` changes a paused row no more, so the
+  job is paused (and noted, and the warning logged) once. Should the history keep fewer
+  rows than N (pruned by age), the lease row's failures in a row decide.
+- **The failure hook** (a job's ``on_failure``, else its registry's): called once per
+  round that ended ``failed``, ``timed_out`` or ``missed_deadline``, with its
+  :class:`cronjob.admin.RoundRecord`, on one daemon thread of its own (``cronjob-hooks``),
+  started on the first call: a scheduler whose jobs have no hook has no such thread.
+  Hooks run one at a time, in the order the rounds ended; what a hook raises is logged
+  with its traceback and the next one runs. At stop the scheduler waits up to
+  :data:`HOOKS_STOP_SECONDS` (real seconds) for the hooks queued; a hook still running
+  then is left to its daemon thread, and the rest queued are dropped, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+import lease
+
+from .._policy import FailureHook
+from .._round import Outcome
+
+if TYPE_CHECKING:
+    from .._registry import Job, Registry
+    from ..admin import RoundRecord
+    from ._state import Run
+
+__all__ = [
+    "HOOKS_STOP_SECONDS",
+    "PAUSED_BY",
+    "Failures",
+    "Hooks",
+    "check_history",
+    "hooked",
+    "round_record",
+]
+
+log = logging.getLogger("cronjob")
+
+#: Who a job that paused itself was paused by, on record (``paused_by``).
+PAUSED_BY: Final = "cronjob"
+#: Real seconds a stopping scheduler waits for the failure hooks queued to run.
+HOOKS_STOP_SECONDS: Final = 5.0
+
+#: The ends a failure hook is told of.
+HOOKED: Final = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.MISSED_DEADLINE})
+#: The ends that count towards ``pause_after_failures``.
+COUNTED: Final = frozenset({Outcome.FAILED, Outcome.TIMED_OUT})
+#: The history's outcomes the self-pause reads: those that count, and those that end a
+#: run of failures (a success, an operator's resume).
+_READ: Final = (*sorted(lease.COUNTED_FAILURES), "succeeded", "resumed")
+
+
+def check_history(jobs: tuple[Job, ...], history: object) -> None:
+    """Refuse a self-pause the scheduler's history cannot count.
+
+    Args:
+        jobs: The registry's jobs.
+        history: The scheduler's :class:`~cronjob.History`, or ``None``.
+
+    Raises:
+        ValueError: a job has ``pause_after_failures`` and there is no history, or the
+            history keeps fewer rounds per job than N failed rounds and their retries.
+    """
+    for job in jobs:
+        wanted = job.policy.pause_after_failures
+        if wanted is None:
+            continue
+        if history is None:
+            raise ValueError(
+                f"job {job.name!r}: pause_after_failures counts its rounds in the round "
+                "history, and this scheduler keeps none (history=None)"
+            )
+        rows = wanted * (1 + job.policy.retries)
+        per_job = getattr(history, "per_job", rows)
+        if per_job < rows:
+            raise ValueError(
+                f"job {job.name!r}: pause_after_failures={wanted} with retries="
+                f"{job.policy.retries} needs the history to keep {rows} rounds per job, "
+                f"it keeps {per_job}"
+            )
+
+
+def hooked(registry: Registry) -> bool:
+    """Whether any job of ``registry`` has a failure hook (its own or the registry's)."""
+    return registry.on_failure is not None or any(
+        job.policy.on_failure is not None for job in registry.jobs
+    )
+
+
+class Hooks:
+    """One daemon thread that calls the failure hooks handed to it, one at a time.
+
+    Started by the first :meth:`call_later`; :meth:`close` lets the calls queued run,
+    for a bounded time.
+    """
+
+    def __init__(self, name: str = "cronjob-hooks") -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[FailureHook, RoundRecord] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread, once started."""
+        return self._thread
+
+    def call_later(self, hook: FailureHook, record: RoundRecord) -> None:
+        """Call ``hook(record)`` on the hooks thread; dropped (logged) once closed."""
+        with self._lock:
+            if self._closed:
+                log.warning(
+                    "job %r: the scheduler has stopped; its failure hook is not called",
+                    record.job,
+                )
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put((hook, record))
+
+    def close(self, timeout: float = HOOKS_STOP_SECONDS) -> bool:
+        """Refuse new calls; wait up to ``timeout`` real seconds for those queued.
+
+        Returns:
+            ``True`` when every call queued has run (or none was); ``False`` when a hook
+            still runs: it is left to its daemon thread, the calls behind it dropped.
+        """
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is None:
+                return True
+            self._queue.put(None)
+        # Real time, as the scheduler's bound on its last statements: a hook is the
+        # application's code, it may wait on anything, and stop must end.
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning(
+                "a failure hook still runs %.0f s after the scheduler began to stop: it is "
+                "left running on its daemon thread, and the hooks queued behind it are "
+                "not called",
+                timeout,
+            )
+            return False
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            hook, record = item
+            try:
+                hook(record)
+            except Exception:  # the application's bug: logged, the next hook runs
+                log.exception(
+                    "job %r: its failure hook %s raised (round of %s, %s)",
+                    record.job,
+                    _named(hook),
+                    record.instant.isoformat(),
+                    record.outcome,
+                )
+
+
+class Failures:
+    """A scheduler's failure policies: the self-pause and the failure hooks.
+
+    Args:
+        store: The lease store (the history read, the pause written).
+        registry: The jobs and the registry-wide hook.
+        replica_id: This replica, on the records handed to hooks of rounds not on record.
+        hooks: Where hooks run; ``None`` when no job has a hook.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: lease.LeaseStore,
+        registry: Registry,
+        replica_id: str,
+        hooks: Hooks | None,
+    ) -> None:
+        self._store = store
+        self._replica_id = replica_id
+        self._hooks = hooks
+        fallback = registry.on_failure
+        self._hook_of: Mapping[str, FailureHook | None] = {
+            job.name: job.policy.on_failure or fallback for job in registry.jobs
+        }
+        self._pause_after: Mapping[str, int] = {
+            job.name: job.policy.pause_after_failures
+            for job in registry.jobs
+            if job.policy.pause_after_failures is not None and job.leased
+        }
+        #: Whether any end needs a look: the runner skips the call otherwise.
+        self.active = hooks is not None or bool(self._pause_after)
+
+    def ended(self, ends: list[tuple[Outcome, RoundRecord, bool]]) -> None:
+        """Act on rounds that ended: ``(outcome, record, on_record)`` each, ``on_record``
+        when the end was written to the lease table. Never raises."""
+        for outcome, record, on_record in ends:
+            if outcome not in HOOKED:
+                continue  # most ends: a success, a round cut short, a retried attempt
+            if on_record and outcome in COUNTED and record.job in self._pause_after:
+                try:
+                    self._maybe_pause(record.job, self._pause_after[record.job])
+                except Exception:  # a database error: the next failure looks again
+                    log.exception("job %r: counting its failed rounds failed", record.job)
+            hook = self._hook_of.get(record.job)
+            if hook is not None and self._hooks is not None:
+                self._hooks.call_later(hook, record)
+
+    def _maybe_pause(self, name: str, wanted: int) -> None:
+        """Pause ``name`` if its newest ``wanted`` counted rounds all failed."""
+        rows = self._store.rounds(name, limit=wanted, outcomes=_READ)
+        if any(row.outcome not in lease.COUNTED_FAILURES for row in rows):
+            return  # a success or a resume among them: the run is shorter than N
+        if len(rows) < wanted:
+            # The history keeps fewer (pruned by age; or the job is new): the lease row's
+            # failures in a row, which no pruning touches, decide.
+            row = self._store.read([name]).get(name)
+            if row is None or row.failures < wanted:
+                return
+        last = rows[0].error if rows and rows[0].error else "no error on record"
+        reason = _bounded(f"paused after {wanted} failed rounds in a row; last: {last}")
+        if self._store.set_paused([name], paused=True, by=PAUSED_BY, reason=reason):
+            log.warning(
+                "job %r paused itself on every replica: %s. `cronjob resume %s` runs it again",
+                name,
+                reason,
+                name,
+            )
+
+
+def round_record(
+    run: Run, outcome: Outcome, ending: lease.Ending | None, replica_id: str
+) -> RoundRecord:
+    """The record a failure hook is handed: the history row the end was written with,
+    or, without one (history off, a per-instance round), the same values from ``run``."""
+    from ..admin import Outcome as Recorded
+    from ..admin import RoundRecord, Why
+
+    row = None if ending is None else ending.record
+    ctx = run.ctx
+    if row is None:
+        ended = ending.ended if ending is not None else ctx.instant
+        row = lease.RoundRow(
+            name=ctx.name,
+            instant=ctx.instant,
+            attempt=ctx.attempt,
+            holder=replica_id,
+            why=run.reason.why,
+            started=run.started if run.started is not None else ended,
+            ended=ended,
+            outcome=outcome.value,
+            error=None if ending is None else ending.error,
+            trace_id=ctx.trace_id or None,
+            requested_by=ctx.requested_by,
+        )
+    why: Why | str = row.why
+    with contextlib.suppress(ValueError):
+        why = Why(row.why)
+    word: Recorded | str = row.outcome
+    with contextlib.suppress(ValueError):
+        word = Recorded(row.outcome)
+    return RoundRecord(
+        job=row.name,
+        instant=row.instant,
+        attempt=row.attempt,
+        replica=row.holder,
+        why=why,
+        started=row.started,
+        ended=row.ended,
+        outcome=word,
+        error=row.error,
+        trace_id=row.trace_id,
+        requested_by=row.requested_by,
+    )
+
+
+def _bounded(reason: str) -> str:
+    """``reason`` cut to what the lease row keeps (marked)."""
+    limit = lease.REASON_LENGTH
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+def _named(hook: object) -> str:
+    """``module.qualname`` of a hook, for its log line."""
+    module = getattr(hook, "__module__", None) or "?"
+    return f"{module}.{getattr(hook, '__qualname__', repr(hook))}"

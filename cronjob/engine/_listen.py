@@ -1,0 +1,116 @@
+"""The listener: a request for a round now wakes the sweep at once, on PostgreSQL.
+
+``cronjob trigger`` (:meth:`lease.Triggers.request`) sends ``NOTIFY cronjob_trigger`` in
+the transaction that writes the request. Each replica on PostgreSQL keeps one connection
+of its own (outside the pool, so it never takes a slot from the jobs) that ``LISTEN``\\ s
+on that channel, in a daemon thread; a notification asks the dispatcher to sweep now, so
+a request is taken in milliseconds instead of at the next sweep (within 15 s). Nothing
+depends on it: a lost connection is retried with back-off, a driver without psycopg 3's
+``notifies(timeout=...)`` (psycopg2, or a pooler that drops notifications) leaves the
+sweep to take requests as it always does. Not used on a fake clock, where the sweep
+learns of requests written in the process from the lease writes it watches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+import lease
+
+from .._clock import Clock
+
+__all__ = ["Listener"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds a ``notifies`` call waits before the thread checks whether it should stop
+#: (:meth:`Listener.close` wakes it at once; this is only for when that fails).
+POLL_STOP = 5.0
+#: Seconds :meth:`Listener.close` waits for the thread (a daemon: it ends by itself).
+CLOSE_WAIT = 1.0
+#: Seconds before a lost listening connection is opened again (doubling up to the last).
+RETRY = (1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+class Listener:
+    """Calls ``wake`` (from its own thread) whenever a request is written to ``engine``'s
+    database; :meth:`close` stops it within :data:`POLL_STOP` seconds."""
+
+    def __init__(self, engine: sa.Engine, wake: Callable[[], object]) -> None:
+        self._engine = engine
+        self._wake = wake
+        self._stop = threading.Event()
+        #: A channel of this listener's own, to wake it when it should stop.
+        self._own = f"cronjob_stop_{uuid.uuid4().hex[:16]}"
+        self._thread = threading.Thread(target=self._serve, name="cronjob-listener", daemon=True)
+
+    @staticmethod
+    def applies(engine: sa.Engine, clock: Clock) -> bool:
+        """Whether to listen: PostgreSQL, on a clock that is not a fake one."""
+        return engine.dialect.name == "postgresql" and not clock.in_process
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening and wait for the thread: a notification on a channel of this
+        listener's own wakes it at once (else it notices within :data:`POLL_STOP`)."""
+        self._stop.set()
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception), self._engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_notify(self._own, "")))
+            conn.commit()
+        self._thread.join(CLOSE_WAIT)
+
+    def _serve(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+            except Exception as exc:  # unreachable now: the sweep still takes requests
+                log.debug("listening for requests: cannot connect: %s", exc)
+            else:
+                try:
+                    if not self._listen(conn):
+                        log.debug("listening for requests: this driver cannot; sweeps take them")
+                        return
+                    failures = 0
+                except Exception as exc:
+                    log.debug("listening for requests: the connection failed: %s", exc)
+                finally:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+            failures += 1
+            self._stop.wait(RETRY[min(failures, len(RETRY)) - 1])
+
+    def _connect(self) -> Any:
+        """A driver connection of our own, outside the engine's pool, in autocommit."""
+        dialect = self._engine.dialect
+        cargs, cparams = dialect.create_connect_args(self._engine.url)
+        conn = dialect.connect(*cargs, **cparams)
+        conn.autocommit = True
+        return conn
+
+    def _listen(self, conn: Any) -> bool:
+        """Listen on ``conn`` until told to stop; ``False`` if the driver cannot."""
+        notifies = getattr(conn, "notifies", None)
+        if notifies is None:
+            return False
+        conn.execute(f"LISTEN {lease.TRIGGER_CHANNEL}")
+        conn.execute(f"LISTEN {self._own}")
+        while not self._stop.is_set():
+            try:
+                received = list(notifies(timeout=POLL_STOP, stop_after=1))
+            except TypeError:  # psycopg older than 3.2: no timeout
+                return False
+            if received and not self._stop.is_set():
+                self._wake()
+        return True

@@ -1,0 +1,205 @@
+"""What the scheduler did, as OpenTelemetry metrics (the API only; configure any SDK).
+
+The instruments, made once per scheduler from its meter provider (OpenTelemetry's global
+one by default, whose instruments do nothing until an SDK is configured):
+
+============================  ===============  =============  ==========================
+name                          instrument       unit           attributes
+============================  ===============  =============  ==========================
+``cronjob.rounds``            counter          ``{round}``    job, outcome, ``error.type``
+``cronjob.round.duration``    histogram        ``s``          job, outcome
+``cronjob.round.lateness``    histogram        ``s``          job, reason
+``cronjob.round.active``      up-down counter  ``{round}``    job
+``cronjob.reruns``            counter          ``{round}``    job
+``cronjob.catch_ups``         counter          ``{round}``    job, reason
+``cronjob.lost_leases``       counter          ``{lease}``    job
+``cronjob.skipped_instants``  counter          ``{instant}``  job, reason
+============================  ===============  =============  ==========================
+
+Names follow OpenTelemetry's naming rules: a namespace of our own (``cronjob``), never
+pluralized; counters of countable things pluralized, with a ``{annotation}`` unit and no
+``total``; an up-down counter not pluralized (``.active``, like ``cicd.pipeline.run.active``);
+durations in seconds (``s``). Attribute values are the ones spans and logs already use:
+``cronjob.job`` is the job's name, ``cronjob.outcome`` one of ``succeeded``, ``failed``,
+``cut short``, ``given up`` (a second round cut short), and with a job's policies
+``timed_out``, ``retrying`` (an attempt followed by another) and ``missed_deadline`` (a
+round not started: counted in ``cronjob.rounds`` only), ``cronjob.reason`` why a round
+ran (``schedule``, ``catch-up``, ``catch-up after an outage``, ``re-run``, ``start-up``,
+``retry``) or
+why an instant was skipped (``overrun``, ``database unreachable``), and ``error.type`` the
+qualified class name of a failed round's exception.
+
+Each part calls the :class:`JobMetrics` of the job it handles (``state.metrics``) where
+the event already happens: the runner as a round starts and ends, the keeper on a loss,
+the sweeper on a second run, the dispatcher on a catch-up and on skipped instants. One
+job's attribute sets are built once, so an event costs a call into the API and, with no
+SDK, nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics
+from opentelemetry.metrics import MeterProvider
+
+from .._round import Outcome
+
+if TYPE_CHECKING:
+    from .._schedule import Schedule
+
+__all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters"]
+
+#: The ``cronjob.outcome`` of a round cut short on its second run (the instant is given up).
+GIVEN_UP = "given up"
+#: Overrun instants counted for one round at most (an ``@every 1s`` job stuck for a day
+#: would otherwise cost the dispatcher 86,400 steps of its schedule).
+SKIP_COUNT_LIMIT = 10_000
+
+#: Bucket boundaries, in seconds, for lateness: a few milliseconds to an hour (a catch-up).
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60, 300, 3600)
+#: Bucket boundaries, in seconds, for durations: from 10 ms to a day.
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400)
+
+Attributes = Mapping[str, str]
+
+
+class Meters:
+    """The scheduler's instruments, on the meter ``cronjob`` of ``meter_provider``.
+
+    Args:
+        meter_provider: Where the measurements go; ``None`` for OpenTelemetry's global
+            provider (one configured after the scheduler starts is used from then on).
+        version: The library's version, the meter's.
+    """
+
+    def __init__(self, meter_provider: MeterProvider | None = None, *, version: str = "") -> None:
+        meter = metrics.get_meter("cronjob", version, meter_provider)
+        self.rounds = meter.create_counter(
+            "cronjob.rounds", "{round}", "Rounds that ended, by job and outcome."
+        )
+        self.duration = meter.create_histogram(
+            "cronjob.round.duration",
+            "s",
+            "How long rounds ran, from the job's start to its end.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.lateness = meter.create_histogram(
+            "cronjob.round.lateness",
+            "s",
+            "How long after its scheduled instant a round started.",
+            explicit_bucket_boundaries_advisory=LATENESS_BUCKETS,
+        )
+        self.active = meter.create_up_down_counter(
+            "cronjob.round.active", "{round}", "Rounds running now on this replica."
+        )
+        self.reruns = meter.create_counter(
+            "cronjob.reruns", "{round}", "Second runs of rounds cut short, as they start."
+        )
+        self.catch_ups = meter.create_counter(
+            "cronjob.catch_ups", "{round}", "Rounds owed after a start or an outage, as they start."
+        )
+        self.lost_leases = meter.create_counter(
+            "cronjob.lost_leases", "{lease}", "Leases of running rounds found taken or expired."
+        )
+        self.skipped_instants = meter.create_counter(
+            "cronjob.skipped_instants", "{instant}", "Instants of a job that did not run."
+        )
+
+    def job(self, name: str) -> JobMetrics:
+        """The measurements of the job named ``name``.
+
+        Its count of successful rounds starts at 0 here, as the replica starts: an alert
+        on "no successful round for a while" then sees a job that never succeeds, instead
+        of a series that does not exist.
+        """
+        job = JobMetrics(self, name)
+        self.rounds.add(0, job._by_outcome[Outcome.SUCCEEDED.value])
+        return job
+
+
+class JobMetrics:
+    """One job's measurements, with its attribute sets built once.
+
+    Called from the threads where the events happen (the API is thread-safe); it keeps no
+    state of its own.
+    """
+
+    __slots__ = ("_by_outcome", "_by_reason", "_job", "_meters", "_name")
+
+    def __init__(self, meters: Meters, name: str) -> None:
+        self._meters = meters
+        self._name = name
+        self._job: Attributes = {"cronjob.job": name}
+        self._by_outcome: dict[str, Attributes] = {
+            outcome: {"cronjob.job": name, "cronjob.outcome": outcome}
+            for outcome in [*(o.value for o in Outcome), GIVEN_UP]
+        }
+        #: The attributes of a reason, made the first time it is seen (a round's start).
+        self._by_reason: dict[str, Attributes] = {}
+
+    def _with(self, key: str, value: str) -> Attributes:
+        return {"cronjob.job": self._name, key: value}
+
+    def started(self, instant: datetime, now: datetime, reason: str) -> None:
+        """A round of ``instant`` started at ``now`` (clock time), for ``reason``."""
+        self._meters.active.add(1, self._job)
+        lateness = max(0.0, (now - instant).total_seconds())
+        attributes = self._by_reason.get(reason)
+        if attributes is None:
+            attributes = self._by_reason[reason] = self._with("cronjob.reason", reason)
+        self._meters.lateness.record(lateness, attributes)
+
+    def ended(
+        self, outcome: Outcome, error: BaseException | None, seconds: float, *, given_up: bool
+    ) -> None:
+        """A round that started ended with ``outcome`` after ``seconds``.
+
+        ``given_up``: it was a second run and was cut short, so its instant is given up.
+        """
+        self._meters.active.add(-1, self._job)
+        value = GIVEN_UP if given_up and outcome is Outcome.CUT_SHORT else outcome.text
+        attributes = self._by_outcome[value]
+        self._meters.duration.record(max(0.0, seconds), attributes)
+        if outcome is Outcome.FAILED and error is not None:
+            kind = type(error)
+            attributes = {**attributes, "error.type": f"{kind.__module__}.{kind.__qualname__}"}
+        self._meters.rounds.add(1, attributes)
+
+    def missed_deadline(self) -> None:
+        """A round was not started: it could not start within its job's start deadline
+        (counted in ``cronjob.rounds`` as ``missed_deadline``; it has no duration)."""
+        self._meters.rounds.add(1, self._by_outcome[Outcome.MISSED_DEADLINE.text])
+
+    def rerun(self) -> None:
+        """A second run of a round cut short starts."""
+        self._meters.reruns.add(1, self._job)
+
+    def caught_up(self, reason: str) -> None:
+        """A round owed after start-up or an outage starts (``reason`` says which)."""
+        self._meters.catch_ups.add(1, self._with("cronjob.reason", reason))
+
+    def lost_lease(self) -> None:
+        """The lease of a running round was found taken, or went too long unrenewed."""
+        self._meters.lost_leases.add(1, self._job)
+
+    def skipped(self, count: int, reason: str) -> None:
+        """``count`` instants did not run, for ``reason``."""
+        if count > 0:
+            self._meters.skipped_instants.add(count, self._with("cronjob.reason", reason))
+
+    def overrun(self, schedule: Schedule, started: datetime, ended: datetime) -> None:
+        """Count the instants that came due while a round ran, from ``started`` through
+        ``ended``: the dispatcher schedules the job after ``ended``, so they are skipped
+        (at most :data:`SKIP_COUNT_LIMIT` counted)."""
+        count, when = 0, schedule.next(started)
+        while when is not None and when <= ended and count < SKIP_COUNT_LIMIT:
+            count += 1
+            when = schedule.next(when)
+        self.skipped(count, "overrun")
+
+
+#: Measurements that go nowhere: a job's state built without a scheduler (tests).
+NO_METRICS = Meters(metrics.NoOpMeterProvider()).job("")

@@ -1,0 +1,301 @@
+"""The peers: which replicas are alive, and how an instant's rounds are shared among them.
+
+An instant with at least :data:`SPREAD_FROM` jobs per live replica is split among them in
+two claims per replica (a smaller one is claimed whole by every replica, the first winning,
+in one claim each, as before):
+
+1. **Its share, at the instant.** The jobs due are put in one order every replica agrees
+   on (their names' order), and dealt out in turn to the live replicas (sorted by id),
+   starting at a replica that moves on with each instant: every replica gets
+   ``J // R`` or ``J // R + 1`` of them, at every instant.
+2. **The rest, after a grace** (:data:`GRACE`, on the scheduler's clock). Whatever a
+   replica that is slow, draining, saturated or dead left unclaimed is taken by the
+   others: the claim condition lets each instant be claimed once, so the first to
+   claim a job wins it and the rest find it taken. A replica alone in its view sends
+   only the first claim.
+
+Who is alive is learned from the lease table and the replicas' record: the replicas on
+record within :data:`RECORD_WITHIN` that run a job of ours (each one's sweep records it
+at start and every 15 s), and the holders of claims at instants within the last day
+(:meth:`lease.LeaseStore.holders`), plus this replica. One read (two queries) at start,
+then a few more while reads change the view (replicas starting together), the first
+:data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
+:data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
+every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only
+the replicas that won some row lately: views would take many reads to agree. A replica of the
+view that claimed nothing at such an instant is *suspected* (dead, draining, saturated)
+and left out until it is seen claiming a later instant. Views that disagree for a while
+(a replica that just joined, one just gone) cost nothing but spreading: a job nobody's
+share covered is claimed after the grace, and two claims of one job are settled by the
+lease, as always.
+
+Dispatcher thread only; the read runs on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._lead import LEAD_MAX
+from ._state import JobState
+
+__all__ = ["GRACE", "Peers"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds after an instant before a replica claims the rest of the instant's jobs, the
+#: shares of the others that they left unclaimed. A share left by a slow, saturated,
+#: draining or dead replica starts this much (plus one claim's round trip) late.
+GRACE = 0.1
+#: Seconds ahead of the others' claims (see _lead) that a replica they do not see yet
+#: claims its share (its rounds still start at the instant): claiming with them, it would
+#: lose every job of its share to the others, whose shares cover it, and stay unseen.
+LEAD = 0.05
+#: The fewest jobs per live replica for which an instant is shared out; below, every
+#: replica claims the instant's jobs whole (one statement each, none after the grace).
+SPREAD_FROM = 2
+#: The least time between two reads when instants keep proving the view wrong (a job
+#: of one's share still running elsewhere does, at every instant).
+CHECK_GAP = timedelta(seconds=5)
+#: The least time between two reads while reads keep changing the view (replicas that
+#: start or stop together): views converge within a few instants.
+FIRST_GAP = timedelta(seconds=1)
+#: While some replica is suspected, the holders are read again after CHECK_GAP, then
+#: after twice as long each time, up to this: a suspected replica that claims again (it
+#: was only slow) is dealt back in, though nothing else would make this one read.
+RECHECK_MAX = timedelta(minutes=5)
+#: A replica put on record (``cronjob_replica``, by its sweep every 15 s and at start)
+#: within this long is counted as alive, unless suspected, even before it wins a claim.
+RECORD_WITHIN = timedelta(seconds=60)
+#: A replica that claimed no instant within this long is not counted as alive.
+SEEN_WITHIN = timedelta(days=1)
+
+_GRACE = timedelta(seconds=GRACE)
+#: The most a live replica's claim goes out ahead of its instant (see _lead).
+_AHEAD = timedelta(seconds=LEAD_MAX + LEAD)
+_SECOND = timedelta(seconds=1)
+
+
+class Peers:
+    """This replica's view of the live replicas, and its share of an instant's jobs."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        replica_id: str,
+        names: Iterable[str],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._replica_id = replica_id
+        #: Every replica deals the jobs in this order: their names'.
+        self._rank = {name: i for i, name in enumerate(sorted(names))}
+        #: The live replicas, sorted; this one is always among them.
+        self.view: tuple[str, ...] = (replica_id,)
+        #: The latest instant each replica was seen claiming.
+        self._seen: dict[str, datetime] = {}
+        #: Replicas put on record (the sweep's record) within RECORD_WITHIN, with a job of
+        #: ours: counted alive before they claim anything (replicas starting together).
+        self._recorded: set[str] = set()
+        #: Replicas that claimed nothing at an instant, with it: left out until seen later.
+        self._suspected: dict[str, datetime] = {}
+        #: When to read next, on the wall clock (like instants, exact to the microsecond).
+        self._read_at: datetime | None = None
+        self._last_read: datetime | None = None
+        #: The wait before the next read while some replica is suspected.
+        self._recheck = CHECK_GAP
+        #: The least time from the last read to one a check asks for: FIRST_GAP while
+        #: reads change the view, doubled after each that did not, up to CHECK_GAP.
+        self._gap = FIRST_GAP
+        self._reading = False
+        #: An instant whose rest this replica took: the next read tells who claimed none.
+        self._check: datetime | None = None
+        #: Some instant may be shared (enough leased jobs): only then do views matter
+        #: enough for the reads while they settle.
+        self._may_share = len(self._rank) >= SPREAD_FROM * 2
+        #: The last claim of this replica's share won none of it.
+        self._unseen = False
+
+    @property
+    def lead(self) -> float:
+        """Seconds ahead of an instant this replica claims its share: :data:`LEAD` while
+        the others seem not to see it (its last share was all taken by others), else 0."""
+        return LEAD if self._unseen else 0.0
+
+    # -- the view -------------------------------------------------------------------------
+
+    def next_wake(self) -> datetime | None:
+        """When the next read of the live replicas is due (wall clock), or ``None``."""
+        return None if self._reading else self._read_at
+
+    def tick(self, now: datetime) -> None:
+        """Read the live replicas if it is time (the first time: now)."""
+        if self._reading or not self._rank:
+            return
+        if self._last_read is None:
+            self._read_at = now
+        if self._read_at is None or now < self._read_at:
+            return
+        self._reading = True
+        self._last_read = now
+        since = now - SEEN_WITHIN
+        check, self._check = self._check, None
+
+        recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
+        names = self._rank.keys()
+
+        def read() -> tuple[dict[str, datetime], set[str]]:
+            holders = self._store.holders(since)
+            records = self._store.replicas(seen_since_ms=recorded_since)
+            # Replicas on record that lease some job of ours: at start, before any claim.
+            return holders, {
+                r.holder
+                for r in records
+                if any(leased and n in names for n, (_spec, leased) in r.jobs.items())
+            }
+
+        def done(result: tuple[dict[str, datetime], set[str]] | BaseException) -> None:
+            self._reading = False
+            # Read again only for a check (one asked for while this read ran: at once),
+            # while reads still change the view (replicas starting together: a few reads
+            # FIRST_GAP, then twice as long, apart), or while some replica is suspected.
+            self._read_at = self._clock.now() if self._check is not None else None
+            if isinstance(result, BaseException):
+                log.warning("reading the live replicas failed: %s", result)
+                return
+            holders, self._recorded = result
+            self._merge(holders, since, check)
+            if self._gap < CHECK_GAP and self._read_at is None and self._may_share:
+                self._read_at = _after_claims(self._clock.now() + self._gap)
+            if self._suspected and self._read_at is None:
+                self._read_at = _after_claims(self._clock.now() + self._recheck)
+                self._recheck = min(self._recheck * 2, RECHECK_MAX)
+
+        self._control.run(read, done)
+
+    def _merge(self, holders: dict[str, datetime], since: datetime, check: datetime | None) -> None:
+        """Add what a read found: each row keeps only its latest claim, so a replica whose
+        rows the others claimed since stays seen until a day without a claim.
+
+        A claim of an instant still to come (as the read saw it) is not counted: a clock
+        far ahead, or rows left by earlier runs of a test whose fake clock starts anew.
+        """
+        now = since + SEEN_WITHIN
+        # A claim sent ahead of its instant (at most AHEAD) counts: seen now.
+        holders = {r: min(at, now) for r, at in holders.items() if at <= now + _AHEAD}
+        seen = {replica: at for replica, at in self._seen.items() if at >= since}
+        for replica, at in holders.items():
+            if at > seen.get(replica, at - SEEN_WITHIN):
+                seen[replica] = at
+        self._seen = seen
+        if check is not None:
+            late = [
+                replica
+                for replica in self.view
+                if replica != self._replica_id
+                and (replica not in holders or holders[replica] < check)
+            ]
+            if late:
+                log.info(
+                    "replica %s: %s claimed nothing at %s: left out of the shares until "
+                    "seen claiming again",
+                    self._replica_id,
+                    ", ".join(late),
+                    check.isoformat(),
+                )
+            for replica in late:
+                self._suspected[replica] = check
+            if late:
+                self._recheck = CHECK_GAP
+        self._update()
+
+    def _update(self) -> None:
+        for replica, instant in list(self._suspected.items()):
+            if self._seen.get(replica, instant) > instant:
+                del self._suspected[replica]  # it claims again
+        alive = self._seen.keys() | self._recorded
+        view = tuple(sorted({self._replica_id} | (alive - self._suspected.keys())))
+        self._gap = FIRST_GAP if view != self.view else min(self._gap * 2, CHECK_GAP)
+        if view != self.view:
+            log.debug("replica %s: live replicas %s", self._replica_id, ", ".join(view))
+            self.view = view
+
+    # -- shares ---------------------------------------------------------------------------
+
+    def share(
+        self, instant: datetime, states: Sequence[JobState]
+    ) -> tuple[list[JobState], list[JobState]] | None:
+        """Split the jobs due at ``instant`` into this replica's share and the rest;
+        ``None`` when they are too few to share (claim them whole)."""
+        view = self.view
+        # Counted as two at least: a replica alone in its view may not be alone, and it
+        # learns the others only by claiming a share that they take part of.
+        if len(states) < SPREAD_FROM * max(2, len(view)):
+            return None
+        rank = self._rank
+        ordered = sorted(states, key=lambda state: rank.get(state.job.name, -1))
+        count = len(view)
+        first = int(instant.timestamp()) % count
+        me = view.index(self._replica_id)
+        mine: list[JobState] = []
+        rest: list[JobState] = []
+        for i, state in enumerate(ordered):
+            (mine if (first + i) % count == me else rest).append(state)
+        return mine, rest
+
+    def claimed_share(
+        self, instant: datetime, share: Sequence[JobState], won: set[str], *, whole: bool
+    ) -> None:
+        """This replica claimed its ``share`` of ``instant`` and won the jobs in ``won``.
+
+        Fewer than asked: another replica claimed part of this one's share, so their
+        views differ (or it is alone in its view and others run too): check it. An
+        instant claimed ``whole`` (too few jobs to share) is lost to the first claimer
+        as a rule: only a win says something (this replica is seen now).
+        """
+        if whole:
+            self._unseen = self._unseen and not won
+            return
+        self._unseen = bool(share) and not won
+        if len(won) < len(share):
+            self._check_after(instant)
+
+    def claimed_rest(self, instant: datetime, won: set[str]) -> None:
+        """This replica took the jobs in ``won`` of the rest of ``instant`` after the
+        grace: some replicas did not claim their share in time. Check which."""
+        if won:
+            self._check_after(instant)
+
+    def _check_after(self, instant: datetime) -> None:
+        """Read the holders once the grace of ``instant`` passed (every replica's share is
+        claimed by then): a replica of the view that claimed nothing at ``instant`` (dead,
+        draining, saturated, slow) is suspected; one that claimed a share of a view of its
+        own is seen."""
+        self._check = instant
+        at = instant + _GRACE
+        if self._last_read is not None:
+            at = max(at, _after_claims(self._last_read + self._gap))
+        if self._read_at is None or at < self._read_at:
+            self._read_at = at
+
+
+def _after_claims(when: datetime) -> datetime:
+    """The first moment at or after ``when`` that lies a grace past a whole second.
+
+    Each row keeps only its latest claim, so a read sent just as an instant's claims
+    go out could find a live replica's rows of the last instant already claimed again
+    by others and its own claims of this one not yet made, and take it for gone. A
+    grace past the instant, every replica's share of it is claimed.
+    """
+    at = when.replace(microsecond=0) + _GRACE
+    return at if at >= when else at + _SECOND

@@ -1,0 +1,346 @@
+"""Recovery: reaching the database, catch-up at start-up and after an outage.
+
+The seed's rules, as this part applies them:
+
+- **Database down at start**: retried with back-off (1 s doubling to 30 s), logged.
+  Per-instance jobs run meanwhile; leased instants that come due are skipped. A
+  database that refuses (:class:`lease.DatabaseRefused`: no such database, credentials,
+  a privilege) is not down: the start fails on it.
+- **Catch-up**: once the database is reached, each leased job whose most recent instant
+  (within the last 24 h, measured on that instant) was not claimed and not overrun runs
+  it once, on one replica. A job that never ran is owed it only if it comes after the
+  job's first deployment (its lease row's first write, :attr:`lease.LeaseRow.deployed`):
+  the instants before were never its to run.
+- **Outage**: a claim the database could not answer leaves its instant owed. Recovery
+  then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
+  catch-up rule: the most recent instant each job missed, once, on one replica; the
+  claim itself decides which replica, so replicas recovering together run it once.
+- **Sweep** and **check**: once the database is ready, :class:`~cronjob.engine._sweep.Sweeper`
+  (re-runs of rounds cut short, missing rows, clock skew).
+
+Dispatcher thread only; the statements run on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._state import JobState, Reason
+from ._sweep import Sweeper
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["Recovery"]
+
+log = logging.getLogger("cronjob")
+
+#: Catch-up only runs an instant this recent.
+CATCH_UP_HORIZON = timedelta(days=1)
+#: First and longest pause between attempts to reach a database that is down.
+RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
+#: ... and to probe a database lost after start (what a failover usually takes).
+PROBE_FIRST, PROBE_LONGEST = 1.0, 8.0
+
+
+class Recovery:
+    """Brings the replica to the database, and what was owed back to the schedule.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Where the statements run.
+        dispatcher: Claims and starts the rounds recovery finds owed.
+        replica_id: The holder named in claims.
+        migrate: Brings the tables to head (raises :class:`lease.DatabaseUnavailable`
+            while the database is down).
+        describe_database: The database's URL, password hidden, for logs.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        replica_id: str,
+        migrate: Callable[[], None],
+        describe_database: Callable[[], str],
+        post: Callable[[Callable[[], None]], object],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._dispatcher = dispatcher
+        self._replica_id = replica_id
+        self._migrate = migrate
+        self._describe_database = describe_database
+        # The leased jobs, fixed at start: the sweep and catch-up read their rows.
+        self._leased = [s for s in dispatcher.states.values() if s.job.leased]
+        self._leased_names = [state.job.name for state in self._leased]
+        #: The tables are at head and the database answered (read from any thread).
+        self.db_ready = False
+        #: Start-up's catch-up is being decided (its read of the rows is in flight): no
+        #: instant may be claimed meanwhile, or a claim of the next instant sent just
+        #: before it could overtake the catch-up of the one missed.
+        self.catch_up_pending = False
+        #: Why the database was not reached at start, while it is not (any thread reads).
+        self.database_error: str | None = None
+        # Local timers, on the clock's monotonic time.
+        self._db_retry_at: float | None = None
+        self._db_retry_pause = RETRY_FIRST
+        #: The sweep for rounds cut short, and the check of rows and clocks.
+        self.sweeper = Sweeper(
+            clock=clock,
+            store=store,
+            control=control,
+            dispatcher=dispatcher,
+            replica_id=replica_id,
+            names=self._leased_names,
+            post=post,
+            replica=_replica_record(replica_id, clock, dispatcher),
+        )
+        # A database lost after start: when to probe it next (None: not lost).
+        self._probe_at: float | None = None
+        self._probe_pause = PROBE_FIRST
+        self._probing = False
+
+    # -- reaching the database --------------------------------------------------------------
+
+    def first_migration(self) -> None:
+        """Bring the tables to head now (the caller's thread); retry later if it is down.
+
+        Raises:
+            lease.DatabaseRefused: the server answered and refused (no such database,
+                credentials, a privilege): waiting will not heal it, so the start fails.
+        """
+        try:
+            self._migrate()
+        except lease.DatabaseRefused:
+            raise
+        except lease.DatabaseUnavailable as exc:
+            self.database_error = str(exc)
+            log.warning(
+                "database %s unavailable at start (%s); retrying in the background",
+                self._describe_database(),
+                exc,
+            )
+            self._db_retry_at = self._clock.monotonic()
+        else:
+            self.db_ready = True
+
+    def retry_database(self, now: float) -> None:
+        """Try to reach the database again if it is down and the pause has passed.
+
+        A server that was down at start and now answers with a refusal is not going to
+        heal by waiting either, but the start has returned: it is logged as an error and
+        still retried (someone may create the database or fix the grant), with back-off.
+        """
+        if self._db_retry_at is None or now < self._db_retry_at:
+            return
+        self._db_retry_at = None
+
+        def done(result: BaseException | None) -> None:
+            if isinstance(result, BaseException):
+                self.database_error = str(result)
+                pause = self._db_retry_pause
+                self._db_retry_pause = min(pause * 2, RETRY_LONGEST)
+                if isinstance(result, lease.DatabaseRefused):
+                    log.error(
+                        "database %s refuses this replica (%s): waiting will not fix it, "
+                        "check the URL, the credentials and the grants; next attempt in %gs",
+                        self._describe_database(),
+                        result,
+                        pause,
+                    )
+                else:
+                    log.warning(
+                        "database still unavailable (%s); next attempt in %gs", result, pause
+                    )
+                self._db_retry_at = self._clock.monotonic() + pause
+                return
+            log.info("database %s reached", self._describe_database())
+            self.database_error = None
+            self.db_ready = True
+            self.on_database_ready()
+
+        self._control.run(self._migrate, done)
+
+    def on_database_ready(self) -> None:
+        """Catch up what start-up owes, then start sweeping (statements run in order).
+
+        A replica of per-instance jobs only sweeps too: the sweep puts it on record and
+        takes the requests and pauses of its jobs."""
+        if not self._leased:
+            self.sweeper.begin()
+            return
+        leased = self._leased
+        now = self._clock.now()
+        self.catch_up_pending = True
+
+        def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            self.catch_up_pending = False
+            if isinstance(result, BaseException):
+                log.error("reading the lease table for catch-up failed: %s", result)
+            else:
+                self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
+            self.sweeper.begin()
+
+        self._control.run(self._read_rows, done)
+
+    def _read_rows(self) -> dict[str, lease.LeaseRow]:
+        # The specs go on record for tools that read the table (cronjob status).
+        specs = {state.job.name: state.job.schedule.spec for state in self._leased}
+        self._store.ensure(self._leased_names, specs=specs)
+        return self._store.read(self._leased_names)
+
+    # -- an outage after start --------------------------------------------------------------
+
+    def database_lost(self) -> None:
+        """A claim found the database unreachable: its instant is owed; probe until it answers.
+
+        Idempotent while the outage lasts.
+        """
+        if self._probe_at is not None or self._probing or not self.db_ready:
+            return
+        log.warning(
+            "database unreachable: the instants it misses are owed and caught up "
+            "(the latest of each job, within the day) once it answers"
+        )
+        self._probe_pause = PROBE_FIRST
+        self._probe_at = self._clock.monotonic() + PROBE_FIRST
+
+    def database_answered(self) -> None:
+        """A statement succeeded: if an outage is pending, probe (and catch up) at once."""
+        if self._probe_at is not None:
+            self._probe_at = self._clock.monotonic()
+
+    def probe(self, mono: float) -> None:
+        """Probe a lost database if it is time; once it answers, catch up what it owes."""
+        if self._probe_at is None or self._probing or mono < self._probe_at:
+            return
+        self._probe_at = None
+        self._probing = True
+        now = self._clock.now()
+
+        def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            self._probing = False
+            if isinstance(result, BaseException):
+                pause = self._probe_pause
+                self._probe_pause = min(pause * 2, PROBE_LONGEST)
+                log.warning("database still unreachable (%s); next probe in %gs", result, pause)
+                self._probe_at = self._clock.monotonic() + pause
+                return
+            log.info("database answers again: catching up what the outage owes")
+            self._catch_up(self._leased, result, now, reason=Reason.OUTAGE)
+
+        self._control.run(self._read_rows, done)
+
+    def _catch_up(
+        self,
+        leased: Sequence[JobState],
+        rows: dict[str, lease.LeaseRow],
+        now: datetime,
+        *,
+        reason: Reason,
+    ) -> None:
+        """Claim each job's most recent instant that start-up (or an outage) owes it.
+
+        The seed's rule: the most recent instant at or before ``now`` lies within the last
+        day, is the job's to run — the job has run before (its row has an instant), or it
+        never ran and the instant comes strictly after its first deployment on record (an
+        instant at the very moment the row was written belongs before it, as a replica's
+        schedule starts strictly after its start) — no replica claimed it, and no round
+        that ran to its end overran it. A row whose first deployment is unknown (an older
+        release wrote it) owes nothing before it has run. A job busy with a round is
+        skipped.
+        """
+        latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
+        owed: dict[datetime, list[JobState]] = {}
+        ahead = now + timedelta(seconds=lease.CLAIM_AHEAD_LIMIT)
+        for state in leased:
+            row = rows.get(state.job.name)
+            if row is not None and row.instant is not None and row.instant > ahead:
+                log.warning(
+                    "job %r: its lease row records instant %s as claimed, later than this "
+                    "replica's clock (%s): it runs nothing before then. A replica's clock "
+                    "runs ahead, or the rows were left by an earlier run (a test's fake "
+                    "clock that ran later?)",
+                    state.job.name,
+                    row.instant.isoformat(),
+                    now.isoformat(),
+                )
+            if row is None or state.busy:
+                continue
+            instant = state.job.schedule.prev(latest)
+            if instant is None or now - instant > CATCH_UP_HORIZON:
+                continue  # history, not a missed round
+            if row.instant is not None:
+                if row.instant >= instant:
+                    continue  # claimed already
+            elif row.deployed is None or instant <= row.deployed:
+                # Never ran, and the instant came before its first deployment (or when that
+                # was is unknown, on a row an older release wrote): its next one is its first.
+                continue
+            if row.skipped_through is not None and instant <= row.skipped_through:
+                continue  # overrun by a round that ran to its end
+            self._dispatcher.take(state)
+            owed.setdefault(instant, []).append(state)
+        for instant, states in owed.items():
+            self._dispatcher.claim(instant, states, reason=reason)
+
+    def next_wake(self, *, draining: bool) -> float | None:
+        """The earliest monotonic time this part has something to do, or ``None``."""
+        candidates: list[float] = []
+        if self._db_retry_at is not None:
+            candidates.append(self._db_retry_at)
+        if self._probe_at is not None and not self._probing:
+            candidates.append(self._probe_at)
+        sweep_at = self.sweeper.next_wake(draining=draining)
+        if sweep_at is not None:
+            candidates.append(sweep_at)
+        return min(candidates, default=None)
+
+    def sweep(self, now: float) -> None:
+        """Sweep for rounds cut short if it is time (see :class:`Sweeper`)."""
+        if self.db_ready:
+            self.sweeper.sweep(now)
+
+    def close(self) -> None:
+        """Stop watching the lease writes (the scheduler stopped)."""
+        self.sweeper.close()
+
+
+def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
+    """This replica as the sweep puts it on record: who, where, since when, which jobs
+    and their policies."""
+    from .._version import __version__
+
+    now = clock.now()
+    jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}
+    # Each job's options, for the status and the page (which load no app module).
+    policies = {
+        s.job.name: described
+        for s in dispatcher.states.values()
+        if (described := s.job.policy.describe())
+    }
+    return lease.ReplicaRow(
+        holder=replica_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        version=__version__,
+        started=now,
+        seen=now,
+        jobs=jobs,
+        policies=policies,
+    )

@@ -1,0 +1,141 @@
+"""The records the scheduler's parts share: a job's scheduling state and a round in flight.
+
+Both belong to the dispatcher thread (see the package docstring, "Threads"): only the
+dispatcher and the parts it calls create or change them. A round's worker thread reads
+its own :class:`Run` and sets ``ended`` once, before it hands the end back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import lease
+
+from .._registry import Job
+from .._round import Outcome, Round
+from ._metrics import NO_METRICS, JobMetrics
+
+__all__ = ["Flags", "JobState", "Reason", "Run"]
+
+
+#: The history's word for a reason, where it is not the reason's own value.
+_WHY = {"catch-up after an outage": "catch-up", "start-up": "start"}
+
+
+class Reason(enum.Enum):
+    """Why a round runs: on its span (``cronjob.reason``) and in its start line.
+
+    :attr:`text` is the value as a plain attribute, :attr:`why` the word the history
+    keeps (``cronjob.admin.Why``): read for every round, thousands a second at scale,
+    and an enum's ``value`` is a property that costs a call each time.
+    """
+
+    #: Its instant came.
+    SCHEDULE = "schedule"
+    #: Start-up owed it (the seed's catch-up rule).
+    CATCH_UP = "catch-up"
+    #: The database was unreachable at its instant; it answered again within the day.
+    OUTAGE = "catch-up after an outage"
+    #: Its first round was cut short (attempt 2).
+    RERUN = "re-run"
+    #: A per-instance job registered with ``run_at_start=True``, as its replica starts.
+    START = "start-up"
+    #: An operator asked for a round now (``cronjob trigger``); never moves the schedule.
+    MANUAL = "manual"
+    #: A further attempt of a round whose attempt failed (the job's ``retries``).
+    RETRY = "retry"
+
+    text: str
+    why: str
+
+    def __init__(self, value: str) -> None:
+        self.text = value
+        # The reason in the history's words: an outage's catch-up is a catch-up.
+        self.why = _WHY.get(value, value)
+
+
+@dataclass(eq=False)
+class JobState:
+    """One registered job, as the dispatcher schedules it."""
+
+    job: Job
+    #: Bumped to invalidate the job's entries in the dispatcher's heap.
+    generation: int = 0
+    #: Claiming or running a round: the job's next instant is not in the heap.
+    busy: bool = False
+    #: The round in flight, if any.
+    run: Run | None = None
+    #: Where the job's rounds are measured (see :mod:`cronjob.engine._metrics`).
+    metrics: JobMetrics = NO_METRICS
+    #: A per-instance job paused by an operator, as the latest sweep read it (a leased
+    #: job's pause is in its lease row, which the claim itself reads).
+    paused: bool = False
+    #: The job has a timeout, retries or a start deadline (its policy is not the
+    #: default): the one test a round of a job without options pays for them.
+    policed: bool = field(init=False, default=False)
+    #: Its policy's timeout in seconds, ``None``: none.
+    timeout: float | None = field(init=False, default=None)
+    #: Its policy's start deadline, ``None``: none.
+    start_deadline: timedelta | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        policy = self.job.policy
+        self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
+        self.start_deadline = policy.start_deadline
+        self.policed = bool(
+            policy.timeout is not None or policy.retries or policy.start_deadline is not None
+        )
+
+
+@dataclass(eq=False)
+class Run:
+    """A round in flight on this replica."""
+
+    state: JobState
+    ctx: Round
+    #: The fencing token of the round's lease; ``None`` for a per-instance round.
+    token: int | None
+    #: Why the round runs.
+    reason: Reason
+    #: Monotonic clock time the claim was issued, or of the last successful renewal.
+    renewed_at: float
+    #: Monotonic clock time the lease was found lost, if it was.
+    lost_at: float | None = None
+    #: Set by the round's worker when the job returned or raised, before the end is
+    #: recorded; the lease is still kept (renewed) until the end is settled.
+    ended: bool = False
+    #: The end is settled (recorded, given back, or known lost): the lease is let go.
+    settled: bool = False
+    #: When the job began, on the scheduler's clock (for the history).
+    started: datetime | None = None
+    #: An async round's task, once it runs.
+    task: asyncio.Task[None] | None = None
+    #: Clock time and monotonic time the job began, set by its worker.
+    started_at: datetime | None = None
+    started_mono: float = 0.0
+    #: The request a manual round runs for (:attr:`Reason.MANUAL`); ``None`` otherwise.
+    request: lease.TriggerRow | None = None
+    #: How the job ended, once it did (set by its worker; counted in the summary line).
+    outcome: Outcome | None = None
+    #: Its attempt failed and the round runs again after this many seconds (set by its
+    #: worker with :attr:`Outcome.RETRYING`; ``None`` if the retry is given up).
+    retry_delay: float | None = None
+    #: It ended and waits for its retry, its lease still kept: a lease found taken meanwhile
+    #: counts as lost (the retry then does not start).
+    backoff: bool = False
+
+
+@dataclass(eq=False)
+class Flags:
+    """How far the scheduler's life has gone; set by the façade, read by every part.
+
+    Each flag only ever goes from ``False`` to ``True``.
+    """
+
+    #: ``stop()`` began: no new work is started and the dispatcher returns.
+    stopped: bool = False
+    #: Stopped as a killed process would be: nothing more is written to the lease table.
+    crashed: bool = False

@@ -1,0 +1,493 @@
+"""The sweep: finds rounds cut short and runs each a second time; and the minute check.
+
+- **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
+  cut short that run a second time (attempt 2): not run to its end, or its end not on
+  record; not run a second time already; no later instant claimed since. Each is
+  claimed with its own statement, so two replicas never both run it.
+- **Replica record**: each sweep also puts this replica on record as seen now
+  (``cronjob_replica``: host, pid, version, start, the jobs it registered), in the
+  sweep's own statement on PostgreSQL, in its transaction elsewhere (see
+  :meth:`lease.LeaseStore.survey`); ``cronjob status`` lists the replicas seen lately.
+- **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
+  the lease table, written by ``cronjob pause``) with each sweep, and skips their
+  instants while paused: a pause reaches every replica within one sweep.
+- **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep also reads the
+  open requests (one query; see :class:`lease.Triggers`) and takes those for this
+  replica's jobs: a manual round under the job's lease (refused if the lease is held),
+  its second run if it was cut short, a per-instance job's round asked of this replica,
+  or the catch-up of an instant skipped while paused (claimed as any instant). Requests
+  older than :data:`lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
+  request's ``NOTIFY`` wakes the sweep at once (see :mod:`cronjob.engine._listen`).
+- **Check**: at start and then every minute, a job whose lease row has gone (deleted by
+  hand, a backup restored from before the job existed, a start-up ``ensure`` that
+  failed) gets it back, logged, since claims only update rows; and a clock that
+  disagrees with the database's by more than 2 s is logged as an error (a replica far
+  ahead has its claims refused, see :data:`lease.CLAIM_AHEAD_LIMIT`).
+
+On a fake clock (every replica in this process, see :attr:`Clock.in_process`) the
+sweeper watches the lease writes of the process (:meth:`lease.LeaseStore.watch`) and
+sends no statement while nothing can be found: a sweep that found nothing runs again
+only once a lease is given back, or a lease held without its end recorded may have
+expired (a replica crashed); it then runs on its 15 s grid, so tests see the same sweeps
+at the same fake times. The check runs at start, then only when a claim of this replica
+missed a job that no replica of the process holds (its row may be gone), at most once a
+minute. A fake day of three replicas then costs the claims and the ends, no more.
+
+Dispatcher thread only (``_on_write`` excepted); statements run on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._keeper import too_late
+from ._listen import Listener
+from ._state import JobState, Reason
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds between two sweeps for rounds cut short.
+SWEEP_EVERY = 15.0
+#: Seconds between two checks of the lease rows and of the clock against the database's.
+CHECK_EVERY = 60.0
+#: A replica whose wall clock is further than this from the database's is logged.
+CLOCK_SKEW_WARNING = 2.0
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _earliest(*times: datetime | None) -> datetime | None:
+    return min((t for t in times if t is not None), default=None)
+
+
+class Sweeper:
+    """Sweeps for rounds cut short, and checks rows and clocks, for ``names``; keeps
+    ``replica`` on record with each sweep."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        replica_id: str,
+        names: list[str],
+        post: Callable[[Callable[[], None]], object],
+        replica: lease.ReplicaRow | None = None,
+    ) -> None:
+        self._clock = clock
+        self._replica = replica
+        self._store = store
+        self._control = control
+        self._dispatcher = dispatcher
+        self._replica_id = replica_id
+        self._names = names
+        # Local timers, on the clock's monotonic time; none until the database is ready.
+        self._sweep_at: float | None = None
+        self._sweeping = False
+        self._check_at: float | None = None
+        self._checking = False
+        # Idle sweeps skipped on an in-process clock: the leases of these names told held
+        # (name -> (token, expires_ms)), give-backs seen, whether the sweep waits for
+        # one of those, and the earliest expiry the last sweep read.
+        self._post = post
+        self._wanted = set(names)
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[int, int | None]] = {}
+        self._claimed: dict[str, int] = {}  # name -> latest instant claimed (epoch s)
+        self._given_back = 0
+        self._suspended = False
+        self._read_expiry: datetime | None = None
+        self._last_sweep: float | None = None
+        self._unwatch = store.watch(self._on_write) if clock.in_process else None
+        self._triggers = lease.Triggers(store)
+        # PostgreSQL tells of a request at once (NOTIFY): sweep then, not 15 s later.
+        self._listener = (
+            Listener(store.engine, lambda: post(self.sweep_now))
+            if Listener.applies(store.engine, clock)
+            else None
+        )
+        #: The per-instance jobs: a pause of theirs is read with each sweep.
+        self._local = [name for name, state in dispatcher.states.items() if not state.job.leased]
+        #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
+        self._taking: set[int] = set()
+
+    def begin(self) -> None:
+        """The database is ready (and start-up's catch-up sent): sweep and check now."""
+        self._sweep_at = self._check_at = self._clock.monotonic()
+        if self._listener is not None:
+            self._listener.start()
+
+    def sweep_now(self) -> None:
+        """A request was written (the listener heard it): sweep at once, unless one runs
+        (it reads the requests too) or the sweep has not begun."""
+        if self._sweep_at is not None and not self._sweeping:
+            self._sweep_at = self._clock.monotonic()
+
+    def next_wake(self, *, draining: bool) -> float | None:
+        """When the next sweep is due (monotonic), or ``None``."""
+        if self._sweep_at is None or self._sweeping or draining:
+            return None
+        return self._sweep_at
+
+    def sweep(self, now: float) -> None:
+        """Look for rounds cut short if it is time, and run each found a second time.
+
+        The check of rows and clocks rides on the sweep's wake-ups (every minute).
+        """
+        if self._sweeping or self._sweep_at is None or now < self._sweep_at:
+            return
+        if self._check_at is not None and now >= self._check_at and not self._checking:
+            self._check()
+        names = self._names
+        self._sweeping = True
+        given_back = self._given_back
+
+        def done(found: tuple[lease.Survey, list[lease.TriggerRow]] | BaseException) -> None:
+            self._sweeping = False
+            self._last_sweep = mono = self._clock.monotonic()
+            self._sweep_at = mono + SWEEP_EVERY
+            if isinstance(found, BaseException):
+                log.warning("sweep for rounds cut short failed: %s", found)
+                return
+            result, requests = found
+            self._take_requests(requests)
+            for cut in result.cut_short:
+                state = self._dispatcher.states.get(cut.name)
+                if state is None or state.busy or self._dispatcher.draining:
+                    continue
+                self._rerun(state, cut.instant, given_back=cut.given_back)
+            if self._unwatch is not None and not result.cut_short:
+                self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
+                self._suspend(given_back)
+
+        replica = self._replica  # on record as seen, by the same statement (PostgreSQL)
+        store, triggers, local = self._store, self._triggers, self._local
+
+        def read() -> tuple[lease.Survey, list[lease.TriggerRow]]:
+            survey = store.survey(names, replica=replica)
+            if local:  # per-instance jobs' pauses: their rows exist only once paused
+                paused = {row.name for row in store.read(local).values() if row.paused}
+                self._post(lambda: self._set_paused(paused))
+            return survey, triggers.read()
+
+        self._control.run(read, done)
+
+    def _set_paused(self, paused: set[str]) -> None:
+        """Per-instance jobs paused (``paused``) or not, as a sweep read them."""
+        for name in self._local:
+            state = self._dispatcher.states[name]
+            if state.paused != (name in paused):
+                state.paused = name in paused
+                log.info(
+                    "per-instance job %r is %s on this replica",
+                    name,
+                    "paused: its instants are skipped" if state.paused else "resumed",
+                )
+
+    # -- requests (run-now, catch-up on resume) ------------------------------------------------
+
+    def _manual_expiry(self, rows: list[lease.TriggerRow]) -> datetime | None:
+        """The earliest expiry of a lease a manual round of these jobs holds: its round
+        may be found cut short then (its replica died), without any write before it."""
+        held = [
+            row.lease_expires_ms
+            for row in rows
+            if row.name in self._wanted and row.open and row.lease_expires_ms is not None
+        ]
+        return None if not held else _EPOCH + timedelta(milliseconds=min(held))
+
+    def _take_requests(self, rows: list[lease.TriggerRow]) -> None:
+        """Take the open requests a sweep read that this replica may run."""
+        dispatcher = self._dispatcher
+        if dispatcher.draining:
+            return
+        now = self._clock.now()
+        expired: list[int] = []
+        for row in rows:
+            state = dispatcher.states.get(row.name)
+            pending = row.state is lease.TriggerState.PENDING
+            if pending and (now - row.requested).total_seconds() > lease.REQUEST_TTL:
+                expired.append(row.id)
+                continue
+            if state is None or row.id in self._taking:
+                continue
+            leased = state.job.leased
+            if row.replica is not None:  # a per-instance job's round, asked of one replica
+                if pending and not leased and row.replica == self._replica_id:
+                    self._take(state, row, leased=False)
+            elif not leased:
+                continue
+            elif row.instant is not None:
+                if pending:
+                    self._catch_up(state, row)
+            elif pending:
+                self._take(state, row, leased=True)
+            elif row.lease_free and (row.attempt >= 2 or row.lease_token != row.token):
+                self._give_up(row)  # its second run died, or a later claim took the lease
+            elif row.lease_free and row.attempt == 1:
+                self._take(state, row, leased=True)  # cut short, or died: attempt 2
+        if expired:
+            triggers = self._triggers
+            self._control.run(lambda: triggers.close(expired, expired=True), lambda _result: None)
+
+    def _take(self, state: JobState, row: lease.TriggerRow, *, leased: bool) -> None:
+        dispatcher, triggers, holder = self._dispatcher, self._triggers, self._replica_id
+        claimed_at = self._clock.monotonic()
+        self._taking.add(row.id)
+
+        def done(result: int | BaseException | None) -> None:
+            self._taking.discard(row.id)
+            if isinstance(result, BaseException):
+                log.error("job %r: taking the request for a round now failed: %s", row.name, result)
+                return
+            if result is None:
+                log.info(
+                    "job %r: the request for a round now (asked by %s) was not run here: "
+                    "another replica took it, or a round held the lease, or the job is paused",
+                    row.name,
+                    row.requested_by,
+                )
+                return
+            token = result if leased else None
+            late = too_late(claimed_at, self._clock.monotonic())
+            if dispatcher.draining or late:
+                name = row.name
+                self._control.run(
+                    lambda: triggers.end(row.id, name, result, leased=leased, outcome="cut short"),
+                    lambda _result: None,
+                )
+                return
+            log.info(
+                "job %r: running a round now%s, asked by %s at %s",
+                row.name,
+                " a second time (the first was cut short)" if row.attempt else "",
+                row.requested_by,
+                row.requested.isoformat(),
+            )
+            dispatcher.start_manual(state, row, token=token, claimed_at=claimed_at)
+
+        self._control.run(lambda: triggers.take(row, holder, leased=leased), done)
+
+    def _give_up(self, row: lease.TriggerRow) -> None:
+        triggers, token = self._triggers, row.token or 0
+        self._taking.add(row.id)
+
+        def done(_result: object) -> None:
+            self._taking.discard(row.id)
+
+        self._control.run(
+            lambda: triggers.end(row.id, row.name, token, leased=True, outcome="given up"), done
+        )
+
+    def _catch_up(self, state: JobState, row: lease.TriggerRow) -> None:
+        """Claim the instant ``row`` asks to catch up (skipped while paused), as any
+        catch-up: at most once, never after a later instant started."""
+        dispatcher, triggers = self._dispatcher, self._triggers
+        assert row.instant is not None
+        if state.busy:
+            return  # a round of it is being claimed or runs: a later sweep tries again
+        instant = row.instant
+        self._taking.add(row.id)
+
+        def done(_result: object) -> None:
+            self._taking.discard(row.id)
+
+        self._control.run(lambda: triggers.close([row.id], expired=False), done)
+        dispatcher.take(state)
+        dispatcher.claim(instant, [state], reason=Reason.CATCH_UP)
+
+    # -- idle sweeps on an in-process clock ------------------------------------------------
+
+    def _suspend(self, given_back: int) -> None:
+        """Sweep next when a lease held may have expired (on the 15 s grid), or after a
+        give-back: nothing else can change what the sweep finds."""
+        self._suspended = True
+        if self._given_back != given_back:  # one slipped in before it could see the flag
+            self._resume()
+            return
+        self._rewake()
+
+    def _rewake(self) -> None:
+        """A suspended sweep's wake: the earliest expiry of a lease held, on the grid."""
+        if not self._suspended:
+            return
+        with self._lock:
+            expiries = [ms for _, ms in self._held.values()]
+        if any(ms is None for ms in expiries):  # held on the database's clock: unknown
+            self._resume()
+            return
+        now_ms = self._store.now_ms()  # the in-process clock's: no statement
+        if self._read_expiry is not None:
+            expiries.append(round(self._read_expiry.timestamp() * 1000))
+        if not expiries:
+            self._sweep_at = None
+            return
+        until = max(0, min(ms for ms in expiries if ms is not None) - now_ms) / 1000
+        self._sweep_at = self._on_grid(self._clock.monotonic() + until, strictly=False)
+
+    def _on_write(self, write: lease.LeaseWrite) -> None:
+        """A lease write in this process (any thread): keep the held leases; a give-back,
+        or a lease held that may expire earlier, moves a suspended sweep."""
+        if write.kind is lease.WriteKind.REQUESTED:
+            # Counted as a give-back: a sweep in flight that read before the request
+            # must not suspend on it (see _suspend).
+            with self._lock:
+                self._given_back += 1
+            if self._suspended:
+                self._post(self._resume)
+            return
+        ours = [(name, token) for name, token in write.leases if name in self._wanted]
+        if not ours:
+            return
+        with self._lock:
+            if write.kind is lease.WriteKind.HELD:
+                for name, token in ours:
+                    self._held[name] = (token, write.expires_ms)
+                    if write.instant is not None:
+                        self._claimed[name] = max(write.instant, self._claimed.get(name, -1))
+            else:
+                for name, token in ours:
+                    if self._held.get(name, (None,))[0] == token:
+                        del self._held[name]
+                if write.kind is lease.WriteKind.GIVEN_BACK:
+                    self._given_back += 1
+        if self._suspended:
+            self._post(self._resume if write.kind is lease.WriteKind.GIVEN_BACK else self._rewake)
+
+    def _resume(self) -> None:
+        if self._suspended:
+            self._suspended = False
+            self._sweep_at = self._on_grid(self._clock.monotonic(), strictly=True)
+
+    def claims_missed(self, names: list[str], instant: datetime) -> None:
+        """A claim of ``instant`` by this replica did not win ``names``. On an in-process
+        clock, a job that no replica of the process claimed then, nor holds, may have
+        lost its row: check, at most once a minute (elsewhere the check runs every
+        minute anyway)."""
+        if self._unwatch is None or self._checking or self._check_at is None:
+            return
+        epoch = int(instant.timestamp())
+        with self._lock:
+            unexplained = any(
+                name not in self._held and self._claimed.get(name, -1) < epoch for name in names
+            )
+        if unexplained and self._clock.monotonic() >= self._check_at:
+            self._check()
+
+    def _on_grid(self, mono: float, *, strictly: bool) -> float:
+        """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s
+        would run. After a write, strictly: a sweep due at that very moment would have
+        been sent before it."""
+        last = self._last_sweep if self._last_sweep is not None else mono
+        gap = (mono - last) / SWEEP_EVERY
+        steps = math.floor(gap) + 1 if strictly else math.ceil(gap)
+        return last + max(1, steps) * SWEEP_EVERY
+
+    def close(self) -> None:
+        """Stop watching the lease writes and listening (the scheduler stopped)."""
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._listener is not None:
+            self._listener.close()
+
+    # -- rows and clocks ---------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Recreate missing lease rows; compare this replica's clock with the database's."""
+        self._checking = True
+        clock, store, names = self._clock, self._store, self._names
+
+        def check() -> tuple[list[str], float]:
+            missing = store.missing(names)
+            if missing:
+                store.ensure(missing)
+            before = clock.now()
+            db_now = store.now_ms() / 1000
+            after = clock.now()
+            return missing, (before.timestamp() + after.timestamp()) / 2 - db_now
+
+        def done(result: tuple[list[str], float] | BaseException) -> None:
+            self._checking = False
+            self._check_at = self._clock.monotonic() + CHECK_EVERY
+            if isinstance(result, BaseException):
+                log.warning("checking the lease rows failed: %s", result)
+                return
+            missing, skew = result
+            if missing:
+                log.warning(
+                    "the lease row of %d job(s) was missing, recreated (deleted by hand? a "
+                    "database restored from an older backup?): %s",
+                    len(missing),
+                    ", ".join(repr(name) for name in missing),
+                )
+            if abs(skew) > CLOCK_SKEW_WARNING:
+                log.error(
+                    "this replica's clock is %.1f s %s the database's: replicas' clocks must "
+                    "agree to within a schedule's granularity (is NTP running?); claims of "
+                    "instants more than %g s ahead of the database are refused",
+                    abs(skew),
+                    "ahead of" if skew > 0 else "behind",
+                    lease.CLAIM_AHEAD_LIMIT,
+                )
+
+        self._control.run(check, done)
+
+    def _rerun(self, state: JobState, instant: datetime, *, given_back: bool) -> None:
+        dispatcher = self._dispatcher
+        dispatcher.take(state)
+        issued, claimed_at = self._clock.now(), self._clock.monotonic()
+
+        def done(result: lease.Claim | BaseException | None) -> None:
+            late = too_late(claimed_at, self._clock.monotonic())
+            if late and isinstance(result, lease.Claim):
+                log.warning(
+                    "job %r: the claim of its second run came back too late to keep: given back",
+                    state.job.name,
+                )
+            if isinstance(result, BaseException) or result is None or dispatcher.draining or late:
+                if isinstance(result, BaseException):
+                    log.error("job %r: claiming the second run failed: %s", state.job.name, result)
+                elif result is not None:
+                    dispatcher.hand_back(result.name, result.token)
+                dispatcher.schedule_after(state, issued)
+                return
+            log.info(
+                "job %r: running the round of %s a second time (%s)",
+                state.job.name,
+                instant.isoformat(),
+                "it was cut short"
+                if given_back
+                else "its lease expired: the first round died with its process or lost "
+                "the database",
+            )
+            state.metrics.rerun()
+            dispatcher.start_round(
+                state,
+                instant,
+                attempt=2,
+                token=result.token,
+                claimed_at=claimed_at,
+                reason=Reason.RERUN,
+            )
+
+        self._control.run(
+            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id),
+            done,
+            dispatcher.give_back,
+        )

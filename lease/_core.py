@@ -1,0 +1,420 @@
+"""The plumbing every part of :class:`~lease.LeaseStore` stands on: its construction,
+the lease clock in SQL, bounded transactions, the fence check, the watchers of writes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection, Dialect, Engine
+
+from ._engine import SQLITE_BEGIN_OPTION
+from ._exceptions import translate_errors
+from ._schema import (
+    lease_table,
+    replica_table,
+    round_table,
+    trigger_table,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+from ._dialect import _BOUND, _db_now_ms, _store_checkout, _unbind_for_others, check_dialect
+from ._rows import LeaseWrite, WriteKind, _check_token, _json_rows, _names, _to_ms
+
+logger = logging.getLogger("lease")
+
+#: A lease's time-to-live, in seconds, unless the store is given another.
+DEFAULT_TTL: Final = 15.0
+
+#: How long, in seconds, a statement of a store may run or wait for a lock before it
+#: gives up, unless the store is given another bound. A healthy lease statement takes
+#: milliseconds and waits only for other lease statements, each bounded alike; past
+#: this, the database counts as unavailable for the operation, so a stuck statement
+#: cannot hold the scheduler's control thread while renewals fall due (every 5 s; a
+#: lease is lost after 10 s without one).
+DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
+
+#: Callbacks told of the lease writes to a database, by database (see LeaseStore.watch).
+_WATCHERS: dict[str, list[Callable[[LeaseWrite], None]]] = {}
+_WATCH_LOCK = threading.Lock()
+
+#: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
+#: Replicas' clocks must agree to within a schedule's granularity (the seed); one running
+#: further ahead than this would claim instants the others have not reached yet, and
+#: their own claims would then win nothing until real time caught up.
+CLAIM_AHEAD_LIMIT: Final = 5.0
+
+
+# Past this many names, read() and find_cut_short() read the whole table and keep the
+# wanted names client side, instead of sending an IN list of that many parameters
+# (the table holds one small row per job; a deployment has hundreds, not millions).
+_IN_LIST_LIMIT: Final = 500
+
+
+_t = lease_table
+_h = round_table
+_p = replica_table
+_q = trigger_table
+
+
+class _StoreCore:
+    """Construction, plumbing and the fence check: a part of :class:`~lease.LeaseStore`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        ttl: float = DEFAULT_TTL,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+        claim_ahead: float | None = CLAIM_AHEAD_LIMIT,
+    ) -> None:
+        check_dialect(engine)
+        if claim_ahead is not None and not 0 <= claim_ahead < float("inf"):
+            raise ValueError(f"claim_ahead must be a number of seconds >= 0, not {claim_ahead!r}")
+        if not ttl > 0 or ttl == float("inf"):
+            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        if not statement_timeout > 0 or statement_timeout == float("inf"):
+            raise ValueError(
+                f"statement_timeout must be a positive number of seconds, not {statement_timeout!r}"
+            )
+        self._engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+        # Who else writes this database in this process (see watch): the URL names it.
+        self._key = engine.url.render_as_string(hide_password=True)
+        self._clock = clock
+        self._ttl_ms = max(1, round(ttl * 1000))
+        self._timeout_ms = max(1, round(statement_timeout * 1000))
+        self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
+        #: The claim's statement and its RETURNING form, by whether the clock is given
+        #: (see _claim_statement).
+        self._claim_statements: dict[bool, tuple[sa.Update, sa.Update]] = {}
+        if not event.contains(engine, "checkout", _unbind_for_others):
+            event.listen(engine, "checkout", _unbind_for_others)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the store was given."""
+        return self._engine
+
+    @property
+    def ttl(self) -> float:
+        """A claimed or renewed lease's time-to-live, in seconds."""
+        return self._ttl_ms / 1000
+
+    @property
+    def statement_timeout(self) -> float:
+        """How long, in seconds, a statement of the store may wait before giving up."""
+        return self._timeout_ms / 1000
+
+    def check_dialect(self) -> None:
+        """Refuse a database that cannot carry leases (see :func:`check_dialect`)."""
+        check_dialect(self._engine)
+
+    def now_ms(self) -> int:
+        """Read the lease clock: epoch milliseconds (a query unless a clock was given)."""
+        if self._clock is not None:
+            return _to_ms(self._clock())
+        with translate_errors("read the lease clock"), self._transaction(read=True) as conn:
+            value = conn.execute(sa.select(_db_now_ms())).scalar_one()
+        return int(value)
+
+    def holds(self, connection: Connection, name: str, token: int, *, final: bool = False) -> bool:
+        """Tell, inside the caller's transaction, whether ``token`` still holds ``name``.
+
+        True when the row still has ``token`` and ``expires_ms > now``. The row is read
+        without a lock, on purpose: a share lock would hold back the renewal statement,
+        which renews every lease of a replica at once, for as long as the caller's
+        transaction lasts, so one long job transaction could make every round of its
+        replica lose its lease. Callers check when their transaction opens and again just
+        before it commits (``Round.transaction`` does), which narrows the window in which
+        a claim can take the lease to the commit itself.
+
+        ``final=True`` marks that last check: on MariaDB/MySQL it is a locking read
+        (``LOCK IN SHARE MODE``), held only until the commit that follows at once,
+        because a plain read in a ``REPEATABLE READ`` transaction (those servers'
+        default, on an engine you pass in) would see the snapshot of the first check and
+        miss a claim committed since.
+        """
+        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        with translate_errors("check a lease"):
+            return connection.execute(stmt).first() is not None
+
+    async def holds_async(
+        self, connection: AsyncConnection, name: str, token: int, *, final: bool = False
+    ) -> bool:
+        """Like :meth:`holds`, on an asyncio connection (``Round.transaction_async``).
+
+        The same statement, awaited: the caller's event loop keeps running meanwhile.
+        """
+        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        with translate_errors("check a lease"):
+            return (await connection.execute(stmt)).first() is not None
+
+    def holds_statement(
+        self, name: str, token: int, dialect: Dialect, *, final: bool = False
+    ) -> sa.Select[int]:
+        """The statement :meth:`holds` runs, for a connection that is not SQLAlchemy's.
+
+        A framework's ORM (Django) runs it inside its own transaction, compiled for
+        ``dialect``: the lease is held when it returns a row. ``final`` as for
+        :meth:`holds`.
+        """
+        return self._holds_statement(name, token, dialect, final=final)
+
+    def _holds_statement(
+        self, name: str, token: int, dialect: Dialect, *, final: bool
+    ) -> sa.Select[int]:
+        (wanted,) = _names([name])
+        stmt = (
+            sa.select(sa.literal(1))
+            .select_from(_t)
+            .where(
+                _t.c.name == wanted,
+                _t.c.token == _check_token(token),
+                _t.c.expires_ms > self._now(),
+            )
+        )
+        if final and dialect.name in ("mysql", "mariadb"):
+            stmt = stmt.with_for_update(read=True)
+        return stmt
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _now(self, now_ms: int | None = None) -> sa.ColumnElement[int]:
+        """The lease clock's now in SQL: ``now_ms`` if given, else the clock's."""
+        if now_ms is None:
+            now_ms = self._clock_ms()
+        if now_ms is None:
+            return _db_now_ms()
+        return sa.literal(now_ms, sa.BigInteger())
+
+    def _name_in(self, names: list[str]) -> sa.ColumnElement[bool]:
+        """``name IN names``; on PostgreSQL ``name = ANY(:array)``: one parameter, so the
+        statement's text and compiled form are the same whatever the count (cached by
+        SQLAlchemy and psycopg alike) instead of one placeholder per name."""
+        if self._postgres:
+            array = sa.bindparam("names", names, type_=postgresql.ARRAY(sa.String()), unique=True)
+            return _t.c.name == sa.any_(array)
+        return _t.c.name.in_(names)
+
+    def _pair_in(self, pairs: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
+        """``(name, token) IN pairs``; on PostgreSQL against the rows of one JSON
+        parameter (see :func:`_json_rows`)."""
+        if self._engine.dialect.name != "postgresql":
+            return sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
+        records = [{"name": name, "token": token} for name, token in pairs]
+        rows = _json_rows("pairs", records, _t.c.name, _t.c.token)
+        return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
+
+    def _insert_history(self, conn: Connection, records: list[dict[str, Any]]) -> None:
+        """Insert history rows (:func:`round_values`): on PostgreSQL, many as one
+        ``INSERT ... SELECT`` from the rows of one JSON parameter (see :func:`_json_rows`;
+        an ``executemany`` binds and sends every row on its own: thousands of rows when
+        an instant's rounds end together). Elsewhere the driver's ``executemany``.
+        """
+        if self._engine.dialect.name != "postgresql" or len(records) < 2:
+            conn.execute(_h.insert(), records)
+            return
+        columns = [_h.c[column] for column in records[0]]
+        rows = _json_rows("history", records, *columns)
+        conn.execute(
+            _h.insert().from_select(
+                [column.name for column in columns], sa.select(*(rows.c[c.name] for c in columns))
+            )
+        )
+
+    def _in_name_order(self, stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
+        """``stmt`` on the rows ``where`` selects, on PostgreSQL locked first in name order.
+
+        Renewals and batches of finishes write many rows of one replica at once; each
+        locking them in the order its plan happens to read them, two such statements
+        deadlocked (seen at 10,000 jobs). Locked in one order, one waits for the other.
+        Elsewhere the rows are written as the plan reads them.
+        """
+        if self._engine.dialect.name != "postgresql":
+            return stmt.where(where)
+        locked = (
+            sa.select(_t.c.name)
+            .where(where)
+            .order_by(_t.c.name)
+            .with_for_update()
+            .cte("locked")
+            .prefix_with("MATERIALIZED")
+        )
+        # Locked under READ COMMITTED, a row is read again as it now is: only the rows
+        # ``where`` still selects come out of ``locked``.
+        return stmt.add_cte(locked).where(_t.c.name.in_(sa.select(locked.c.name)))
+
+    def _clock_ms(self) -> int | None:
+        """The given clock's now in epoch ms; ``None`` on the database's clock."""
+        return None if self._clock is None else _to_ms(self._clock())
+
+    def _held(
+        self, leases: list[tuple[str, int]], now_ms: int | None, instant: int | None = None
+    ) -> None:
+        """Tell the watchers that ``leases`` are held from ``now_ms`` for the ttl."""
+        if leases:
+            expires = None if now_ms is None else now_ms + self._ttl_ms
+            held = WriteKind.HELD
+            self._tell(
+                LeaseWrite(kind=held, leases=tuple(leases), expires_ms=expires, instant=instant)
+            )
+
+    def _released(self, name: str, token: int, *, given_back: bool) -> None:
+        """Tell the watchers that a lease was let go: its round ended, or was cut short."""
+        kind = WriteKind.GIVEN_BACK if given_back else WriteKind.RELEASED
+        self._tell(LeaseWrite(kind=kind, leases=((name, token),)))
+
+    def _requested(self, name: str) -> None:
+        """Tell the watchers that a round of ``name`` was requested (after the commit)."""
+        self._tell(LeaseWrite(kind=WriteKind.REQUESTED, leases=((name, 0),)))
+
+    def _watched(self) -> bool:
+        """Whether anyone watches this database's writes (see :meth:`watch`)."""
+        return bool(_WATCHERS.get(self._key))
+
+    def _tell(self, write: LeaseWrite) -> None:
+        """Call the watchers of this database with ``write`` (see :meth:`watch`)."""
+        if not _WATCHERS.get(self._key):  # the usual case, without taking the lock
+            return
+        with _WATCH_LOCK:
+            watchers = list(_WATCHERS.get(self._key, ()))
+        for watcher in watchers:
+            watcher(write)
+
+    @contextlib.contextmanager
+    def _transaction(
+        self, *, read: bool = False, timeout_ms: int | None = None
+    ) -> Iterator[Connection]:
+        """A connection in a transaction whose statements give up after the bound.
+
+        Commits when the block ends normally, rolls back otherwise. The bound is
+        :attr:`statement_timeout`. It is set on the pooled connection's session the first
+        time the store uses that connection (one statement, then none while the store
+        keeps using it), and undone before anyone else is handed the connection (a job's
+        ``ctx.transaction()``: see :func:`_unbind_for_others`), so it never bounds their
+        statements:
+
+        - PostgreSQL: ``statement_timeout``, its previous value saved;
+        - MariaDB/MySQL: the row-lock and metadata-lock waits
+          (``innodb_lock_wait_timeout``, ``lock_wait_timeout``; whole seconds, at least
+          1), their previous values saved in session variables;
+        - SQLite: the engine's busy timeout (30 s from :func:`~lease.create_engine`).
+
+        A connection whose settings could not be restored is invalidated, never handed
+        out. A statement that gives up raises ``OperationalError``, which the callers'
+        :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
+        """
+        with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _bounded(self, *, read: bool, timeout_ms: int) -> Iterator[Connection]:
+        _store_checkout.active = True
+        try:
+            conn = self._engine.connect()
+        finally:
+            _store_checkout.active = False
+        if read:
+            # A read needs no write lock: on an engine from lease.create_engine, its
+            # SQLite transaction begins DEFERRED, so it never waits for another
+            # process's writer.
+            conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+        with conn, conn.begin():
+            before = conn.info.get(_BOUND)
+            if before is None or before[0] != timeout_ms:
+                try:
+                    self._bind(conn, timeout_ms, before)
+                except BaseException:
+                    if not conn.invalidated:
+                        conn.invalidate()  # the session's settings are unknown: never pooled
+                    raise
+            try:
+                yield conn
+            except BaseException:
+                if conn.dialect.name == "postgresql":  # set_config rolls back with it
+                    if before is None:
+                        conn.info.pop(_BOUND, None)
+                    else:
+                        conn.info[_BOUND] = before
+                raise
+
+    def _bind(self, conn: Connection, timeout_ms: int, bound: tuple[int, str, bool] | None) -> None:
+        """Set the bound on ``conn``'s session; note it, and what undoes it, in its info
+        (``bound``: what the session had from the store before, if anything)."""
+        dialect = conn.dialect.name
+        if dialect == "postgresql":
+            setting = f"SELECT set_config('statement_timeout', '{timeout_ms}', false)"
+            if bound is not None:
+                conn.exec_driver_sql(setting)
+                conn.info[_BOUND] = (timeout_ms, bound[1], True)
+                return
+            # Read before written (a select list is evaluated left to right).
+            (before, _) = conn.exec_driver_sql(
+                f"SELECT current_setting('statement_timeout'), {setting[7:]}"
+            ).one()
+            old = str(before).replace("'", "''")
+            undo = f"SELECT set_config('statement_timeout', '{old}', false)"
+            conn.info[_BOUND] = (timeout_ms, undo, True)
+        elif dialect in ("mysql", "mariadb"):
+            # Not max_statement_time (MariaDB only) nor max_execution_time (MySQL, SELECT
+            # only): a statement of ours that waits is waiting for a lock, and these two
+            # bound that wait on both servers. Session variables are not transactional.
+            seconds = max(1, math.ceil(timeout_ms / 1000))
+            save = (
+                ""
+                if bound is not None
+                else "SET @lease_saved_lock_wait = @@SESSION.innodb_lock_wait_timeout,"
+                " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
+            )
+            conn.exec_driver_sql(
+                (save or "SET")
+                + f" SESSION innodb_lock_wait_timeout = {seconds},"
+                f" SESSION lock_wait_timeout = {seconds}"
+            )
+            conn.info[_BOUND] = (
+                timeout_ms,
+                "SET SESSION innodb_lock_wait_timeout = @lease_saved_lock_wait,"
+                " SESSION lock_wait_timeout = @lease_saved_mdl_wait",
+                False,
+            )
+
+    def _update_returning(
+        self,
+        conn: Connection,
+        stmt: sa.Update,
+        columns: Sequence[sa.ColumnElement[Any]],
+        written: Callable[[], tuple[sa.ColumnElement[bool], ...]],
+        returning: sa.Update | None = None,
+        tuples: bool = False,
+        **params: Any,
+    ) -> list[Any]:
+        """Run ``stmt`` (with bind ``params``) and return ``columns`` of the rows it
+        updated: mappings, or with ``tuples`` plain rows in the order of ``columns``
+        (cheaper by the thousand).
+
+        ``written()`` gives the conditions that select exactly those rows once the UPDATE
+        has run, within the same transaction; it is called only where the dialect lacks
+        UPDATE ... RETURNING. A prebuilt statement passes its prebuilt ``returning`` form
+        too.
+        """
+        if conn.dialect.update_returning:
+            if returning is None:
+                returning = stmt.returning(*columns)
+            result = conn.execute(returning, params)
+        elif conn.execute(stmt, params).rowcount == 0:
+            return []
+        else:
+            result = conn.execute(sa.select(*columns).where(*written()))
+        # all(): one fetch of every row, not one call per row.
+        return list(result.all() if tuples else result.mappings().all())

@@ -1,0 +1,101 @@
+"""The pause: set or lifted on a job's lease row, with a note in the history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from ._core import _h, _StoreCore, _t
+from ._exceptions import translate_errors
+from ._records import (
+    RoundRow,
+    round_values,
+)
+from ._rows import _EPOCH, _MS, _names
+from ._schema import REASON_LENGTH
+from ._text import check_holder
+
+
+class _Pause(_StoreCore):
+    """The pause: a part of :class:`~lease.LeaseStore`."""
+
+    def set_paused(
+        self,
+        names: Iterable[str] | None,
+        *,
+        paused: bool,
+        by: str,
+        reason: str | None = None,
+        now_ms: int | None = None,
+    ) -> list[str]:
+        """Pause (``paused``) or resume ``names`` (``None``: every row but the chores'),
+        and note each change in the history; one transaction. Returns the names whose
+        state changed, sorted: a name already in that state, or without a row, is left
+        as it was.
+
+        A paused row is refused by :meth:`claim` and :meth:`claim_rerun` and left out of
+        :meth:`survey`'s rounds cut short; a round already running is not touched. On
+        resume, ``skipped_through`` is raised to now (in seconds), so the instants skipped
+        while paused are never caught up at start-up (the catch-up rule honours it).
+        The note is a row of ``cronjob_round`` with ``why`` ``'pause'`` or ``'resume'``,
+        outcome ``'paused'`` or ``'resumed'``, ``holder`` = ``by``, ``instant`` = now.
+
+        Raises:
+            ValueError: ``by`` is empty or too long, ``reason`` is too long
+                (:data:`REASON_LENGTH`), a name is empty or too long.
+        """
+        wanted = None if names is None else _names(names)
+        check_holder(by)
+        if reason is not None and len(reason) > REASON_LENGTH:
+            raise ValueError(
+                f"a pause reason is at most {REASON_LENGTH} characters, not {len(reason)}"
+            )
+        if wanted == []:
+            return []
+        now = self.now_ms() if now_ms is None else now_ms
+        which = _t.c.paused_ms.is_(None) if paused else _t.c.paused_ms.is_not(None)
+        where = [which, ~_t.c.name.startswith(" ")]
+        if wanted is not None:
+            where.append(_t.c.name.in_(wanted))
+        if paused:
+            values: dict[Any, Any] = {
+                _t.c.paused_ms: now,
+                _t.c.paused_by: by,
+                _t.c.pause_reason: reason,
+            }
+        else:
+            seconds = now // 1000
+            values = {
+                _t.c.paused_ms: None,
+                _t.c.paused_by: None,
+                _t.c.pause_reason: None,
+                _t.c.skipped_through: sa.case(
+                    (_t.c.skipped_through > seconds, _t.c.skipped_through), else_=seconds
+                ),
+            }
+        verb = "pause" if paused else "resume"
+        with translate_errors(f"{verb} jobs"), self._transaction() as conn:
+            found = sorted(
+                conn.execute(sa.select(_t.c.name).where(*where).with_for_update()).scalars()
+            )
+            if not found:
+                return []
+            conn.execute(_t.update().where(_t.c.name.in_(found), which).values(values))
+            at = _EPOCH + now * _MS
+            notes = [
+                RoundRow(
+                    name=name,
+                    instant=at.replace(microsecond=0),
+                    attempt=1,
+                    holder=by,
+                    why=verb,
+                    started=at,
+                    ended=at,
+                    outcome=f"{verb}d",
+                )
+                for name in found
+            ]
+            conn.execute(_h.insert(), [round_values(note) for note in notes])
+        return found
