@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, TypedDict
 from ._exceptions import RegistrationError
 
 if TYPE_CHECKING:
-    from .admin import RoundRecord
+    from ._records import RoundRecord
 
 __all__ = [
     "DEFAULT_RETRY_BACKOFF",

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from lease import REQUEST_TTL as REQUEST_TTL
 
+from .._records import FAILED_OUTCOMES as FAILED_OUTCOMES
+from .._records import Outcome as Outcome
+from .._records import RoundRecord as RoundRecord
+from .._records import Why as Why
 from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
 from ._base import SchemaNewer as SchemaNewer
 from ._base import SchemaOutdated as SchemaOutdated
@@ -43,16 +47,12 @@ from ._control import resume as resume
 from ._control import resume_all as resume_all
 from ._control import trigger as trigger
 from ._control import wait as wait
-from ._status import FAILED_OUTCOMES as FAILED_OUTCOMES
 from ._status import HISTORY_LIMIT as HISTORY_LIMIT
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
 from ._status import Activity as Activity
 from ._status import JobStatus as JobStatus
-from ._status import Outcome as Outcome
 from ._status import ReplicaStatus as ReplicaStatus
-from ._status import RoundRecord as RoundRecord
 from ._status import Status as Status
-from ._status import Why as Why
 from ._status import history as history
 from ._status import status as status
 
@@ -90,6 +90,6 @@ __all__ = [
 # Public objects name the public module (cronjob.admin.PauseChange, not admin._control).
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("cronjob.admin._"):
+    if getattr(_obj, "__module__", "").startswith(("cronjob.admin._", "cronjob._")):
         _obj.__module__ = __name__
 del _name, _obj

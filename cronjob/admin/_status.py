@@ -40,6 +40,7 @@ import sqlalchemy as sa
 import lease
 
 from .._exceptions import ScheduleError
+from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, Why
 from .._schedule import Schedule
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob
 from ._base import as_enum as _enum
@@ -69,36 +70,6 @@ STALE_SLACK_SECONDS: Final = 60.0
 HISTORY_LIMIT: Final = 10_000
 
 
-class Outcome(enum.StrEnum):
-    """How a round ended, as recorded."""
-
-    #: The job returned.
-    SUCCEEDED = "succeeded"
-    #: The job raised an error of its own (ran to its end; not retried).
-    FAILED = "failed"
-    #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
-    CUT_SHORT = "cut short"
-    #: A second run cut short: the instant is given up.
-    GAVE_UP = "given up"
-    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
-    TIMED_OUT = "timed_out"
-    #: The round could not start within its job's ``start_deadline``: not run.
-    MISSED_DEADLINE = "missed_deadline"
-    #: An attempt that failed (or asked for a retry): the round runs again.
-    RETRYING = "retrying"
-
-
-#: The outcomes ``history(failed=True)`` (``cronjob history --failed``) keeps: a round
-#: that did not do its work. An attempt that is retried is not among them (its round's
-#: end is).
-FAILED_OUTCOMES: Final = (
-    Outcome.FAILED,
-    Outcome.GAVE_UP,
-    Outcome.TIMED_OUT,
-    Outcome.MISSED_DEADLINE,
-)
-
-
 class Activity(enum.StrEnum):
     """What a job is doing now."""
 
@@ -106,27 +77,6 @@ class Activity(enum.StrEnum):
     RUNNING = "running"
     #: Paused by an operator (:func:`pause`): no replica starts a round of it.
     PAUSED = "paused"
-
-
-class Why(enum.StrEnum):
-    """Why a round ran."""
-
-    #: Its instant came.
-    SCHEDULE = "schedule"
-    #: Start-up or the end of a database outage owed it (the catch-up rule).
-    CATCH_UP = "catch-up"
-    #: Its first round was cut short: this is attempt 2.
-    RERUN = "re-run"
-    #: A per-instance job registered with ``run_at_start=True``, as its replica started.
-    START = "start"
-    #: An operator asked for it now (:func:`trigger`); ``requested_by`` says who.
-    MANUAL = "manual"
-    #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
-    #: ``replica`` is who paused it, its outcome ``'paused'``.
-    PAUSE = "pause"
-    #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
-    #: ``'resumed'``.
-    RESUME = "resume"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,30 +164,6 @@ class Status:
     def problems(self) -> tuple[str, ...]:
         """Every job's problems, ``"name: problem"``, in the order of the jobs."""
         return tuple(f"{job.name}: {problem}" for job in self.jobs for problem in job.problems)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundRecord:
-    """One round that ended, from the history."""
-
-    job: str
-    instant: datetime
-    attempt: int
-    replica: str
-    why: Why | str
-    #: On the replica's clock.
-    started: datetime
-    ended: datetime
-    outcome: Outcome | str
-    error: str | None
-    trace_id: str | None
-    #: Who asked for a manual round (:attr:`Why.MANUAL`); ``None`` otherwise.
-    requested_by: str | None = None
-
-    @property
-    def duration(self) -> timedelta:
-        """How long the round ran."""
-        return self.ended - self.started
 
 
 def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:

@@ -41,8 +41,8 @@ from .._policy import FailureHook
 from .._round import Outcome
 
 if TYPE_CHECKING:
+    from .._records import RoundRecord
     from .._registry import Job, Registry
-    from ..admin import RoundRecord
     from ._state import Run
 
 __all__ = [
@@ -262,8 +262,8 @@ def round_record(
 ) -> RoundRecord:
     """The record a failure hook is handed: the history row the end was written with,
     or, without one (history off, a per-instance round), the same values from ``run``."""
-    from ..admin import Outcome as Recorded
-    from ..admin import RoundRecord, Why
+    from .._records import Outcome as Recorded
+    from .._records import RoundRecord, Why
 
     row = None if ending is None else ending.record
     ctx = run.ctx

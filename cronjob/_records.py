@@ -1,0 +1,93 @@
+"""What the round history holds: a round's record, how it ended and why it ran.
+
+The admin API (:func:`cronjob.admin.history`) reads these from the history table, and the
+failure hooks (``on_failure``, see :mod:`cronjob.engine._failures`) receive the record of
+the round that failed; both hand out the same values. Public as :mod:`cronjob.admin`'s
+``RoundRecord``, ``Outcome``, ``Why`` and ``FAILED_OUTCOMES``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+__all__ = ["FAILED_OUTCOMES", "Outcome", "RoundRecord", "Why"]
+
+
+class Outcome(enum.StrEnum):
+    """How a round ended, as recorded."""
+
+    #: The job returned.
+    SUCCEEDED = "succeeded"
+    #: The job raised an error of its own (ran to its end; not retried).
+    FAILED = "failed"
+    #: The job raised its round's cancellation (shutdown, lease lost): it may run again.
+    CUT_SHORT = "cut short"
+    #: A second run cut short: the instant is given up.
+    GAVE_UP = "given up"
+    #: The round ran past its job's ``timeout`` and was cancelled (never run again).
+    TIMED_OUT = "timed_out"
+    #: The round could not start within its job's ``start_deadline``: not run.
+    MISSED_DEADLINE = "missed_deadline"
+    #: An attempt that failed (or asked for a retry): the round runs again.
+    RETRYING = "retrying"
+
+
+#: The outcomes ``history(failed=True)`` (``cronjob history --failed``) keeps: a round
+#: that did not do its work. An attempt that is retried is not among them (its round's
+#: end is).
+FAILED_OUTCOMES: Final = (
+    Outcome.FAILED,
+    Outcome.GAVE_UP,
+    Outcome.TIMED_OUT,
+    Outcome.MISSED_DEADLINE,
+)
+
+
+class Why(enum.StrEnum):
+    """Why a round ran."""
+
+    #: Its instant came.
+    SCHEDULE = "schedule"
+    #: Start-up or the end of a database outage owed it (the catch-up rule).
+    CATCH_UP = "catch-up"
+    #: Its first round was cut short: this is attempt 2.
+    RERUN = "re-run"
+    #: An earlier attempt failed and its job's ``retries`` allow another (same instant).
+    RETRY = "retry"
+    #: A per-instance job registered with ``run_at_start=True``, as its replica started.
+    START = "start"
+    #: An operator asked for it now (:func:`trigger`); ``requested_by`` says who.
+    MANUAL = "manual"
+    #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
+    #: ``replica`` is who paused it, its outcome ``'paused'``.
+    PAUSE = "pause"
+    #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
+    #: ``'resumed'``.
+    RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundRecord:
+    """One round that ended, from the history."""
+
+    job: str
+    instant: datetime
+    attempt: int
+    replica: str
+    why: Why | str
+    #: On the replica's clock.
+    started: datetime
+    ended: datetime
+    outcome: Outcome | str
+    error: str | None
+    trace_id: str | None
+    #: Who asked for a manual round (:attr:`Why.MANUAL`); ``None`` otherwise.
+    requested_by: str | None = None
+
+    @property
+    def duration(self) -> timedelta:
+        """How long the round ran."""
+        return self.ended - self.started
