@@ -2,36 +2,28 @@
 scheduled instant across every replica, coordinated through a lease table in the
 application's own SQL database.
 
-Layout, one private module per concern:
+Layout: the public face at the top, one private module per concern, and two wings
+(docs/architecture.md draws the map; tests/test_layout.py holds it to account):
 
-- ``_schedule``: :func:`parse` and :class:`Schedule` (cron grammar, ``@every``, DST rule).
+- ``_schedule`` (with ``_calendar``): :func:`parse` and :class:`Schedule` (cron grammar,
+  ``@every``, the DST rule).
 - ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
-  :func:`job` and :func:`job_per_instance`, :class:`Registry`.
-- ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
-- ``_policy``: :class:`Policy`, a job's timeout, retries, start deadline, self-pause and
-  failure hook, validated at registration.
-- ``engine/_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
-  the lifecycle (start, drain, stop).
-- The scheduler's parts, in :mod:`cronjob.engine`: ``_dispatcher`` (the heap of
-  instants, claims, the rounds in flight), ``_runner`` (running rounds, recording their
-  ends, the fenced transaction),
-  ``_peers`` (the live replicas, each one's share of an instant), ``_keeper`` (renewal,
-  lease loss, the forced exit), ``_recovery`` (reaching the
-  database, catch-up, outages), ``_sweep`` (second runs, the minute check),
-  ``_fencing`` (the fenced transactions), ``_database`` (engines), ``_loop`` (our own
-  asyncio loop), ``_control`` (the inbox and the control thread),
-  ``_state`` (the records they share), ``_finisher`` and ``_workers`` (threads),
-  ``_metrics`` (the OpenTelemetry instruments each part calls where events happen).
-- ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`).
-- ``_lifespan``: :func:`lifespan` for ASGI apps. ``_cli`` / ``_run``: the ``cronjob``
-  command.
-- ``_history``: :class:`History`, the round history's retention, and its pruning.
-- :mod:`cronjob.admin` (public): what the scheduler did, read from the database
-  (``cronjob status``, ``cronjob history``).
+  :func:`job` and :func:`job_per_instance`, :class:`Registry`; ``_policy``:
+  :class:`Policy`, a job's timeout, retries, start deadline, self-pause and failure hook,
+  validated at registration.
+- ``_round``: :class:`Round`, what a job receives, and how its outcome is classified;
+  ``_records``: a round's record in the history, as the admin API and the hooks give it.
+- ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`);
+  ``_exceptions``; ``_history``: :class:`History`, the history's retention and pruning;
+  ``_lifespan``: :func:`lifespan` for ASGI apps.
+- :mod:`cronjob.engine`: what runs rounds — :class:`Scheduler` (the façade that wires the
+  parts and holds the lifecycle), the dispatcher, keeper, runner, workers, finisher,
+  sweep, recovery, peers, the job policies' timers and hooks (its docstring lists them).
+- :mod:`cronjob.admin` (public): the operator's side — what the scheduler did, read from
+  the database, and what an operator writes (pause, resume, trigger); the ``cronjob``
+  command; the status page (public as :mod:`cronjob.web`).
 - ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
   (entry point ``pytest11``). Importing ``cronjob`` imports neither.
-- :mod:`cronjob.web` (public): the status page as a WSGI or ASGI app (``cronjob status
-  --serve``); ``_page`` renders its HTML.
 
 Threads, and who may touch what::
 
