@@ -4,7 +4,9 @@ application's own SQL database.
 
 Layout, one private module per concern:
 
-- ``_schedule``: :func:`parse` and :class:`Schedule` (cron grammar, ``@every``, DST rule).
+- ``_grammar``: the spec's grammar (cron fields, descriptors, ``@every``, ``CRON_TZ=``),
+  read into value sets; ``_schedule``: :func:`parse` and :class:`Schedule`, which walk
+  them to instants (the DST rule), over ``_calendar``'s integer calendar arithmetic.
 - ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
   :func:`job` and :func:`job_per_instance`, :class:`Registry`.
 - ``_round``: :class:`Round`, what a job receives, and how its outcome is classified.
