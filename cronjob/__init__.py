@@ -5,8 +5,9 @@ application's own SQL database.
 Layout: the public face at the top, one private module per concern, and two wings
 (docs/architecture.md draws the map; tests/test_layout.py holds it to account):
 
-- ``_schedule`` (with ``_calendar``): :func:`parse` and :class:`Schedule` (cron grammar,
-  ``@every``, the DST rule).
+- ``_grammar``: the spec's grammar (cron fields, descriptors, ``@every``, ``CRON_TZ=``),
+  read into value sets; ``_schedule``: :func:`parse` and :class:`Schedule`, which walk
+  them to instants (the DST rule), over ``_calendar``'s integer calendar arithmetic.
 - ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
   :func:`job` and :func:`job_per_instance`, :class:`Registry`; ``_policy``:
   :class:`Policy`, a job's timeout, retries, start deadline, self-pause and failure hook,
