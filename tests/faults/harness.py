@@ -70,11 +70,15 @@ JOBS_MODULE = "tests.faults.jobs_spec"
 
 #: The library's timing rules, as the scenarios check them (seconds).
 LEASE_TTL = 15.0
+RENEW_EVERY = 5.0
 LOST_AFTER = 10.0
 EXIT_AFTER_LOST = 5.0
 SWEEP_EVERY = 15.0
 DRAIN_LIMIT = 5.0
 EXIT_LEASE_LOST = 70
+#: How long a leased round may go on after its timeout cancelled it before its process
+#: exits (with :data:`EXIT_LEASE_LOST`, as after a lost lease).
+TIMEOUT_GRACE = 5.0
 #: How long a SQLite writer waits for another process's write lock (lease/_engine.py).
 SQLITE_BUSY_TIMEOUT = lease_engine.SQLITE_BUSY_TIMEOUT
 
@@ -478,13 +482,19 @@ class Proxy:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job of ``jobs_spec`` (see its docstring for the modes)."""
+    """One job of ``jobs_spec`` (see its docstring for the modes).
+
+    ``options`` are the keyword options passed on to ``register`` (the job's policies,
+    such as ``{"timeout": 3}``); they must survive JSON, as they reach the replicas in
+    ``$FAULTS_JOBS``.
+    """
 
     name: str
     spec: str
     mode: str = "work"
     duration: float = 0.0
     per_instance: bool = False
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -493,6 +503,7 @@ class JobSpec:
             "mode": self.mode,
             "duration": self.duration,
             "per_instance": self.per_instance,
+            "options": dict(self.options),
         }
 
 

@@ -1,6 +1,7 @@
 """Jobs for the fault suite, registered from ``$FAULTS_JOBS`` (a JSON list).
 
-Each entry is ``{"name", "spec", "mode", "duration", "per_instance"}``; each round appends
+Each entry is ``{"name", "spec", "mode", "duration", "per_instance", "options"}``
+(``options``: keyword options for ``register``, the job's policies); each round appends
 JSON lines to ``$FAULTS_LOG``: ``start`` and ``end`` (with ``outcome``), and ``cancelled``
 when a job that ignores its cancellation notices it. Every line carries the job, the
 instant, the attempt, the trigger (``schedule`` or ``manual``), the replica, the pid, the
@@ -118,5 +119,8 @@ def make_job(mode: str, duration: float) -> Any:
 for _entry in json.loads(os.environ.get("FAULTS_JOBS", "[]")):
     _register = cronjob.register_per_instance if _entry.get("per_instance") else cronjob.register
     _register(
-        make_job(_entry["mode"], float(_entry.get("duration", 0.0))), _entry["spec"], _entry["name"]
+        make_job(_entry["mode"], float(_entry.get("duration", 0.0))),
+        _entry["spec"],
+        _entry["name"],
+        **_entry.get("options", {}),
     )

@@ -19,6 +19,7 @@ import concurrent.futures
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,9 +39,11 @@ from .harness import (
     EXIT_LEASE_LOST,
     LEASE_TTL,
     LOST_AFTER,
+    RENEW_EVERY,
     REPO,
     SQLITE_BUSY_TIMEOUT,
     SWEEP_EVERY,
+    TIMEOUT_GRACE,
     JobSpec,
     Scenario,
     check_invariants,
@@ -609,6 +612,155 @@ def scenario_hung_job(db: str = "postgres") -> Figures:
         )
 
 
+#: The hung job of :func:`scenario_hung_timeout`: every 10 s, a timeout of 3 s.
+HUNG_EVERY = 10.0
+HUNG_TIMEOUT = 3.0
+#: Forced exits watched before the scenario stops.
+HUNG_EXITS = 3
+#: What the load of every scenario at once on 2 cores adds to a bound: the harness
+#: noticing an exit, a claim's statement, a worker thread getting the CPU.
+LOAD_SLACK = 4.0
+
+
+def scenario_hung_timeout(db: str = "postgres") -> Figures:
+    """A sync job that hangs ignoring its cancellation, with ``timeout=3``, on three
+    replicas: each round is cancelled with ``TimedOut`` 3 s after its start and, still
+    running 5 s later, ends its process with status 70 (logged critical); the replica is
+    restarted, as a supervisor would. The lease, renewed until the exit, then expires and
+    the job's next instant runs on a replica (never the same instant again: the row's
+    attempt was set to 2 at the timeout, and the next claim gives the round up); no two
+    rounds of the job ever overlap, and the other jobs keep running meanwhile.
+
+    The bound, from the rules (docs/decisions.md, "Job policies"): the lease is renewed
+    every 5 s until the exit and lasts 15 s, so it expires 10 to 15 s after the exit; the
+    job's next instant is the first one after that, within one period. So the next
+    round starts 10 to 15 + 10 s after the exit (plus the load's slack), whoever runs it.
+    """
+    jobs = [
+        JobSpec(
+            "hung", f"*/{HUNG_EVERY:g} * * * * *", "forever", options={"timeout": HUNG_TIMEOUT}
+        ),
+        # On odd seconds: a forced exit comes 8 s after an even second, and a leased round
+        # in flight at an exit holds its lease until it expires, as after any crash.
+        JobSpec("tick", "1/2 * * * * *", "work", 0.1),
+        JobSpec("local", "*/2 * * * * *", "work", 0.1, per_instance=True),
+    ]
+    earliest = LEASE_TTL - RENEW_EVERY - 1.0
+    latest = LEASE_TTL + HUNG_EVERY + LOAD_SLACK
+    with Scenario("hung_timeout", jobs, db=db) as s:
+        for name in "abc":
+            s.replica(name)
+        s.start()
+        began = s.wait_start("hung", HUNG_EVERY + 20)
+        takeovers: list[float] = []
+        timed_out_after: list[float] = []
+        exit_after_timeout: list[float] = []
+        for _ in range(HUNG_EXITS):
+            pid = began["pid"]
+            replica = s.replicas[_pid_replica(s, pid)]
+            process = next(p for p in replica.processes if p.pid == pid)
+            rc = process.wait(HUNG_TIMEOUT + TIMEOUT_GRACE + 10 + LOAD_SLACK)
+            assert rc == EXIT_LEASE_LOST, f"{replica.name} exited with status {rc}"
+            exited = process.exited
+            assert exited is not None
+            output = process.output()
+            assert "its timeout: cancelling the round" in output
+            assert "CRITICAL" in output and "after its timeout" in output, output[-3000:]
+            events = s.events()
+            # The round saw its cancellation as a timeout, 3 s after it started ...
+            noticed = next(
+                e
+                for e in events
+                if e["ev"] == "cancelled" and e["job"] == "hung" and e["pid"] == pid
+            )
+            assert noticed["cause"] == "TimedOut" and noticed["instant"] == began["instant"]
+            after = noticed["mono"] - began["mono"]
+            assert HUNG_TIMEOUT - 0.5 <= after <= HUNG_TIMEOUT + LOAD_SLACK, after
+            timed_out_after.append(after)
+            # ... and ended its process 5 s after the timeout (the grace).
+            grace = exited - noticed["mono"]
+            assert TIMEOUT_GRACE - 0.8 <= grace <= TIMEOUT_GRACE + LOAD_SLACK, grace
+            exit_after_timeout.append(grace)
+            # On record: the round never ended (its process died in it), but its attempt
+            # is 2 since the timeout, so no sweep runs it a second time. The next claim
+            # replaces the row no sooner than 10 s after the exit: it is still there.
+            instant = datetime.fromisoformat(began["instant"])
+            row = s.lease_row("hung")
+            assert row is not None
+            assert (row["instant"], row["attempt"], row["state"]) == (
+                int(instant.timestamp()),
+                2,
+                "running",
+            ), row
+            replica.start()
+            replica.wait_started()
+            # The job's next instant runs, once the lease the dead process held expired.
+            following = s.wait_start("hung", latest + 10, after=exited)
+            takeover = following["mono"] - exited
+            assert earliest <= takeover <= latest, (
+                f"the next round started {takeover:.1f}s after the forced exit, "
+                f"not within [{earliest:g}, {latest:g}]s"
+            )
+            takeovers.append(takeover)
+            assert following["attempt"] == 1
+            assert datetime.fromisoformat(following["instant"]) > instant
+            # Its claim gave the hung round up (the row's attempt 2: not run again).
+            claimer = next(
+                p for r in s.replicas.values() for p in r.processes if p.pid == following["pid"]
+            )
+            given_up = wait_until(
+                lambda claimer=claimer: re.findall(
+                    r"job 'hung': the unfinished round of (\S+) \(attempt 2\) is given up",
+                    claimer.output(),
+                ),
+                5,
+                "the claim to give the hung round up",
+            )
+            assert instant in {datetime.fromisoformat(x) for x in given_up}, given_up
+            began = following
+        statuses = s.stop(DRAIN_LIMIT + 15)
+        holder = _pid_replica(s, began["pid"])
+        for name, rc in statuses.items():
+            # The last hung round is drained (status 0), unless the load delayed the
+            # SIGTERM past its timeout: then it escalates first (status 70).
+            allowed = (0, EXIT_LEASE_LOST) if name == holder else (0,)
+            assert rc in allowed, statuses
+        report = s.check()
+        report.assert_clean()
+        rounds = s.rounds()
+        hung = [r for r in rounds if r.job == "hung"]
+        # Each instant ran once, as a first run: none was ever run a second time.
+        assert all(r.attempt == 1 for r in hung), [r.describe() for r in hung]
+        assert len({r.instant for r in hung}) == len(hung) == HUNG_EXITS + 1
+        assert not [b for a, b, _ in report.reruns if a.job == "hung"]
+        assert {r.instant for r in report.given_up if r.job == "hung"} == {
+            r.instant for r in hung[:HUNG_EXITS]
+        }
+        # The other jobs went on while each round hung: the hung replica's per-instance
+        # job on that replica, the leased one on the replicas.
+        for r in hung[:HUNG_EXITS]:
+            assert r.end is not None and r.exit_rc == EXIT_LEASE_LOST, r.describe()
+            for job, pid in (("local", r.pid), ("tick", None)):
+                during = [
+                    x
+                    for x in rounds
+                    if x.job == job and pid in (None, x.pid) and r.start < x.start < r.end
+                ]
+                assert len(during) >= 2, f"{len(during)} rounds of {job} while {r.describe()}"
+        return _finish(
+            s,
+            {
+                "timed_out_after_start_s": [_round(x) for x in timed_out_after],
+                "exit_after_timeout_s": [_round(x) for x in exit_after_timeout],
+                "next_round_after_exit_s": [_round(x) for x in takeovers],
+                "bound_s": [earliest, latest],
+                "hung_rounds": len(hung),
+                "rounds": report.rounds,
+                "violations": 0,
+            },
+        )
+
+
 def scenario_base_exception(db: str = "postgres") -> Figures:
     """Jobs raising ``SystemExit`` and ``KeyboardInterrupt`` (sync and async): each round
     is logged as failed and counts as run to its end; the process and the other jobs are
@@ -1080,6 +1232,7 @@ PARALLEL: dict[str, Callable[[str], Figures]] = {
     "outage_one": functools.partial(scenario_outage, everyone=False),
     "garbage_row": scenario_garbage_row,
     "hung_job": scenario_hung_job,
+    "hung_timeout": scenario_hung_timeout,
     "base_exception": scenario_base_exception,
     "thousand_jobs": scenario_thousand_jobs,
     "bad_url": scenario_bad_url,
@@ -1256,6 +1409,13 @@ def test_garbage_row(launched, db):
 @on("postgres")
 def test_hung_job(launched, db):
     launched.outcome("hung_job", db)
+
+
+@on(*ALL)
+def test_hung_timeout(launched, db):
+    """A hung job with a timeout on three replicas: its next instants run, nothing ever
+    overlaps (on every database: the lease's expiry and the claim are the database's)."""
+    launched.outcome("hung_timeout", db)
 
 
 @on("postgres")
