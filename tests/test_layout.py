@@ -17,7 +17,6 @@ NOT_YET_SPLIT = {
     "cronjob._schedule": 871,
     "cronjob.engine._dispatcher": 748,
     "cronjob.engine._runner": 704,
-    "cronjob.admin._status": 517,
 }
 
 
