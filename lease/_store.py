@@ -43,6 +43,7 @@ from ._core import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._core import DEFAULT_TTL as DEFAULT_TTL
 from ._dialect import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS
 from ._dialect import check_dialect as check_dialect
+from ._ends import _Ends
 from ._exceptions import translate_errors
 from ._pause import _Pause
 from ._record import _Record
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 
-class LeaseStore(_Claims, _Record, _Pause):
+class LeaseStore(_Claims, _Ends, _Record, _Pause):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an

@@ -146,6 +146,22 @@ def migrated_engine(db_engine: sa.Engine) -> sa.Engine:
     return db_engine
 
 
+#: A Monday, on the hour: where the ``clock`` fixture starts (a module's own ``START``).
+MONDAY = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> cronjob.testing.FakeClock:
+    """A fake clock at :data:`MONDAY` (a module may define its own ``clock``)."""
+    return cronjob.testing.FakeClock(MONDAY)
+
+
+@pytest.fixture
+def url(db_url: str) -> str:
+    """Each database in turn (``db_url``), as the scheduler tests name it."""
+    return db_url
+
+
 @dataclass
 class ManualClock:
     """A clock that moves only when told: ``now()``, ``advance(seconds)``, ``set(when)``.

@@ -27,11 +27,6 @@ def at(hours: int = 0, minutes: int = 0, seconds: int = 0) -> datetime:
     return START + timedelta(hours=hours, minutes=minutes, seconds=seconds)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
 def job_status(url: str, clock: FakeClock, name: str) -> admin.JobStatus:
     [found] = [job for job in admin.status(url, now=clock.now()).jobs if job.name == name]
     return found

@@ -39,11 +39,6 @@ PATIENCE = 20.0
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
 def url(db_url: str) -> Iterator[str]:
     """Each database, with the table the jobs write to."""
     execute(db_url, "CREATE TABLE report_out (n INTEGER PRIMARY KEY)")

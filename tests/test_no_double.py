@@ -11,7 +11,6 @@ import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +25,7 @@ from cronjob.engine._control import Control, Inbox
 from cronjob.engine._keeper import EXIT_LEASE_LOST, LeaseKeeper
 from cronjob.engine._state import Flags, JobState, Reason, Run
 from cronjob.testing import FakeClock, crash
+from tests._helpers import JobBodies
 from tests.faults.harness import wait_until
 
 #: A Monday, on the hour.
@@ -40,41 +40,16 @@ class Ran:
     replica: str
 
 
-class Rounds:
+class Rounds(JobBodies):
     """Job bodies recording their rounds (thread-safe)."""
 
     def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.seen: list[Ran] = []
-        self._lock = threading.Lock()
 
     def _record(self, ctx: cronjob.Round) -> None:
         with self._lock:
             self.seen.append(Ran(ctx.instant, ctx.attempt, ctx.replica))
-
-    def lasting(self, seconds: float) -> Callable[[cronjob.Round], None]:
-        """Works ``seconds``, stops early (cut short) when cancelled."""
-
-        def job(ctx: cronjob.Round) -> None:
-            self._record(ctx)
-            if ctx.wait(seconds):
-                ctx.check()
-
-        return job
-
-    def stubborn(self, seconds: float) -> Callable[[cronjob.Round], None]:
-        """Works ``seconds`` and ignores its cancellation."""
-
-        def job(ctx: cronjob.Round) -> None:
-            self._record(ctx)
-            self.clock.sleep(seconds)
-
-        return job
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
 
 
 class TestWallClockStepped:

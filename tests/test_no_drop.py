@@ -33,11 +33,6 @@ class Instants:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
 def engine(db_url: str) -> Iterator[sa.Engine]:
     engine = lease.create_engine(db_url)
     yield engine

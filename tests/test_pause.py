@@ -32,11 +32,6 @@ def at(minutes: int = 0, seconds: int = 0) -> datetime:
     return START + timedelta(minutes=minutes, seconds=seconds)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
 class Runs:
     """A job that records its instants and lasts ``seconds`` (on the fake clock)."""
 

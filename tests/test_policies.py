@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,6 +17,7 @@ from conftest import lease_row
 import cronjob
 from cronjob import Registry, admin
 from cronjob.testing import FakeClock
+from tests._helpers import JobBodies
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -27,40 +27,21 @@ def at(hours: int = 0, minutes: int = 0, seconds: float = 0) -> datetime:
     return START + timedelta(hours=hours, minutes=minutes, seconds=seconds)
 
 
-class Rounds:
+class Rounds(JobBodies):
     """Job bodies that note each round they run: its ``ctx`` and when it started."""
 
     def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.seen: list[tuple[cronjob.Round, datetime]] = []
-        self._lock = threading.Lock()
 
     def note(self, ctx: cronjob.Round) -> None:
         with self._lock:
             self.seen.append((ctx, self.clock.now()))
 
-    def lasting(self, seconds: float) -> Callable[[cronjob.Round], None]:
-        """Works ``seconds``, stopping early (raising its cancellation) when cancelled."""
-
-        def job(ctx: cronjob.Round) -> None:
-            self.note(ctx)
-            if ctx.wait(seconds):
-                ctx.check()
-
-        return job
+    _record = note
 
     def attempts(self) -> list[tuple[datetime, int]]:
         return [(ctx.instant, ctx.attempt) for ctx, _ in self.seen]
-
-
-@pytest.fixture
-def url(db_url: str) -> str:
-    return db_url
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
 
 
 @pytest.fixture

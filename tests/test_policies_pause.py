@@ -42,11 +42,6 @@ def at(minutes: int = 0, seconds: int = 0) -> datetime:
     return START + timedelta(minutes=minutes, seconds=seconds)
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
 class Script:
     """A job that fails (``ValueError: boom N``) or succeeds as told, minute by minute;
     it fails once its script runs out."""

@@ -26,6 +26,7 @@ import cronjob
 import lease
 from cronjob import Registry
 from cronjob.testing import FakeClock
+from tests._helpers import refuse_thread_starts
 
 #: A Monday, on the hour: the first every-minute instant is 09:01:00.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -56,14 +57,8 @@ class Rounds:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
 def rounds(clock: FakeClock) -> Rounds:
     return Rounds(clock)
-
 
 
 @pytest.fixture
@@ -73,15 +68,7 @@ def no_round_threads(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
     Only the round pool's threads (``cronjob-round-*``) are refused: the dispatcher, the
     control thread and the finisher start as usual.
     """
-    refusing = [False]
-    original = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        if refusing[0] and self.name.startswith("cronjob-round"):
-            raise RuntimeError("can't start new thread")
-        original(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    refusing = refuse_thread_starts(monkeypatch, "cronjob-round")
 
     def refuse(on: bool) -> None:
         refusing[0] = on

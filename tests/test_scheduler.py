@@ -11,9 +11,7 @@ import asyncio
 import functools
 import gc
 import logging
-import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -25,6 +23,7 @@ import cronjob
 import lease
 from cronjob import Registry, Scheduler
 from cronjob.testing import FakeClock, crash
+from tests._helpers import JobBodies
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -43,14 +42,13 @@ class Ran:
     started: datetime
 
 
-class Recorder:
+class Recorder(JobBodies):
     """Job bodies that record each round they run (thread-safe)."""
 
     def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.rounds: list[Ran] = []
         self.contexts: list[cronjob.Round] = []
-        self._lock = threading.Lock()
 
     def _record(self, ctx: cronjob.Round) -> None:
         with self._lock:
@@ -62,38 +60,8 @@ class Recorder:
     def quick(self, ctx: cronjob.Round) -> None:
         self._record(ctx)
 
-    def lasting(self, seconds: float) -> Callable[[cronjob.Round], None]:
-        """A job that works ``seconds`` and stops early, cut short, when cancelled."""
-
-        def job(ctx: cronjob.Round) -> None:
-            self._record(ctx)
-            if ctx.wait(seconds):
-                ctx.check()
-
-        return job
-
-    def stubborn(self, seconds: float) -> Callable[[cronjob.Round], None]:
-        """A job that ignores its cancellation for ``seconds``."""
-
-        def job(ctx: cronjob.Round) -> None:
-            self._record(ctx)
-            self.clock.sleep(seconds)
-
-        return job
-
     def instants(self, name: str | None = None) -> list[datetime]:
         return sorted(r.instant for r in self.rounds if name in (None, r.name))
-
-
-@pytest.fixture
-def url(db_url: str) -> str:
-    """Each database in turn (``db_url``), as this module's tests name it."""
-    return db_url
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
 
 
 @pytest.fixture

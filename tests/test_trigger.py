@@ -76,11 +76,6 @@ class Job:
         return [seen for seen in self.seen if seen.trigger is Trigger.SCHEDULE]
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
 def cluster(replicas: Callable[..., Scheduler], spec: str = HOURLY, **jobs: Job) -> Registry:
     registry = Registry()
     for name, job in jobs.items():

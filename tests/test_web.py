@@ -49,11 +49,6 @@ class Page:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
 def deployment(db_url: str, clock: FakeClock) -> Iterator[str]:
     """Two replicas that ran two hours of rounds and were just restarted (so both are
     seen now: on a fake clock an idle replica refreshes its record only as it starts)."""

@@ -7,21 +7,13 @@ import threading
 import pytest
 
 from cronjob.engine._workers import NoWorkerThread, Workers, WorkersClosed
+from tests._helpers import refuse_thread_starts
 
 
 @pytest.fixture
 def refuse_threads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """While ``[0]`` is true, starting a ``pool-*`` thread fails as the OS limit does."""
-    refusing = [False]
-    original = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        if refusing[0] and self.name.startswith("pool"):
-            raise RuntimeError("can't start new thread")
-        original(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
-    return refusing
+    return refuse_thread_starts(monkeypatch, "pool")
 
 
 class TestWorkers:

@@ -4,9 +4,10 @@ Everything a person (or a script) uses to look at and steer the replicas lives h
 from the engine that runs rounds (:mod:`cronjob.engine`):
 
 - This package, :mod:`cronjob.admin` (public): the admin API. ``_status`` reads what the
-  scheduler did (:func:`status`, :func:`history`); ``_control`` writes (:func:`pause`,
-  :func:`resume`, :func:`trigger`, :func:`wait`); ``_base`` holds what both share
-  (the database, the schema check, the errors).
+  scheduler did (:func:`status`, :func:`history`); ``_control`` writes the pause
+  (:func:`pause`, :func:`resume`); ``_trigger`` requests a round now (:func:`trigger`,
+  :func:`wait`); ``_base`` holds what they share (the database, the schema check, the
+  errors).
 - ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
   ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
   ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``; ``_format``: the
@@ -34,19 +35,10 @@ from ._base import TablesMissing as TablesMissing
 from ._base import UnknownJob as UnknownJob
 from ._control import REASON_LENGTH as REASON_LENGTH
 from ._control import PauseChange as PauseChange
-from ._control import Refusal as Refusal
-from ._control import RequestState as RequestState
-from ._control import RequestStatus as RequestStatus
-from ._control import TriggerRefused as TriggerRefused
-from ._control import TriggerRequest as TriggerRequest
 from ._control import pause as pause
 from ._control import pause_all as pause_all
-from ._control import request_status as request_status
-from ._control import requests as requests
 from ._control import resume as resume
 from ._control import resume_all as resume_all
-from ._control import trigger as trigger
-from ._control import wait as wait
 from ._status import HISTORY_LIMIT as HISTORY_LIMIT
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
 from ._status import Activity as Activity
@@ -55,6 +47,15 @@ from ._status import ReplicaStatus as ReplicaStatus
 from ._status import Status as Status
 from ._status import history as history
 from ._status import status as status
+from ._trigger import Refusal as Refusal
+from ._trigger import RequestState as RequestState
+from ._trigger import RequestStatus as RequestStatus
+from ._trigger import TriggerRefused as TriggerRefused
+from ._trigger import TriggerRequest as TriggerRequest
+from ._trigger import request_status as request_status
+from ._trigger import requests as requests
+from ._trigger import trigger as trigger
+from ._trigger import wait as wait
 
 __all__ = [
     "FAILED_OUTCOMES",

@@ -4,7 +4,8 @@ Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
 a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
 :func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
-row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`.
+row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`
+and :mod:`cronjob.admin._trigger`.
 Nothing migrates: a database without the tables, or at an older revision, is an
 error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,7 +39,6 @@ import sqlalchemy as sa
 
 import lease
 
-from .._exceptions import ScheduleError
 from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, Why
 from .._schedule import Schedule
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob
@@ -48,17 +47,17 @@ from ._base import at_ms as _at
 from ._base import aware as _aware
 from ._base import store_on as _store
 from ._base import to_ms as _ms
-from ._control import RequestState, RequestStatus, request_status
+from ._spec import human as _human
+from ._spec import next_instant as _next
+from ._spec import period as _period
+from ._spec import schedule_of as _schedule
+from ._trigger import RequestState, RequestStatus, request_status
 
 __all__ = [
-    "FAILED_OUTCOMES",
     "Activity",
     "JobStatus",
-    "Outcome",
     "ReplicaStatus",
-    "RoundRecord",
     "Status",
-    "Why",
     "history",
     "status",
 ]
@@ -398,39 +397,3 @@ def _stale(
         return None
     seen = "never" if row.last_success is None else f"last at {row.last_success.isoformat()}"
     return f"stale: no successful end within {_human(allowed)} ({seen})"
-
-
-@functools.lru_cache(maxsize=65536)
-def _next(schedule: Schedule, now: datetime) -> datetime | None:
-    """``schedule.next(now)``, once per schedule and moment (jobs share both)."""
-    return schedule.next(now)
-
-
-@functools.lru_cache(maxsize=4096)
-def _period(schedule: Schedule, now: datetime) -> timedelta | None:
-    """The current period: from the latest instant at or before ``now`` to the next."""
-    latest = schedule.prev(now + timedelta(seconds=1))
-    following = None if latest is None else schedule.next(latest)
-    return None if latest is None or following is None else following - latest
-
-
-@functools.lru_cache(maxsize=4096)
-def _schedule(spec: str | None) -> Schedule | None:
-    """The schedule of ``spec`` (parsed once per spec: jobs share specs), or ``None``."""
-    if spec is None:
-        return None
-    try:
-        return Schedule(spec)
-    except ScheduleError:
-        return None  # a spec this release cannot parse (a newer one's): no next instant
-
-
-def _human(span: timedelta) -> str:
-    """``2h1m``, ``90s`` -> ``1m30s``: the units that are not zero, largest first."""
-    seconds = int(span.total_seconds())
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or "0s"
