@@ -13,8 +13,9 @@ Layout, one private module per concern:
 - ``engine/_scheduler``: :class:`Scheduler`, the façade: it wires the parts below and holds
   the lifecycle (start, drain, stop).
 - The scheduler's parts, in :mod:`cronjob.engine`: ``_dispatcher`` (the heap of
-  instants, claims, the rounds in flight), ``_runner`` (running rounds, recording their
-  ends, the fenced transaction),
+  instants, the rounds in flight), ``_claiming`` (the claims of an instant),
+  ``_prepare`` (a round built), ``_runner`` (running rounds), ``_ends`` (recording
+  their ends), ``_options`` (the scheduler's options checked),
   ``_peers`` (the live replicas, each one's share of an instant), ``_keeper`` (renewal,
   lease loss, the forced exit), ``_recovery`` (reaching the
   database, catch-up, outages), ``_sweep`` (second runs, the minute check),
@@ -49,7 +50,7 @@ Threads, and who may touch what::
                                FINISHER thread: ends of rounds, batched ──▶ to the inbox
 
 One thread, the dispatcher, owns the scheduling state: only it and the parts it calls
-(keeper, recovery, the runner's ``prepare``/``submit``/``cancel``) read or change it.
+(claims, keeper, recovery, the runner's ``prepare``/``submit``/``cancel``) read or change it.
 Every other thread talks to it by posting a message to the inbox. The dispatcher never
 waits on the database, so a slow statement cannot delay a lease deadline. A round's
 worker reads its own round and sets its ``ended`` flag; the façade sets the life flags
