@@ -92,8 +92,7 @@ class EndRecorder:
             )
         )
         # Ends of rounds that end together: batched; the history pruned in their wake.
-        # While rounds wait for a thread, ends are held back to share a batch; never on
-        # a clock that counts work (a fake clock's advance() would wait on the hold).
+        # While rounds wait for a thread (``hold``), ends are held back to share a batch.
         self.finisher: Finisher[_Later] = Finisher(
             store,
             ending=self._ending_of,
