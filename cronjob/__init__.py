@@ -42,7 +42,7 @@ Threads, and who may touch what::
                                FINISHER thread: ends of rounds, batched ──▶ to the inbox
 
 One thread, the dispatcher, owns the scheduling state: only it and the parts it calls
-(keeper, recovery, the runner's ``prepare``/``submit``/``cancel``) read or change it.
+(claims, keeper, recovery, the runner's ``prepare``/``submit``/``cancel``) read or change it.
 Every other thread talks to it by posting a message to the inbox. The dispatcher never
 waits on the database, so a slow statement cannot delay a lease deadline. A round's
 worker reads its own round and sets its ``ended`` flag; the façade sets the life flags

@@ -26,7 +26,7 @@ from .._exceptions import ScheduleError
 from .._policy import policy_text
 from .._registry import Job, default_registry
 from .._schedule import DstMark, Schedule, parse
-from ..engine._scheduler import DEFAULT_MAX_WORKERS
+from ..engine._options import DEFAULT_MAX_WORKERS
 from ._control_cli import add_commands as add_control_commands
 from ._control_cli import run_pause, run_resume, run_trigger
 from ._read_cli import add_commands, run_history, run_status

@@ -5,10 +5,15 @@ private module each (the package docstring of :mod:`cronjob` draws who owns what
 
 - ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts and holds the
   lifecycle (start, drain, stop).
-- ``_dispatcher``: the heap of instants, the claims, the rounds in flight (the dispatcher
-  thread); ``_lead``: how early a claim goes out; ``_summary``: its per-instant log line.
-- ``_runner``: starting rounds, recording their ends, the fenced transaction; ``_workers``
-  (the round threads), ``_loop`` (our own asyncio loop), ``_finisher`` (ends, batched),
+- ``_options``: the façade's options, their defaults and checks (the caller's thread).
+- ``_dispatcher``: the heap of instants, the rounds in flight (the dispatcher thread);
+  ``_claiming``: the claims of an instant, the rest after the grace, the rounds held
+  until their instant (the same thread); ``_lead``: how early a claim goes out;
+  ``_summary``: its per-instant log line.
+- ``_prepare``: a round built, its ``Round`` and ``Run`` (the dispatcher thread);
+  ``_runner``: running rounds (a worker thread or the loop); ``_ends``: a round's end
+  classified and recorded (the round's thread, the finisher's); ``_workers`` (the round
+  threads), ``_loop`` (our own asyncio loop), ``_finisher`` (ends, batched),
   ``_fencing`` (the fenced transactions), ``_tracing`` (a round's span).
 - ``_keeper``: renewal, lease loss, the forced exit.
 - ``_policies``: the job policies' timers (timeouts, retries' backoffs); ``_failures``:

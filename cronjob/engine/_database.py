@@ -38,6 +38,7 @@ __all__ = [
     "connect",
     "is_async_engine",
     "resolve_database",
+    "warn_if_embedded",
 ]
 
 log = logging.getLogger("cronjob")
@@ -55,6 +56,20 @@ def resolve_database(
     if database is not None:
         return database
     return os.environ.get(DATABASE_ENV) or f"sqlite:///{DEFAULT_SQLITE_FILE}"
+
+
+def warn_if_embedded(database: str | Engine | AsyncEngine) -> None:
+    """Warn, at start, when ``database`` is the embedded default: nothing was named, so
+    every host has a file of its own and replicas do not coordinate."""
+    if database == f"sqlite:///{DEFAULT_SQLITE_FILE}":  # nothing named: one per host
+        log.warning(
+            "database: the embedded default, %s in the working directory: replicas on other "
+            "hosts will not coordinate with this one and will each run every job; in "
+            "production set $%s (or --database-url, or Scheduler(database)) to the database "
+            "all replicas share",
+            DEFAULT_SQLITE_FILE,
+            DATABASE_ENV,
+        )
 
 
 def is_async_engine(database: object) -> TypeIs[AsyncEngine]:

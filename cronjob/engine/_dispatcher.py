@@ -8,18 +8,19 @@ for the shares other replicas left, see ``_peers``), lets recovery and the lease
 act, and starts the rounds that were won. It never does I/O: statements go to the
 control thread and their results come back through the inbox, so a slow database cannot
 delay a deadline.
+
+Claiming the instants (the shares, the rest after a grace, the rounds held until their
+instant) is the :class:`~cronjob.engine._claiming.Claims` part's, on this same thread.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
 import heapq
 import itertools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -28,10 +29,10 @@ import lease
 from .._clock import Clock
 from .._exceptions import Shutdown
 from .._round import Outcome
+from ._claiming import Claims
 from ._control import Control, Inbox
-from ._keeper import LeaseKeeper, too_late
-from ._lead import LEAD_MAX, ClaimLead
-from ._peers import GRACE, Peers
+from ._keeper import LeaseKeeper
+from ._peers import Peers
 from ._policies import PolicyTimers
 from ._recovery import Recovery
 from ._runner import RoundRunner, Start
@@ -42,7 +43,6 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger("cronjob")
 
-_GRACE = timedelta(seconds=GRACE)
 #: Rounds of one claim handed to the worker threads at a time (see start_rounds).
 START_BATCH = 128
 
@@ -60,40 +60,13 @@ class _Due(NamedTuple):
     generation: int
 
 
-@dataclass
-class _Rest:
-    """Jobs of an instant claimed later than this replica's share: the other replicas'
-    shares, after the grace, if they left them unclaimed (and jobs of this replica's
-    share its claim sent ahead did not win); or, ``whole``, an instant too small to
-    share, claimed whole at the instant itself."""
-
-    #: When to claim them: on the wall clock like the instant.
-    at: datetime
-    instant: datetime
-    states: list[JobState]
-    #: Put off once already because every worker thread was busy.
-    deferred: bool = False
-    #: A small instant claimed whole (see Dispatcher._fire_due), not others' shares.
-    whole: bool = False
-
-
-@dataclass
-class _Held:
-    """Rounds won ahead of their instant (see :meth:`Dispatcher.lead`), started at it."""
-
-    instant: datetime
-    start: Callable[[], None]
-    #: Undoes the claim instead (the scheduler began to drain meanwhile).
-    drop: Callable[[], None]
-
-
 class Dispatcher:
     """Owns the jobs' states, the heap of their next instants and the rounds in flight.
 
     Everything here runs on the dispatcher thread (:meth:`serve`), except
-    :meth:`post_rounds_ended` (through the inbox), :meth:`give_back` (on the control thread,
-    once the dispatcher has gone) and the ``drained`` and ``decided`` events. The parts it
-    calls (runner, keeper, recovery) are wired in by the scheduler before the thread starts.
+    :meth:`post_rounds_ended` (through the inbox) and the ``drained`` and ``decided``
+    events. The parts it calls (runner, keeper, recovery) are wired in by the scheduler
+    before the thread starts; it builds its own (peers, claims, policies, summary).
     """
 
     def __init__(
@@ -124,18 +97,20 @@ class Dispatcher:
             replica_id=replica_id,
             names=[name for name, state in states.items() if state.job.leased],
         )
-        #: Other replicas' shares of past instants, in order, claimed once the grace passed.
-        self._rest: list[_Rest] = []
-        #: Rounds won ahead of their instant, in order, started when it comes.
-        self._held: list[_Held] = []
-        #: How long this replica's claims take: they go out that much ahead of an instant.
-        self.claim_lead = ClaimLead()
+        #: The claims of instants (this replica's share, the rest, the rounds held).
+        self.claims = Claims(
+            self,
+            clock=clock,
+            replica_id=replica_id,
+            store=store,
+            control=control,
+            flags=flags,
+            peers=self.peers,
+        )
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         #: The rounds in flight on this replica.
         self.runs: set[Run] = set()
-        #: Sync leased jobs in claims not answered yet (they take worker threads soon).
-        self._claiming_sync = 0
         #: A drain began: no new rounds start.
         self.draining = False
         #: Set once draining and no round is in flight (any thread may wait on it).
@@ -190,11 +165,11 @@ class Dispatcher:
                 self.peers.tick(now)
             if not self.draining and not self.recovery.catch_up_pending:
                 self._fire_due(now, mono)
-                self._start_held(now)
-                self._claim_rest(now)
+                self.claims.start_held(now)
+                self.claims.claim_rest(now)
                 self.recovery.sweep(mono)
-            elif self._rest or self._held:
-                self._drop_rest()
+            else:
+                self.claims.drop_rest()
             self.policies.tick(mono)
             self.keeper.tick(mono)
             if self.draining and not self.runs:
@@ -225,20 +200,17 @@ class Dispatcher:
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
         if self._heap and not self.draining and not self.recovery.catch_up_pending:
-            timeouts.append((self._heap[0].when - now).total_seconds() - self.lead())
-        if self._held and not self.draining:
-            timeouts.append((self._held[0].instant - now).total_seconds())
+            timeouts.append((self._heap[0].when - now).total_seconds() - self.claims.lead())
         parts = [
             self.recovery.next_wake(draining=self.draining),
             self.keeper.next_wake(),
             self.policies.next_wake(),
         ]
         if not self.draining:
-            read_at = self.peers.next_wake()
-            if read_at is not None:
-                timeouts.append((read_at - now).total_seconds())
-            if self._rest:
-                timeouts.append((self._rest[0].at - now).total_seconds())
+            # The peers' next read; a round held for its instant, an instant's rest.
+            for at in (self.peers.next_wake(), self.claims.next_wake()):
+                if at is not None:
+                    timeouts.append((at - now).total_seconds())
         for part in parts:
             if part is not None:
                 timeouts.append(part - mono)
@@ -279,19 +251,14 @@ class Dispatcher:
                     state, instant, attempt=1, token=None, claimed_at=mono, reason=Reason.START
                 )
 
-    def lead(self) -> float:
-        """Seconds ahead of an instant its share's claim goes out: as long as claims take
-        (see ``_lead``); while this replica needs to be seen by the others (see
-        :attr:`Peers.lead`), ahead of any replica's claims. Every round still starts at
-        its instant."""
-        if self.peers.lead:
-            return LEAD_MAX + self.peers.lead
-        return self.claim_lead.seconds
-
     def _fire_due(self, now: datetime, mono: float) -> None:
-        horizon = now + timedelta(seconds=self.lead())
+        """Pop the jobs due by this wake (a claim's lead ahead of ``now``): start the
+        per-instance ones (at their instant), hand the leased ones to the claims."""
+        claims = self.claims
+        horizon = now + timedelta(seconds=claims.lead())
         # Counted before this wake's rounds start: rounds of one instant share the threads.
-        saturated = bool(self._heap) and self._heap[0].when <= horizon and self._workers_saturated()
+        heap = self._heap
+        saturated = bool(heap) and heap[0].when <= horizon and claims.workers_saturated()
         due: dict[datetime, list[JobState]] = {}
         while self._heap and self._heap[0].when <= horizon:
             entry = heapq.heappop(self._heap)
@@ -315,7 +282,7 @@ class Dispatcher:
                 )
                 if entry.when > now:
                     drop = functools.partial(self.schedule_after, state, entry.when)
-                    self._hold(_Held(entry.when, start, drop))
+                    claims.hold(entry.when, start, drop)
                 else:
                     start()
             elif not self.recovery.db_ready:
@@ -328,289 +295,8 @@ class Dispatcher:
                 self.schedule_after(state, entry.when)
             else:
                 due.setdefault(entry.when, []).append(state)
-        for instant, states in due.items():
-            shares = self.peers.share(instant, states)
-            # Too few to share: claimed whole, the first to claim wins, as without peers.
-            mine, rest = shares if shares is not None else (states, [])
-            if rest:
-                self._add_rest(_Rest(instant + _GRACE, instant, rest))
-            if saturated:
-                mine = self._refuse_sync(instant, mine)
-            if not mine:
-                continue
-            if shares is None:
-                # Not ahead by the claims' lead: every replica claims these, and one whose
-                # claim finds the lease still held by the round before (ending before the
-                # instant) would otherwise have lost the instant if that round's replica
-                # then stops. Ahead only to be seen (see Peers.lead), as before.
-                at = instant - timedelta(seconds=self.peers.lead)
-                if at > now:
-                    self._add_rest(_Rest(at, instant, mine, whole=True))
-                    continue
-                self.claim(instant, mine, then=self._claimed_whole(instant, mine))
-                continue
-            self.claim(
-                instant,
-                mine,
-                then=self._claimed_share(instant, mine, mono),
-                lost_later=instant > now,
-            )
-
-    def _claimed_share(
-        self, instant: datetime, mine: list[JobState], woke: float
-    ) -> Callable[[set[str]], None]:
-        """What to do when the claim of this replica's share of ``instant``, sent on the
-        wake at monotonic ``woke``, answered: learn how long claims take, tell peers."""
-
-        def then(won: set[str]) -> None:
-            self.claim_lead.took(self._clock.monotonic() - woke)
-            self.peers.claimed_share(instant, mine, won, whole=False)
-
-        return then
-
-    def _claimed_whole(self, instant: datetime, mine: list[JobState]) -> Callable[[set[str]], None]:
-        return functools.partial(self.peers.claimed_share, instant, mine, whole=True)
-
-    def _add_rest(self, rest: _Rest) -> None:
-        bisect.insort(self._rest, rest, key=lambda r: r.at)
-
-    def _claim_later(self, instant: datetime, lost: list[JobState]) -> bool:
-        """Add ``lost`` (jobs of this replica's share whose claim, sent ahead of
-        ``instant``, did not win them) to the rest of ``instant``: a lease still held
-        by the round before, ending before the instant, is free by then. ``False`` if
-        that claim has gone out already (the others' claims covered them then)."""
-        for rest in self._rest:
-            if rest.instant == instant and not rest.whole and not rest.deferred:
-                rest.states.extend(lost)
-                return True
-        if instant + _GRACE <= self._clock.now():
-            return False
-        self._add_rest(_Rest(instant + _GRACE, instant, lost))
-        return True
-
-    def _hold(self, held: _Held) -> None:
-        bisect.insort(self._held, held, key=lambda h: h.instant)
-
-    def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
-        """Draining before the instant of rounds won ahead: hand each on, as a round cut
-        short (another replica's sweep runs it; see :meth:`hand_back`)."""
-        for state in won:
-            self.hand_back(state.job.name, token)
-            self.schedule_after(state, instant)
-
-    def _start_held(self, now: datetime) -> None:
-        while self._held and self._held[0].instant <= now:
-            self._held.pop(0).start()
-
-    def _claim_rest(self, now: datetime) -> None:
-        """Claim, once their grace passed, the jobs other replicas left unclaimed (and
-        small instants, whole, at their instant)."""
-        while self._rest and self._rest[0].at <= now:
-            rest = self._rest.pop(0)
-            states = rest.states
-            if rest.whole:
-                self.claim(rest.instant, states, then=self._claimed_whole(rest.instant, states))
-                continue
-            sync = [state for state in states if not state.job.is_async]
-            if sync and not rest.deferred and self._workers_saturated():
-                # Every thread is busy: let replicas with free threads take the sync jobs
-                # first, and take what they leave one grace later. Left alone, a job in
-                # nobody's share (views that disagree) would miss its instant.
-                self._add_rest(_Rest(rest.at + _GRACE, rest.instant, sync, deferred=True))
-                states = [state for state in states if state.job.is_async]
-            if states:
-                then = functools.partial(self.peers.claimed_rest, rest.instant)
-                self.claim(rest.instant, states, then=then)
-
-    def _drop_rest(self) -> None:
-        """Draining: forget the rest of past instants; hand on rounds won ahead."""
-        for rest in self._rest:
-            for state in rest.states:
-                self.schedule_after(state, rest.instant)
-        self._rest.clear()
-        for held in self._held:
-            held.drop()
-        self._held.clear()
-
-    # -- worker threads -------------------------------------------------------------------
-
-    def _workers_saturated(self) -> bool:
-        """Whether every worker thread is taken by a sync round in flight (or being claimed).
-
-        A sync round holds a thread from its start until its end, leased or per-instance;
-        async rounds run on the loop and take none.
-        """
-        in_flight = sum(1 for run in self.runs if not run.ended and not run.state.job.is_async)
-        return in_flight + self._claiming_sync >= self.runner.max_workers
-
-    def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
-        """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
-
-        Claimed now they would only wait in the queue, holding (and renewing) leases that
-        keep every other replica from running them. Left unclaimed, another replica's
-        claim of the same instant takes them.
-        """
-        refused = [state for state in states if not state.job.is_async]
-        if refused:
-            log.warning(
-                "instant %s of job(s) %s not claimed on this replica: all %d worker "
-                "thread(s) are busy (another replica may run it)",
-                instant.isoformat(),
-                ", ".join(repr(state.job.name) for state in refused),
-                self.runner.max_workers,
-            )
-            for state in refused:
-                self.schedule_after(state, instant)
-        return [state for state in states if state.job.is_async]
-
-    # -- claims ---------------------------------------------------------------------------
-
-    def claim(
-        self,
-        instant: datetime,
-        states: list[JobState],
-        *,
-        reason: Reason = Reason.SCHEDULE,
-        then: Callable[[set[str]], None] | None = None,
-        lost_later: bool = False,
-    ) -> None:
-        """Claim ``instant`` for ``states`` in one statement, then start what was won
-        (a round won ahead of its instant starts at the instant).
-
-        ``then`` is told the names won, when the database answered, before their rounds
-        start. A claim the database could not answer leaves the instant owed: recovery
-        catches it up once the database answers again (unless a later instant came first).
-        With ``lost_later`` (a share claimed ahead of its instant), jobs not won are
-        claimed once more with the rest of the instant (see :meth:`_claim_later`).
-        """
-        names = [state.job.name for state in states]
-        issued, claimed_at = self._clock.now(), self._clock.monotonic()
-        catch_up = reason is not Reason.SCHEDULE
-        sync = sum(1 for state in states if not state.job.is_async)
-        self._claiming_sync += sync
-
-        def done(result: lease.ClaimBatch | BaseException) -> None:
-            self._claiming_sync -= sync
-            won: set[str] = set()
-            if isinstance(result, BaseException):
-                log.error(
-                    "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
-                )
-                if isinstance(result, lease.DatabaseUnavailable):
-                    self.recovery.database_lost()
-            else:
-                won = set(result.names)
-                self.recovery.database_answered()
-                if len(won) < len(names):
-                    self.recovery.sweeper.claims_missed([n for n in names if n not in won], instant)
-                if then is not None:
-                    then(won)
-            late = too_late(claimed_at, self._clock.monotonic())
-            ahead = instant > self._clock.now()
-            # Jobs of a share claimed ahead that it did not win: claimed again later.
-            retry = (
-                lost_later
-                and not isinstance(result, BaseException)
-                and not self.draining
-                and not self._flags.stopped
-            )
-            claimed: list[JobState] = []
-            lost: list[JobState] = []
-            for state in states:
-                if state.job.name in won:
-                    claimed.append(state)
-                elif retry:
-                    lost.append(state)
-                else:
-                    self.schedule_after(state, max(instant, issued) if catch_up else instant)
-            batch = None if isinstance(result, BaseException) else result
-            if batch is not None and claimed:
-                if late or self.draining or self._flags.stopped:
-                    # The drain began meanwhile, or the claim came back too late: hand the
-                    # instant on.
-                    for state in claimed:
-                        self._hand_on(state, batch, claimed_at, late=late)
-                        self.schedule_after(state, max(instant, issued) if catch_up else instant)
-                    claimed = []
-                else:
-                    self._report_claimed(claimed, batch, reason)
-            if lost and not self._claim_later(instant, lost):
-                for state in lost:
-                    self.schedule_after(state, instant)
-            if not claimed:
-                return
-            assert batch is not None
-            rounds: list[tuple[JobState, int | None]] = [(state, batch.token) for state in claimed]
-            start = functools.partial(
-                self.start_rounds, rounds, instant, attempt=1, claimed_at=claimed_at, reason=reason
-            )
-            if ahead:  # claimed ahead: the rounds start together, on time
-                drop = functools.partial(self._unhold, claimed, batch.token, instant)
-                self._hold(_Held(instant, start, drop))
-            else:
-                start()
-
-        self._control.run(
-            lambda: self._store.claim_batch(names, instant, self._replica_id),
-            done,
-            self.give_back,
-        )
-
-    def _hand_on(
-        self, state: JobState, batch: lease.ClaimBatch, claimed_at: float, *, late: bool
-    ) -> None:
-        """Give back the lease of a round just won that will not run here."""
-        if late:
-            log.warning(
-                "job %r: the claim of %s came back %.1f s after it was sent, when its "
-                "lease may be lost already: given back, not run here",
-                state.job.name,
-                batch.instant.isoformat(),
-                self._clock.monotonic() - claimed_at,
-            )
-        self.hand_back(state.job.name, batch.token)
-
-    def _report_claimed(
-        self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
-    ) -> None:
-        """Log what a claim that is kept says: the unfinished rounds it gave up, and, for
-        a catch-up, each round caught up (counted too)."""
-        instant = batch.instant.isoformat()
-        for name, (old_instant, old_attempt) in batch.superseded.items():
-            log.warning(
-                "job %r: the unfinished round of %s (attempt %d) is given up: "
-                "instant %s started first",
-                name,
-                old_instant.isoformat(),
-                old_attempt,
-                instant,
-            )
-        if reason is Reason.SCHEDULE:
-            return
-        for state in claimed:
-            state.metrics.caught_up(reason.text)
-            log.info(
-                "job %r: catching up instant %s%s",
-                state.job.name,
-                instant,
-                " after the database outage" if reason is Reason.OUTAGE else "",
-            )
-
-    def hand_back(self, name: str, token: int) -> None:
-        """Give back a lease won just as the scheduler began to drain."""
-        self._control.run(lambda: self._store.give_back(name, token), lambda _result: None)
-
-    def give_back(self, claims: lease.ClaimBatch | lease.Claim | None) -> None:
-        """Give back leases won after the dispatcher has gone (on the control thread)."""
-        if isinstance(claims, lease.ClaimBatch):
-            won = claims.claims()
-        else:
-            won = [claims] if claims else []
-        for claim in won:
-            try:
-                self._store.give_back(claim.name, claim.token)
-            except lease.LeaseError as exc:
-                log.warning("job %r: giving back a lease won at stop failed: %s", claim.name, exc)
+        if due:
+            claims.claim_due(due, now, mono, saturated=saturated)
 
     # -- rounds ---------------------------------------------------------------------------
 

@@ -297,7 +297,7 @@ class Recovery:
             self._dispatcher.take(state)
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():
-            self._dispatcher.claim(instant, states, reason=reason)
+            self._dispatcher.claims.claim(instant, states, reason=reason)
 
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""

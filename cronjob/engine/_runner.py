@@ -1,30 +1,30 @@
-"""The round runner: runs rounds (sync on worker threads, async on a loop) and records ends.
+"""The round runner: runs rounds (sync on worker threads, async on a loop).
 
 A round runs inside its unit of work (its root span, its trace id in logs and SQL; see
-:mod:`cronjob.engine._tracing`). When the job returns or raises, the round is classified (see
-:func:`cronjob._round.classify`) and its end recorded: a round that ran to its end is
-written by the :class:`~cronjob.engine._finisher.Finisher` in a batch with others; a round cut
-short gives its lease back at once so another replica can run it a second time. Then the
-end is posted to the dispatcher, which schedules the job's next instant.
+:mod:`cronjob.engine._tracing`). When the job returns or raises, the round's thread hands
+its end to the :class:`~cronjob.engine._ends.EndRecorder`, which classifies it, records it
+(in batches, through the :class:`~cronjob.engine._finisher.Finisher`) and posts it to the
+dispatcher. A round is built, before it is handed here, by the
+:class:`~cronjob.engine._prepare.RoundMaker` (:attr:`RoundRunner.prepare`).
 
-The runner also opens a round's fenced transaction (``ctx.transaction()`` on the
-scheduler's engine, ``ctx.transaction_async()`` on its async engine) and disposes the
-async engine it was handed to own, on the loop its connections belong to.
+Threads: :meth:`RoundRunner.prepare`, :meth:`~RoundRunner.submit_many` and
+:meth:`~RoundRunner.cancel` are called on the dispatcher's thread (cancel also on the
+control thread's callbacks there); a round then runs on a worker thread or the loop. The
+runner also owns the fenced transactions' engines (see :mod:`cronjob.engine._fencing`)
+and disposes the async engine it was handed to own, on the loop its connections belong to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import enum
 import functools
 import inspect
 import logging
-import weakref
 from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
@@ -32,21 +32,21 @@ from opentelemetry.trace import TracerProvider
 import lease
 
 from .._clock import Clock
-from .._exceptions import Cancelled, Retry, TimedOut
-from .._history import History, Pruner
-from .._round import Outcome, Round, Trigger, classify, iter_own_errors, lease_lost
-from ._failures import HOOKED, Failures, round_record
+from .._exceptions import Cancelled
+from .._history import History
+from .._round import Outcome
+from ._ends import EndRecorder, round_where
+from ._failures import Failures
 from ._fencing import Fencing
-from ._finisher import Finisher
 from ._loop import OwnLoop
-from ._policies import backoff_delay
-from ._state import Flags, JobState, Reason, Run
+from ._prepare import RoundMaker
+from ._state import Flags, Reason, Run
 from ._tracing import RoundScope, round_scope
 from ._workers import Workers, WorkersClosed
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Dialect, Engine, Select
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["RoundRunner", "Start"]
 
@@ -66,7 +66,7 @@ class Start(enum.Enum):
 
 
 class RoundRunner:
-    """Runs rounds and records their ends.
+    """Runs rounds; hands each end to its :class:`~cronjob.engine._ends.EndRecorder`.
 
     Args:
         clock: The scheduler's clock.
@@ -114,13 +114,7 @@ class RoundRunner:
     ) -> None:
         self._clock = clock
         self._started = started
-        self._failures = failures if failures is not None and failures.active else None
-        self._history = history is not None
         self._replica_id = replica_id
-        self._store = store
-        self._triggers = lease.Triggers(store)
-        self._flags = flags
-        self._ended = ended
         self._tracer_provider = tracer_provider
         self._fencing = Fencing(
             engine=engine,
@@ -129,29 +123,22 @@ class RoundRunner:
             store=store,
             flags=flags,
         )
-        pruner = (
-            None
-            if history is None
-            else Pruner(
-                store=store,
-                clock=clock,
-                holder=replica_id,
-                history=history,
-                stopped=lambda: flags.stopped,
-            )
-        )
         counts_work = type(clock)._work_started is not Clock._work_started
-        # Ends of rounds that end together: batched; the history pruned in their wake.
         # While rounds wait for a thread, ends are held back to share a batch; never on
         # a clock that counts work (a fake clock's advance() would wait on the hold).
-        self._finisher: Finisher[_Later] = Finisher(
-            store,
-            ending=self._ending_of,
-            done=self._batch_written,
-            after_batch=None if pruner is None else pruner.maybe_prune,
-            hold=None if counts_work else lambda: self._workers.queued,
+        self._ends = EndRecorder(
             clock=clock,
+            replica_id=replica_id,
+            store=store,
+            flags=flags,
+            ended=ended,
+            history=history,
+            failures=failures,
+            hold=None if counts_work else lambda: self._workers.queued,
         )
+        self._finisher = self._ends.finisher
+        #: A round's end, handed over on the round's thread (bound once: once per round).
+        self._end_round = self._ends.end_round
         # A round queued behind busy threads does not hold a fake clock's time. A clock
         # that counts no work (the system clock) gets no hooks: the pool then skips a
         # lock per round (see Workers.hand_over).
@@ -167,26 +154,10 @@ class RoundRunner:
         self._spans: TracerProvider | None = tracer_provider
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
-        # A round's fenced transactions and fence check, made once for every round: each
-        # finds its Run on the round itself (thousands of rounds a second at scale).
-        fencing = self._fencing
-
-        def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
-            return fencing.transaction(_run_of(ctx))
-
-        def transaction_async(
-            ctx: Round,
-        ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-            return fencing.transaction_async(_run_of(ctx))
-
-        def fence(
-            ctx: Round, dialect: Dialect, fetch: Callable[[Select[int]], bool], final: bool
-        ) -> None:
-            fencing.check(_run_of(ctx), dialect, fetch, final=final)
-
-        self._transaction = transaction
-        self._transaction_async = transaction_async
-        self._fence = fence
+        self._maker = RoundMaker(clock=clock, replica_id=replica_id, fencing=self._fencing)
+        #: Build the round of a job for an instant, not started yet (see
+        #: :meth:`RoundMaker.prepare <cronjob.engine._prepare.RoundMaker.prepare>`).
+        self.prepare = self._maker.prepare
 
     @property
     def max_workers(self) -> int:
@@ -194,46 +165,6 @@ class RoundRunner:
         return self._workers.max_workers
 
     # -- starting -------------------------------------------------------------------------
-
-    def prepare(
-        self,
-        state: JobState,
-        instant: datetime,
-        *,
-        attempt: int,
-        token: int | None,
-        claimed_at: float,
-        reason: Reason,
-        request: lease.TriggerRow | None = None,
-    ) -> Run:
-        """Build the round of ``state``'s job for ``instant`` (not started yet); a manual
-        round carries its ``request``."""
-        ctx = Round(
-            name=state.job.name,
-            instant=instant,
-            attempt=attempt,
-            replica=self._replica_id,
-            trace_id="",  # set by round_scope once the round's span exists
-            clock=self._clock,
-            transaction=self._transaction,
-            transaction_async=self._transaction_async,
-            fence=self._fence,
-            trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
-            requested_by=None if request is None else request.requested_by,
-        )
-        run = Run(
-            state=state,
-            ctx=ctx,
-            token=token,
-            reason=reason,
-            renewed_at=claimed_at,
-            request=request,
-        )
-        # A leased round's Round knows its Run weakly: no cycle, so the pair is freed as
-        # soon as the round is over, not by the cyclic garbage collector (thousands of
-        # pairs a second at scale, each a full collection's work). See _run_of.
-        ctx._run = run if token is None else weakref.ref(run)
-        return run
 
     def submit(self, run: Run) -> Start:
         """Start ``run`` on a worker thread or the loop.
@@ -431,115 +362,7 @@ class RoundRunner:
             finally:
                 hand_over()
 
-    # -- ending ---------------------------------------------------------------------------
-
-    def _end_round(self, run: Run, error: BaseException | None, scope: RoundScope | None) -> None:
-        """Record how the round ended, log it, and hand the job back to the dispatcher.
-
-        Runs in the round's own context, so the log lines and the finish statement carry
-        the round's trace id. Whatever the bookkeeping raises, the end is handed back
-        (the dispatcher then schedules the job's next instant), then it propagates.
-        """
-        ended = self._clock.now()
-        run.ended = True
-        handed = False
-        try:
-            handed = self._settle_end(run, error, scope, ended)
-        finally:
-            if not handed:
-                self._ended([(run, ended)])
-
-    def _settle_end(
-        self, run: Run, error: BaseException | None, scope: RoundScope | None, ended: datetime
-    ) -> bool:
-        """Classify, record and log the end; ``True`` once the finisher took it over."""
-        ctx = run.ctx
-        outcome = classify(error)
-        if run.state.policed:
-            outcome = self._police(run, outcome, error, ended)
-        given_up = ctx.attempt >= 2 and run.token is not None and outcome is Outcome.CUT_SHORT
-        seconds = self._clock.monotonic() - run.started_mono
-        if outcome is Outcome.MISSED_DEADLINE:  # it never started: no duration, not active
-            run.state.metrics.missed_deadline()
-        else:
-            run.state.metrics.ended(outcome, error, seconds, given_up=given_up)
-        if scope is not None:
-            try:
-                scope.outcome(outcome, error)
-            except Exception:  # tracing must not keep the end from its record
-                log.exception("job %r: putting the outcome on its round's span failed", ctx.name)
-        run.outcome = outcome
-        # A round that ran to its end has its end written by the finisher, in a batch
-        # with the others ending now, and its record built there: the worker is free
-        # for the next round at once.
-        later = outcome is not Outcome.CUT_SHORT and self._records_end(run) and run.request is None
-        recorded = later
-        if not later:
-            ending = self._ending(run, outcome, error, ended)
-            recorded = self._record_end(run, ending, outcome)
-            if self._failures is not None:  # hooks only: no count on a worker's thread
-                self._tell_failures([(run, outcome, ending, False)])
-        if outcome is Outcome.SUCCEEDED:
-            # DEBUG, as the start: the dispatcher's summary line counts them at INFO. A
-            # manual round, rare and asked for by someone, stays at INFO.
-            level = logging.INFO if run.request is not None else logging.DEBUG
-            if log.isEnabledFor(level):
-                log.log(level, "round of %s ran to its end", _where(ctx))
-        elif outcome is Outcome.FAILED:
-            where = _where(ctx)
-            log.error("round of %s failed", where, exc_info=error)
-            if ctx.cause is not None and run.token is not None:
-                log.warning(
-                    "round of %s was cancelled (%s) but raised an error of its own instead "
-                    "of the cancellation: it counts as run to its end and will not run again. "
-                    "Let ctx.check() raise, or raise from within an ExceptionGroup with it, "
-                    "to be re-run",
-                    where,
-                    ctx.cause,
-                )
-        elif outcome is Outcome.TIMED_OUT:
-            log.warning(
-                "round of %s timed out: it ran past its timeout of %g s (%s)",
-                _where(ctx),
-                run.state.timeout,
-                "it returned after its cancellation"
-                if error is None
-                else f"it ended with {error_summary(error)}",
-            )
-        elif outcome is Outcome.RETRYING:
-            log.warning(
-                "round of %s failed (%s): attempt %d of %d, the next in %.3g s",
-                _where(ctx),
-                error_summary(error) if error is not None else "no error",
-                ctx.attempt,
-                1 + run.state.job.policy.retries,
-                run.retry_delay,
-                exc_info=error,
-            )
-        elif outcome is Outcome.MISSED_DEADLINE:
-            pass  # logged by _missed, as it decided
-        else:
-            where, cause = _where(ctx), ctx.cause or error
-            for own in iter_own_errors(error) if error else ():
-                log.error(
-                    "round of %s: the job's own failure beside its cancellation",
-                    where,
-                    exc_info=own,
-                )
-            if given_up:
-                log.warning(
-                    "round of %s cut short a second time (%s): the instant is given up",
-                    where,
-                    cause,
-                )
-            else:
-                log.info("round of %s cut short (%s)", where, cause)
-        if later:
-            self._finish_later(_Later(run, ended, outcome, error))
-            return True
-        if not recorded and run.token is not None and not self._flags.crashed:
-            log.warning("round of %s: its end is not on record (the lease is gone)", _where(ctx))
-        return False
+    # -- the start deadline ---------------------------------------------------------------
 
     def _missed(self, run: Run) -> bool:
         """Whether ``run``'s round, about to start, missed its job's start deadline (it is
@@ -561,194 +384,11 @@ class RoundRunner:
         log.warning(
             "round of %s not run: it could not start within its start deadline of %g s "
             "after its instant (%.3f s late)",
-            _where(ctx),
+            round_where(ctx),
             deadline.total_seconds(),
             late.total_seconds(),
         )
         return True
-
-    def _police(
-        self, run: Run, outcome: Outcome, error: BaseException | None, ended: datetime
-    ) -> Outcome:
-        """The outcome of a round of a job with a policy: a missed start deadline, a
-        timeout (a round its timeout cancelled ended ``timed_out`` whatever it did then),
-        or a failed attempt with attempts left: ``retrying`` (its delay on ``run``),
-        unless the retry could not start before the job's next instant is due."""
-        if run.outcome is Outcome.MISSED_DEADLINE:
-            return Outcome.MISSED_DEADLINE
-        ctx = run.ctx
-        cause = ctx.cause
-        if isinstance(cause, TimedOut):
-            return Outcome.TIMED_OUT
-        if outcome is not Outcome.FAILED or cause is not None or run.request is not None:
-            return outcome
-        policy = run.state.job.policy
-        asked = error if isinstance(error, Retry) else None
-        if ctx.attempt > policy.retries:  # attempts are 1 + retries, a second run counted
-            if asked is not None:
-                log.warning(
-                    "round of %s asked for a retry, but has no attempt left (%d retries)",
-                    _where(ctx),
-                    policy.retries,
-                )
-            return outcome
-        if asked is not None and asked.delay is not None:
-            delay = asked.delay
-        else:
-            delay = backoff_delay(policy.retry_backoff, ctx.attempt)
-        due = run.state.job.schedule.next(ended)
-        if due is not None and ended + timedelta(seconds=delay) >= due:
-            log.warning(
-                "round of %s failed; its retry is given up: the job's next instant %s is "
-                "due before it could start (in %.3g s)",
-                _where(ctx),
-                due.isoformat(),
-                delay,
-            )
-            return outcome
-        run.retry_delay = delay
-        return Outcome.RETRYING
-
-    def _records_end(self, run: Run) -> bool:
-        return run.token is not None and not self._flags.crashed and run.lost_at is None
-
-    def _ending(
-        self, run: Run, outcome: Outcome, error: BaseException | None, ended: datetime
-    ) -> lease.Ending:
-        """The end to record: outcome, error summary, and the history row (if kept)."""
-        ctx = run.ctx
-        summary = None if outcome is Outcome.SUCCEEDED or error is None else error_summary(error)
-        if outcome is Outcome.TIMED_OUT and ctx.cause is not None:
-            summary = error_summary(ctx.cause)
-        elif outcome is Outcome.MISSED_DEADLINE:
-            deadline = run.state.start_deadline
-            seconds = 0.0 if deadline is None else deadline.total_seconds()
-            summary = f"not started within its start deadline of {seconds:g} s"
-        word = _word(outcome, ctx.attempt)
-        record = None
-        if self._history:
-            record = lease.RoundRow(
-                name=ctx.name,
-                instant=ctx.instant,
-                attempt=ctx.attempt,
-                holder=self._replica_id,
-                why=run.reason.why,
-                started=run.started if run.started is not None else ended,
-                ended=ended,
-                outcome=word,
-                error=summary,
-                trace_id=ctx.trace_id or None,
-                requested_by=ctx.requested_by,
-            )
-        return lease.Ending(
-            name=ctx.name,
-            token=run.token if run.token is not None else 0,
-            ended=ended,
-            succeeded=outcome is Outcome.SUCCEEDED,
-            error=summary,
-            record=record,
-            outcome=word,
-            retrying=outcome is Outcome.RETRYING,
-        )
-
-    def _ending_of(self, later: _Later) -> lease.Ending:
-        """The finisher's ``ending``: the record of an end handed to it."""
-        later.ending = self._ending(later.run, later.outcome, later.error, later.ended)
-        return later.ending
-
-    def _tell_failures(
-        self, ends: list[tuple[Run, Outcome, lease.Ending | None, bool]]
-    ) -> None:
-        """Hand ends to the failure policies (``(run, outcome, ending, on_record)``);
-        whatever they raise is logged: the ends go on to the dispatcher."""
-        failures = self._failures
-        if failures is None:
-            return
-        try:
-            failures.ended(
-                [
-                    (outcome, round_record(run, outcome, ending, self._replica_id), on_record)
-                    for run, outcome, ending, on_record in ends
-                    if outcome in HOOKED
-                ]
-            )
-        except Exception:
-            log.exception("acting on the failure policies of ended rounds failed")
-
-    def _finish_later(self, later: _Later) -> None:
-        """Hand the end to the finisher; it is logged and posted once written."""
-        self._clock._work_started()
-        try:
-            self._finisher.finish_later(later)
-        except RuntimeError:  # stopped meanwhile: the end is not recorded
-            with self._clock._tracked():
-                later.context.run(self._not_recorded, later, False)
-
-    def _batch_written(self, results: list[tuple[_Later, bool | BaseException]]) -> None:
-        """The finisher's ``done``: post the ends its batch recorded in one message, then
-        each stops being counted as work (after the post: a fake clock never sees them
-        neither running nor posted). An end not recorded is logged and posted alone."""
-        recorded: list[tuple[Run, datetime]] = []
-        if self._failures is not None:
-            # Before the ends go on: a job that pauses itself is paused on record before
-            # this replica schedules its next instant.
-            self._tell_failures(
-                [(x.run, x.outcome, x.ending, result is True) for x, result in results]
-            )
-        for later, result in results:
-            if result is True:  # the common case
-                recorded.append((later.run, later.ended))
-                continue
-            try:
-                with self._clock._tracked():
-                    later.context.run(self._not_recorded, later, result)
-            except Exception:  # one end's failure must not keep the others back
-                log.exception("job %r: handing on its round's end failed", later.run.ctx.name)
-        if not recorded:
-            return
-        try:
-            self._ended(recorded)
-        finally:
-            for _ in recorded:
-                self._clock._work_finished()
-
-    def _not_recorded(self, later: _Later, result: bool | BaseException) -> None:
-        """Log an end the finisher could not record (in the round's context: its trace
-        id), and tell the dispatcher it ended."""
-        run = later.run
-        run.retry_delay = None  # an attempt not on record is not retried: the lease is gone
-        if isinstance(result, BaseException):
-            log.error("job %r: recording the end of its round failed: %s", run.ctx.name, result)
-        if not self._flags.crashed:
-            where = _where(run.ctx)
-            log.warning("round of %s: its end is not on record (the lease is gone)", where)
-        self._ended([(run, later.ended)])
-
-    def _record_end(self, run: Run, e: lease.Ending, outcome: Outcome) -> bool:
-        """Give back the lease of a round cut short (ends that ran go to the finisher);
-        record a manual round's end, however it ended, with its request."""
-        request = run.request
-        if request is not None and not self._flags.crashed:
-            try:
-                return self._triggers.end(
-                    request.id,
-                    e.name,
-                    e.token,
-                    leased=run.token is not None,
-                    outcome=_word(outcome, run.ctx.attempt),
-                    error=e.error,
-                    record=e.record,
-                )
-            except lease.LeaseError as exc:
-                log.error("job %r: recording the end of its round failed: %s", e.name, exc)
-                return False
-        if not self._records_end(run):
-            return False
-        try:
-            return self._store.give_back(e.name, e.token, record=e.record)
-        except lease.LeaseError as exc:
-            log.error("job %r: recording the end of its round failed: %s", run.ctx.name, exc)
-            return False
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -767,25 +407,6 @@ class RoundRunner:
             self._own_loop.stop()
 
 
-class _Later:
-    """The end of a round that ran to its end, handed to the finisher, which builds the
-    record to write from it (see :meth:`RoundRunner._ending`)."""
-
-    __slots__ = ("context", "ended", "ending", "error", "outcome", "run")
-
-    def __init__(
-        self, run: Run, ended: datetime, outcome: Outcome, error: BaseException | None
-    ) -> None:
-        self.run = run
-        self.ended = ended
-        self.outcome = outcome
-        self.error = error
-        #: The record built from it on the finisher's thread (``None`` until then).
-        self.ending: lease.Ending | None = None
-        #: The round's context: lines logged for the end keep the round's trace id.
-        self.context = contextvars.copy_context()
-
-
 #: Where rounds' spans go while no SDK has set the global provider: nowhere, and execctx
 #: knows it without asking a tracer (see ``_tracing_off``).
 _NO_SPANS = trace.NoOpTracerProvider()
@@ -796,11 +417,6 @@ def _tracing_off() -> bool:
     return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-def _word(outcome: Outcome, attempt: int) -> str:
-    """The outcome in the record's words: a second run cut short is given up."""
-    return "given up" if outcome is Outcome.CUT_SHORT and attempt >= 2 else outcome.value
-
-
 def _why(run: Run) -> str:
     """The start line's note of why the round runs; nothing for its instant."""
     if run.reason is Reason.SCHEDULE:
@@ -808,22 +424,6 @@ def _why(run: Run) -> str:
     if run.request is not None:
         return f" (manual, asked by {run.request.requested_by})"
     return f" ({run.reason.value})"
-
-
-def _where(ctx: Round) -> str:
-    """The round in the end's log lines: ``job 'x' instant … attempt n``."""
-    return f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
-
-
-def error_summary(error: BaseException) -> str:
-    """``"Type: message"`` of a job's failure, for the record: never its traceback or
-    locals (bounded when stored, see :func:`lease.RoundRow`)."""
-    kind = type(error).__qualname__
-    try:
-        message = str(error)
-    except Exception:  # a broken __str__ must not keep the end from its record
-        message = "<the message could not be read>"
-    return f"{kind}: {message}" if message else kind
 
 
 def _not_awaitable(name: str, result: object) -> None:
@@ -845,17 +445,3 @@ def _not_awaitable(name: str, result: object) -> None:
         "work: it ran on a worker thread and nothing awaited it; register an `async def` "
         "function (or an object whose `__call__` is `async def`) to run it on the loop"
     )
-
-
-def _run_of(ctx: Round) -> Run:
-    """The ``Run`` of ``ctx``'s round, for its fenced transactions.
-
-    Raises:
-        LeaseLost: the round was leased and is over, long enough for the scheduler to
-            have let go of it: a ``ctx`` kept past its round holds no lease.
-    """
-    held = ctx._run
-    run = held() if isinstance(held, weakref.ref) else held
-    if run is None:
-        raise lease_lost(ctx.name, "the round no longer holds it")
-    return cast("Run", run)

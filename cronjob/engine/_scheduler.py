@@ -2,9 +2,10 @@
 
 ``Scheduler`` checks the database, builds the parts (see the package docstring,
 "Threads", and docs/architecture.md), starts the dispatcher thread, and drains and stops
-them. The rules themselves live in the parts: :mod:`._dispatcher` (instants and claims),
-:mod:`._runner` (rounds and their ends), :mod:`._keeper` (renewal, loss, forced exit),
-:mod:`._recovery` (database retry, catch-up, the sweep).
+them. The rules themselves live in the parts: :mod:`._dispatcher` (instants, rounds in
+flight), :mod:`._claiming` (claims), :mod:`._runner` (rounds), :mod:`._ends` (their ends),
+:mod:`._keeper` (renewal, loss, forced exit), :mod:`._recovery` (database retry, catch-up,
+the sweep). The options' defaults and checks are :mod:`._options`'.
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Self
 
 import lease
 
@@ -27,11 +25,18 @@ from .._exceptions import Shutdown
 from .._history import History
 from .._registry import Job, Registry, default_registry
 from ._control import Control, Inbox
-from ._database import DATABASE_ENV, DEFAULT_SQLITE_FILE, connect, resolve_database
+from ._database import connect, resolve_database, warn_if_embedded
 from ._dispatcher import Dispatcher
 from ._failures import Failures, Hooks, check_history, hooked
 from ._keeper import LeaseKeeper, exit_process
 from ._metrics import Meters
+from ._options import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_HISTORY,
+    DEFAULT_MAX_WORKERS,
+    check_options,
+    default_replica_id,
+)
 from ._recovery import Recovery
 from ._runner import RoundRunner
 from ._state import Flags, JobState
@@ -46,14 +51,8 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger("cronjob")
 
-#: Default bound on how long ``drain`` waits for cancelled rounds to end.
-DEFAULT_DRAIN_TIMEOUT = 5.0
-#: Default number of worker threads for sync rounds.
-DEFAULT_MAX_WORKERS = 64
 #: Real seconds a stopping scheduler gives its queued lease statements to finish.
 CONTROL_SETTLE_SECONDS = 10.0
-#: The round history kept unless told otherwise: 14 days, 1,000 rounds per job.
-DEFAULT_HISTORY: Final = History()
 
 
 class Scheduler:
@@ -121,16 +120,11 @@ class Scheduler:
         meter_provider: MeterProvider | None = None,
         history: History | None = DEFAULT_HISTORY,
     ) -> None:
-        if history is not None and not isinstance(history, History):
-            raise TypeError(f"history must be a cronjob.History or None, not {history!r}")
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        if drain_timeout < 0:
-            raise ValueError(f"drain_timeout must not be negative, got {drain_timeout}")
+        check_options(history=history, max_workers=max_workers, drain_timeout=drain_timeout)
         self._database = resolve_database(database)
         self._registry = registry if registry is not None else default_registry
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self.replica_id = lease.check_holder(replica_id or _default_replica_id())
+        self.replica_id = lease.check_holder(replica_id or default_replica_id())
         self._auto_migrate = auto_migrate
         self._max_workers = max_workers
         self._drain_timeout = drain_timeout
@@ -274,15 +268,7 @@ class Scheduler:
             self._flags.stopped = True
             self._start_done = True
             return
-        if self._database == f"sqlite:///{DEFAULT_SQLITE_FILE}":  # nothing named: one per host
-            log.warning(
-                "database: the embedded default, %s in the working directory: replicas on other "
-                "hosts will not coordinate with this one and will each run every job; in "
-                "production set $%s (or --database-url, or Scheduler(database)) to the database "
-                "all replicas share",
-                DEFAULT_SQLITE_FILE,
-                DATABASE_ENV,
-            )
+        warn_if_embedded(self._database)
         self._jobs = len(jobs)
         try:
             self._start(jobs)
@@ -503,7 +489,3 @@ class Scheduler:
     def _migrate(self) -> None:
         assert self._engine is not None
         lease.migrate(self._engine, auto_migrate=self._auto_migrate)
-
-
-def _default_replica_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"

@@ -310,7 +310,7 @@ class Sweeper:
 
         self._control.run(lambda: triggers.close([row.id], expired=False), done)
         dispatcher.take(state)
-        dispatcher.claim(instant, [state], reason=Reason.CATCH_UP)
+        dispatcher.claims.claim(instant, [state], reason=Reason.CATCH_UP)
 
     # -- idle sweeps on an in-process clock ------------------------------------------------
 
@@ -464,7 +464,7 @@ class Sweeper:
                 if isinstance(result, BaseException):
                     log.error("job %r: claiming the second run failed: %s", state.job.name, result)
                 elif result is not None:
-                    dispatcher.hand_back(result.name, result.token)
+                    dispatcher.claims.hand_back(result.name, result.token)
                 dispatcher.schedule_after(state, issued)
                 return
             log.info(
@@ -489,5 +489,5 @@ class Sweeper:
         self._control.run(
             lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id),
             done,
-            dispatcher.give_back,
+            dispatcher.claims.give_back,
         )

@@ -1,0 +1,443 @@
+"""The claims of an instant: this replica's share, the rest after a grace, the rounds held.
+
+The dispatcher's heap says which leased jobs are due at an instant (a little ahead of it:
+see :meth:`Claims.lead`); :meth:`Claims.claim_due` claims them. This replica's share (see
+``_peers``) goes out in one statement as far ahead as claims take (``_lead``), and the
+rounds it wins are held until the instant (:meth:`Claims.start_held`); what the other
+replicas' shares left unclaimed is claimed once a grace has passed (:meth:`Claims.claim_rest`),
+with the jobs of this replica's share its early claim did not win; an instant too small to
+share is claimed whole, at the instant. Every claim's statement runs on the control thread
+and its result comes back through the inbox; the rounds won are handed to the dispatcher
+(:meth:`~cronjob.engine._dispatcher.Dispatcher.start_rounds`), the jobs not won go back in
+its heap. Leases won that will not run here (too late, draining, stopped) are given back.
+
+Threads: everything here runs on the dispatcher's thread and is part of its scheduling
+state, except :meth:`Claims.give_back`, on the control thread once the dispatcher has gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._keeper import too_late
+from ._lead import LEAD_MAX, ClaimLead
+from ._peers import GRACE, Peers
+from ._state import Flags, JobState, Reason
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["Claims"]
+
+log = logging.getLogger("cronjob")
+
+_GRACE = timedelta(seconds=GRACE)
+
+
+@dataclass
+class _Rest:
+    """Jobs of an instant claimed later than this replica's share: the other replicas'
+    shares, after the grace, if they left them unclaimed (and jobs of this replica's
+    share its claim sent ahead did not win); or, ``whole``, an instant too small to
+    share, claimed whole at the instant itself."""
+
+    #: When to claim them: on the wall clock like the instant.
+    at: datetime
+    instant: datetime
+    states: list[JobState]
+    #: Put off once already because every worker thread was busy.
+    deferred: bool = False
+    #: A small instant claimed whole (see Claims.claim_due), not others' shares.
+    whole: bool = False
+
+
+@dataclass
+class _Held:
+    """Rounds won ahead of their instant (see :meth:`Claims.lead`), started at it."""
+
+    instant: datetime
+    start: Callable[[], None]
+    #: Undoes the claim instead (the scheduler began to drain meanwhile).
+    drop: Callable[[], None]
+
+
+class Claims:
+    """Claims instants for the dispatcher and keeps what is owed of them: the rest of past
+    instants (claimed after the grace) and the rounds won ahead (started at the instant).
+
+    Args:
+        dispatcher: Whose jobs are claimed: their heap, the rounds in flight, recovery.
+        clock: The scheduler's clock.
+        replica_id: This replica's id: the holder of what it claims.
+        store: The lease store (the claims, the give-backs).
+        control: Runs the statements.
+        flags: The scheduler's life flags.
+        peers: The live replicas and each one's share of an instant.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        clock: Clock,
+        replica_id: str,
+        store: lease.LeaseStore,
+        control: Control,
+        flags: Flags,
+        peers: Peers,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._replica_id = replica_id
+        self._store = store
+        self._control = control
+        self._flags = flags
+        self._peers = peers
+        #: Other replicas' shares of past instants, in order, claimed once the grace passed.
+        self._rest: list[_Rest] = []
+        #: Rounds won ahead of their instant, in order, started when it comes.
+        self._held: list[_Held] = []
+        #: How long this replica's claims take: they go out that much ahead of an instant.
+        self.claim_lead = ClaimLead()
+        #: Sync leased jobs in claims not answered yet (they take worker threads soon).
+        self._claiming_sync = 0
+
+    def lead(self) -> float:
+        """Seconds ahead of an instant its share's claim goes out: as long as claims take
+        (see ``_lead``); while this replica needs to be seen by the others (see
+        :attr:`Peers.lead`), ahead of any replica's claims. Every round still starts at
+        its instant."""
+        if self._peers.lead:
+            return LEAD_MAX + self._peers.lead
+        return self.claim_lead.seconds
+
+    def claim_due(
+        self,
+        due: dict[datetime, list[JobState]],
+        now: datetime,
+        mono: float,
+        *,
+        saturated: bool,
+    ) -> None:
+        """Claim the leased jobs ``due`` at each instant (the dispatcher's wake at ``now``,
+        monotonic ``mono``, found them in its heap): this replica's share at once, the
+        others' after the grace; ``saturated``: every worker thread was busy as it woke."""
+        for instant, states in due.items():
+            shares = self._peers.share(instant, states)
+            # Too few to share: claimed whole, the first to claim wins, as without peers.
+            mine, rest = shares if shares is not None else (states, [])
+            if rest:
+                self._add_rest(_Rest(instant + _GRACE, instant, rest))
+            if saturated:
+                mine = self._refuse_sync(instant, mine)
+            if not mine:
+                continue
+            if shares is None:
+                # Not ahead by the claims' lead: every replica claims these, and one whose
+                # claim finds the lease still held by the round before (ending before the
+                # instant) would otherwise have lost the instant if that round's replica
+                # then stops. Ahead only to be seen (see Peers.lead), as before.
+                at = instant - timedelta(seconds=self._peers.lead)
+                if at > now:
+                    self._add_rest(_Rest(at, instant, mine, whole=True))
+                    continue
+                self.claim(instant, mine, then=self._claimed_whole(instant, mine))
+                continue
+            self.claim(
+                instant,
+                mine,
+                then=self._claimed_share(instant, mine, mono),
+                lost_later=instant > now,
+            )
+
+    def next_wake(self) -> datetime | None:
+        """When something owed is due (wall clock): a held round's instant, or the rest
+        of an instant to claim; ``None`` when nothing is owed."""
+        wakes: list[datetime] = []
+        if self._held:
+            wakes.append(self._held[0].instant)
+        if self._rest:
+            wakes.append(self._rest[0].at)
+        return min(wakes) if wakes else None
+
+    def _claimed_share(
+        self, instant: datetime, mine: list[JobState], woke: float
+    ) -> Callable[[set[str]], None]:
+        """What to do when the claim of this replica's share of ``instant``, sent on the
+        wake at monotonic ``woke``, answered: learn how long claims take, tell peers."""
+
+        def then(won: set[str]) -> None:
+            self.claim_lead.took(self._clock.monotonic() - woke)
+            self._peers.claimed_share(instant, mine, won, whole=False)
+
+        return then
+
+    def _claimed_whole(self, instant: datetime, mine: list[JobState]) -> Callable[[set[str]], None]:
+        return functools.partial(self._peers.claimed_share, instant, mine, whole=True)
+
+    def _add_rest(self, rest: _Rest) -> None:
+        bisect.insort(self._rest, rest, key=lambda r: r.at)
+
+    def _claim_later(self, instant: datetime, lost: list[JobState]) -> bool:
+        """Add ``lost`` (jobs of this replica's share whose claim, sent ahead of
+        ``instant``, did not win them) to the rest of ``instant``: a lease still held
+        by the round before, ending before the instant, is free by then. ``False`` if
+        that claim has gone out already (the others' claims covered them then)."""
+        for rest in self._rest:
+            if rest.instant == instant and not rest.whole and not rest.deferred:
+                rest.states.extend(lost)
+                return True
+        if instant + _GRACE <= self._clock.now():
+            return False
+        self._add_rest(_Rest(instant + _GRACE, instant, lost))
+        return True
+
+    def hold(self, instant: datetime, start: Callable[[], None], drop: Callable[[], None]) -> None:
+        """Run ``start`` when ``instant`` comes (rounds won ahead of it, or a per-instance
+        round fired ahead), or ``drop`` if a drain begins first."""
+        bisect.insort(self._held, _Held(instant, start, drop), key=lambda h: h.instant)
+
+    def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
+        """Draining before the instant of rounds won ahead: hand each on, as a round cut
+        short (another replica's sweep runs it; see :meth:`hand_back`)."""
+        for state in won:
+            self.hand_back(state.job.name, token)
+            self._dispatcher.schedule_after(state, instant)
+
+    def start_held(self, now: datetime) -> None:
+        """Start the rounds held for an instant that has come."""
+        while self._held and self._held[0].instant <= now:
+            self._held.pop(0).start()
+
+    def claim_rest(self, now: datetime) -> None:
+        """Claim, once their grace passed, the jobs other replicas left unclaimed (and
+        small instants, whole, at their instant)."""
+        while self._rest and self._rest[0].at <= now:
+            rest = self._rest.pop(0)
+            states = rest.states
+            if rest.whole:
+                self.claim(rest.instant, states, then=self._claimed_whole(rest.instant, states))
+                continue
+            sync = [state for state in states if not state.job.is_async]
+            if sync and not rest.deferred and self.workers_saturated():
+                # Every thread is busy: let replicas with free threads take the sync jobs
+                # first, and take what they leave one grace later. Left alone, a job in
+                # nobody's share (views that disagree) would miss its instant.
+                self._add_rest(_Rest(rest.at + _GRACE, rest.instant, sync, deferred=True))
+                states = [state for state in states if state.job.is_async]
+            if states:
+                then = functools.partial(self._peers.claimed_rest, rest.instant)
+                self.claim(rest.instant, states, then=then)
+
+    def drop_rest(self) -> None:
+        """Draining: forget the rest of past instants; hand on rounds won ahead."""
+        for rest in self._rest:
+            for state in rest.states:
+                self._dispatcher.schedule_after(state, rest.instant)
+        self._rest.clear()
+        for held in self._held:
+            held.drop()
+        self._held.clear()
+
+    # -- worker threads -------------------------------------------------------------------
+
+    def workers_saturated(self) -> bool:
+        """Whether every worker thread is taken by a sync round in flight (or being claimed).
+
+        A sync round holds a thread from its start until its end, leased or per-instance;
+        async rounds run on the loop and take none.
+        """
+        dispatcher = self._dispatcher
+        in_flight = sum(
+            1 for run in dispatcher.runs if not run.ended and not run.state.job.is_async
+        )
+        return in_flight + self._claiming_sync >= dispatcher.runner.max_workers
+
+    def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
+        """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
+
+        Claimed now they would only wait in the queue, holding (and renewing) leases that
+        keep every other replica from running them. Left unclaimed, another replica's
+        claim of the same instant takes them.
+        """
+        refused = [state for state in states if not state.job.is_async]
+        if refused:
+            log.warning(
+                "instant %s of job(s) %s not claimed on this replica: all %d worker "
+                "thread(s) are busy (another replica may run it)",
+                instant.isoformat(),
+                ", ".join(repr(state.job.name) for state in refused),
+                self._dispatcher.runner.max_workers,
+            )
+            for state in refused:
+                self._dispatcher.schedule_after(state, instant)
+        return [state for state in states if state.job.is_async]
+
+    # -- claims ---------------------------------------------------------------------------
+
+    def claim(
+        self,
+        instant: datetime,
+        states: list[JobState],
+        *,
+        reason: Reason = Reason.SCHEDULE,
+        then: Callable[[set[str]], None] | None = None,
+        lost_later: bool = False,
+    ) -> None:
+        """Claim ``instant`` for ``states`` in one statement, then start what was won
+        (a round won ahead of its instant starts at the instant).
+
+        ``then`` is told the names won, when the database answered, before their rounds
+        start. A claim the database could not answer leaves the instant owed: recovery
+        catches it up once the database answers again (unless a later instant came first).
+        With ``lost_later`` (a share claimed ahead of its instant), jobs not won are
+        claimed once more with the rest of the instant (see :meth:`_claim_later`).
+        """
+        dispatcher = self._dispatcher
+        names = [state.job.name for state in states]
+        issued, claimed_at = self._clock.now(), self._clock.monotonic()
+        catch_up = reason is not Reason.SCHEDULE
+        sync = sum(1 for state in states if not state.job.is_async)
+        self._claiming_sync += sync
+
+        def done(result: lease.ClaimBatch | BaseException) -> None:
+            self._claiming_sync -= sync
+            won: set[str] = set()
+            if isinstance(result, BaseException):
+                log.error(
+                    "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
+                )
+                if isinstance(result, lease.DatabaseUnavailable):
+                    dispatcher.recovery.database_lost()
+            else:
+                won = set(result.names)
+                dispatcher.recovery.database_answered()
+                if len(won) < len(names):
+                    dispatcher.recovery.sweeper.claims_missed(
+                        [n for n in names if n not in won], instant
+                    )
+                if then is not None:
+                    then(won)
+            late = too_late(claimed_at, self._clock.monotonic())
+            ahead = instant > self._clock.now()
+            # Jobs of a share claimed ahead that it did not win: claimed again later.
+            retry = (
+                lost_later
+                and not isinstance(result, BaseException)
+                and not dispatcher.draining
+                and not self._flags.stopped
+            )
+            claimed: list[JobState] = []
+            lost: list[JobState] = []
+            for state in states:
+                if state.job.name in won:
+                    claimed.append(state)
+                elif retry:
+                    lost.append(state)
+                else:
+                    dispatcher.schedule_after(state, max(instant, issued) if catch_up else instant)
+            batch = None if isinstance(result, BaseException) else result
+            if batch is not None and claimed:
+                if late or dispatcher.draining or self._flags.stopped:
+                    # The drain began meanwhile, or the claim came back too late: hand the
+                    # instant on.
+                    for state in claimed:
+                        self._hand_on(state, batch, claimed_at, late=late)
+                        dispatcher.schedule_after(
+                            state, max(instant, issued) if catch_up else instant
+                        )
+                    claimed = []
+                else:
+                    self._report_claimed(claimed, batch, reason)
+            if lost and not self._claim_later(instant, lost):
+                for state in lost:
+                    dispatcher.schedule_after(state, instant)
+            if not claimed:
+                return
+            assert batch is not None
+            rounds: list[tuple[JobState, int | None]] = [(state, batch.token) for state in claimed]
+            start = functools.partial(
+                dispatcher.start_rounds,
+                rounds,
+                instant,
+                attempt=1,
+                claimed_at=claimed_at,
+                reason=reason,
+            )
+            if ahead:  # claimed ahead: the rounds start together, on time
+                drop = functools.partial(self._unhold, claimed, batch.token, instant)
+                self.hold(instant, start, drop)
+            else:
+                start()
+
+        self._control.run(
+            lambda: self._store.claim_batch(names, instant, self._replica_id),
+            done,
+            self.give_back,
+        )
+
+    def _hand_on(
+        self, state: JobState, batch: lease.ClaimBatch, claimed_at: float, *, late: bool
+    ) -> None:
+        """Give back the lease of a round just won that will not run here."""
+        if late:
+            log.warning(
+                "job %r: the claim of %s came back %.1f s after it was sent, when its "
+                "lease may be lost already: given back, not run here",
+                state.job.name,
+                batch.instant.isoformat(),
+                self._clock.monotonic() - claimed_at,
+            )
+        self.hand_back(state.job.name, batch.token)
+
+    def _report_claimed(
+        self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
+    ) -> None:
+        """Log what a claim that is kept says: the unfinished rounds it gave up, and, for
+        a catch-up, each round caught up (counted too)."""
+        instant = batch.instant.isoformat()
+        for name, (old_instant, old_attempt) in batch.superseded.items():
+            log.warning(
+                "job %r: the unfinished round of %s (attempt %d) is given up: "
+                "instant %s started first",
+                name,
+                old_instant.isoformat(),
+                old_attempt,
+                instant,
+            )
+        if reason is Reason.SCHEDULE:
+            return
+        for state in claimed:
+            state.metrics.caught_up(reason.text)
+            log.info(
+                "job %r: catching up instant %s%s",
+                state.job.name,
+                instant,
+                " after the database outage" if reason is Reason.OUTAGE else "",
+            )
+
+    def hand_back(self, name: str, token: int) -> None:
+        """Give back a lease won just as the scheduler began to drain."""
+        self._control.run(lambda: self._store.give_back(name, token), lambda _result: None)
+
+    def give_back(self, claims: lease.ClaimBatch | lease.Claim | None) -> None:
+        """Give back leases won after the dispatcher has gone (on the control thread)."""
+        if isinstance(claims, lease.ClaimBatch):
+            won = claims.claims()
+        else:
+            won = [claims] if claims else []
+        for claim in won:
+            try:
+                self._store.give_back(claim.name, claim.token)
+            except lease.LeaseError as exc:
+                log.warning("job %r: giving back a lease won at stop failed: %s", claim.name, exc)
