@@ -23,6 +23,7 @@ replica started; *duplicates* are starts beyond the first of a pair.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,50 +56,45 @@ def bench_url(driver: str = "postgresql+psycopg") -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _admin() -> sa.Engine:
-    return sa.create_engine(SERVER_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+@contextlib.contextmanager
+def _admin() -> Iterator[sa.Connection]:
+    """A connection to the server's own database (autocommit), its engine disposed after."""
+    engine = sa.create_engine(SERVER_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 def reset_database() -> None:
-    engine = _admin()
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-            conn.execute(sa.text(f'CREATE DATABASE "{DATABASE}"'))
-    finally:
-        engine.dispose()
+    with _admin() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{DATABASE}"'))
 
 
 def db_counters() -> dict[str, int]:
     """The benchmark database's counters in ``pg_stat_database`` (flushed by the server)."""
-    engine = _admin()
-    try:
-        with engine.connect() as conn:
-            row = (
-                conn.execute(
-                    sa.text(
-                        "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, "
-                        "tup_inserted, tup_updated, tup_deleted FROM pg_stat_database "
-                        "WHERE datname = :name"
-                    ),
-                    {"name": DATABASE},
-                )
-                .mappings()
-                .one()
+    with _admin() as conn:
+        row = (
+            conn.execute(
+                sa.text(
+                    "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, "
+                    "tup_inserted, tup_updated, tup_deleted FROM pg_stat_database "
+                    "WHERE datname = :name"
+                ),
+                {"name": DATABASE},
             )
-        return {key: int(value) for key, value in row.items()}
-    finally:
-        engine.dispose()
+            .mappings()
+            .one()
+        )
+    return {key: int(value) for key, value in row.items()}
 
 
 def server_info() -> dict[str, str]:
-    engine = _admin()
-    try:
-        with engine.connect() as conn:
-            version = conn.execute(sa.text("SHOW server_version")).scalar_one()
-        return {"postgresql": str(version)}
-    finally:
-        engine.dispose()
+    with _admin() as conn:
+        version = conn.execute(sa.text("SHOW server_version")).scalar_one()
+    return {"postgresql": str(version)}
 
 
 @dataclass
@@ -594,6 +591,23 @@ def save(name: str, document: dict[str, Any], *, merge: bool = False) -> Path:
         kept = [row for row in previous if key(row) not in fresh]
         document = {**document, "results": kept + document["results"]}
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return path
+
+
+def publish(name: str, benchmark: str, rows: list[dict[str, Any]], *, merge: bool = False) -> Path:
+    """Save ``rows`` as the results of ``benchmark`` (with the time and the machine) to
+    ``results/NAME.json`` (see :func:`save` for ``merge``) and say where."""
+    path = save(
+        name,
+        {
+            "benchmark": benchmark,
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "results": rows,
+        },
+        merge=merge,
+    )
+    print(f"written to {path}")
     return path
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from sqlalchemy import event
 import cronjob
 import lease
 from benchmarks import _table
+from benchmarks._rounds import RoundCounter
 from cronjob.testing import FakeClock
 
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -74,14 +74,8 @@ def scratch(database: str) -> Iterator[str]:
 
 
 def run(database: str, replicas: int, hours: int) -> list[dict[str, Any]]:
-    rounds = 0
-    lock = threading.Lock()
-
-    def job(ctx: cronjob.Round) -> None:
-        nonlocal rounds
-        with lock:
-            rounds += 1
-
+    counter = RoundCounter()
+    job = counter.job
     registry = cronjob.Registry()
     registry.register(job, "0 */15 * * * *", "quarter")
     registry.register(job, "0 0 * * * *", "hourly")
@@ -108,7 +102,7 @@ def run(database: str, replicas: int, hours: int) -> list[dict[str, Any]]:
                 (f"{hours} h", clock.now() + timedelta(hours=hours)),
                 ("DST weekend", datetime(2026, 3, 30, 0, 0, tzinfo=UTC)),
             ):
-                before_rounds, before_statements = rounds, statements
+                before_rounds, before_statements = counter.rounds, statements
                 started = time.perf_counter()
                 clock.advance_to(target)
                 rows.append(
@@ -117,7 +111,7 @@ def run(database: str, replicas: int, hours: int) -> list[dict[str, Any]]:
                         "replicas": replicas,
                         "advance": label,
                         "seconds": round(time.perf_counter() - started, 2),
-                        "rounds": rounds - before_rounds,
+                        "rounds": counter.rounds - before_rounds,
                         "statements": statements - before_statements,
                     }
                 )

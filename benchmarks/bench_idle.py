@@ -67,17 +67,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(_table.render([row], COLUMNS), flush=True)
     print()
     print(_table.render(rows, COLUMNS))
-    path = _harness.save(
-        "idle",
-        {
-            "benchmark": "idle cost",
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": _harness.machine(),
-            "results": rows,
-        },
-        merge=args.merge,
-    )
-    print(f"written to {path}")
+    _harness.publish("idle", "idle cost", rows, merge=args.merge)
     return rows
 
 

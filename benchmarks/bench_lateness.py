@@ -20,7 +20,6 @@ in the window, SQL statements per round (counted in each replica, see
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks import _harness, _table
@@ -88,17 +87,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     print()
     print(_table.render(rows, _table.LATENESS_COLUMNS))
-    path = _harness.save(
-        "lateness",
-        {
-            "benchmark": "lateness and correctness",
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": _harness.machine(),
-            "results": rows,
-        },
-        merge=args.merge,
-    )
-    print(f"written to {path}")
+    _harness.publish("lateness", "lateness and correctness", rows, merge=args.merge)
     return rows
 
 

@@ -22,7 +22,6 @@ per instant before and after it. Prints a table, writes ``benchmarks/results/sca
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks import _harness, _table
@@ -77,17 +76,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(_table.render([row], _table.SCALE_COLUMNS), flush=True)
     print()
     print(_table.render(rows, _table.SCALE_COLUMNS))
-    path = _harness.save(
-        "scale",
-        {
-            "benchmark": "scale: jobs @every 10s, one replica killed in one run",
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": _harness.machine(),
-            "results": rows,
-        },
-        merge=args.merge,
+    _harness.publish(
+        "scale", "scale: jobs @every 10s, one replica killed in one run", rows, merge=args.merge
     )
-    print(f"written to {path}")
     return rows
 
 

@@ -20,7 +20,6 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -156,16 +155,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(_table.render([row], COLUMNS), flush=True)
     finally:
         engine.dispose()
-    path = _harness.save(
-        "status",
-        {
-            "benchmark": "admin.status and admin.history over a full history, PostgreSQL",
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": _harness.machine(),
-            "results": rows,
-        },
+    _harness.publish(
+        "status", "admin.status and admin.history over a full history, PostgreSQL", rows
     )
-    print(f"written to {path}")
     return rows
 
 

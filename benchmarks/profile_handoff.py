@@ -32,6 +32,7 @@ import sqlalchemy as sa
 
 import cronjob
 import execctx
+from benchmarks._rounds import RoundCounter
 from cronjob.admin._run import _RoundFormatter, freeze_start_up
 
 SERVER = os.environ.get(
@@ -72,14 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root.addHandler(handler)
     root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
 
-    rounds = 0
-    lock = threading.Lock()
-
-    def job(ctx: cronjob.Round) -> None:
-        nonlocal rounds
-        with lock:
-            rounds += 1
-
+    counter = RoundCounter()
+    job = counter.job
     registry = cronjob.Registry()
     for i in range(args.jobs):
         registry.register(job, "@every 10s", f"job-{i:05d}")
@@ -105,10 +100,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 freeze_start_up()
             # Warm up through one instant, then measure whole instants.
             time.sleep(10 - time.time() % 10 + 10 + 1)
-            start_cpu, start_rounds = time.process_time(), rounds
+            start_cpu, start_rounds = time.process_time(), counter.rounds
             start_threads = _thread_cpu() if args.threads else {}
             time.sleep(10 * args.instants)
-            cpu, run = time.process_time() - start_cpu, rounds - start_rounds
+            cpu, run = time.process_time() - start_cpu, counter.rounds - start_rounds
             threads = _thread_cpu() if args.threads else {}
             if profiles:
                 for profile in profiles:

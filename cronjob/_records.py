@@ -8,12 +8,16 @@ the round that failed; both hand out the same values. Public as :mod:`cronjob.ad
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["FAILED_OUTCOMES", "Outcome", "RoundRecord", "Why"]
+if TYPE_CHECKING:
+    import lease
+
+__all__ = ["FAILED_OUTCOMES", "Outcome", "RoundRecord", "Why", "record_of"]
 
 
 class Outcome(enum.StrEnum):
@@ -91,3 +95,28 @@ class RoundRecord:
     def duration(self) -> timedelta:
         """How long the round ran."""
         return self.ended - self.started
+
+
+def record_of(row: lease.RoundRow) -> RoundRecord:
+    """The record of the history row ``row``: its ``why`` and ``outcome`` as members of
+    :class:`Why` and :class:`Outcome`, or as the string itself where a newer release wrote
+    a word this one does not know."""
+    why: Why | str = row.why
+    with contextlib.suppress(ValueError):
+        why = Why(row.why)
+    outcome: Outcome | str = row.outcome
+    with contextlib.suppress(ValueError):
+        outcome = Outcome(row.outcome)
+    return RoundRecord(
+        job=row.name,
+        instant=row.instant,
+        attempt=row.attempt,
+        replica=row.holder,
+        why=why,
+        started=row.started,
+        ended=row.ended,
+        outcome=outcome,
+        error=row.error,
+        trace_id=row.trace_id,
+        requested_by=row.requested_by,
+    )

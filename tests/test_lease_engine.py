@@ -122,9 +122,15 @@ class TestSqliteEngine:
 
 
 class TestServerEngine:
-    @pytest.mark.postgres
-    def test_postgres_pings_and_reads_committed(self, postgres_url):
-        engine = lease.create_engine(postgres_url)
+    @pytest.mark.parametrize(
+        "server",
+        [
+            pytest.param("postgres", marks=pytest.mark.postgres),
+            pytest.param("mysql", marks=pytest.mark.mysql),
+        ],
+    )
+    def test_pings_and_reads_committed(self, server, request):
+        engine = lease.create_engine(request.getfixturevalue(f"{server}_url"))
         try:
             assert engine.pool._pre_ping  # type: ignore[attr-defined]
             with engine.connect() as conn:
@@ -196,16 +202,6 @@ class TestServerEngine:
         finally:
             engine.dispose()
         assert params.get("tcp_user_timeout") == "2500"
-
-    @pytest.mark.mysql
-    def test_mysql_pings_and_reads_committed(self, mysql_url):
-        engine = lease.create_engine(mysql_url)
-        try:
-            assert engine.pool._pre_ping  # type: ignore[attr-defined]
-            with engine.connect() as conn:
-                assert conn.get_isolation_level() == "READ COMMITTED"
-        finally:
-            engine.dispose()
 
     def test_a_url_for_no_installed_dialect_is_a_lease_error(self):
         with pytest.raises(lease.DatabaseError, match=r"^create engine: "):

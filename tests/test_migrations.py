@@ -295,6 +295,17 @@ _OLD = sa.Table(
 )
 
 
+def _old_job_running(db_engine: sa.Engine, **running: Any) -> None:
+    """As an older release leaves it: rows for ``old-job`` and ``new-job``, and a round of
+    ``old-job`` in flight (``running``: the columns it set)."""
+    with db_engine.begin() as conn:
+        for name in ("old-job", "new-job"):
+            conn.execute(
+                _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
+            )
+        conn.execute(_OLD.update().where(_OLD.c.name == "old-job").values(**running))
+
+
 class TestUpgradeTo0002:
     """Revision 0002 only adds, so a live database upgrades under rounds in flight and a
     replica of release 0001 (whose statements name only 0001's columns) keeps working."""
@@ -315,22 +326,14 @@ class TestUpgradeTo0002:
         self.upgrade_to(db_engine, "0001")
         t0 = manual_clock.now()
         expires = int(t0.timestamp() * 1000) + 15_000
-        with db_engine.begin() as conn:  # release 0001 made the rows and runs a round
-            for name in ("old-job", "new-job"):
-                conn.execute(
-                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
-                )
-            conn.execute(
-                _OLD.update()
-                .where(_OLD.c.name == "old-job")
-                .values(
-                    instant=int(t0.timestamp()),
-                    state="running",
-                    token=42,
-                    holder="old-replica",
-                    expires_ms=expires,
-                )
-            )
+        _old_job_running(  # release 0001 made the rows and runs a round
+            db_engine,
+            instant=int(t0.timestamp()),
+            state="running",
+            token=42,
+            holder="old-replica",
+            expires_ms=expires,
+        )
         lease.migrate(db_engine)  # the new release starts: 0001 -> 0002, live
         new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
         new.ensure(["new-job"], specs={"new-job": "0 * * * * *"})
@@ -395,16 +398,9 @@ class TestUpgradeTo0003:
 
         TestUpgradeTo0002.upgrade_to(db_engine, "0002")
         t0 = manual_clock.now()
-        with db_engine.begin() as conn:  # release 0002 made the rows and runs a round
-            for name in ("old-job", "new-job"):
-                conn.execute(
-                    _OLD.insert().values(name=name, instant=-1, attempt=1, state="new", token=0)
-                )
-            conn.execute(
-                _OLD.update()
-                .where(_OLD.c.name == "old-job")
-                .values(instant=int(t0.timestamp()), state="running", token=42, holder="old")
-            )
+        _old_job_running(  # release 0002 made the rows and runs a round
+            db_engine, instant=int(t0.timestamp()), state="running", token=42, holder="old"
+        )
         lease.migrate(db_engine)  # the new release starts: 0002 -> 0003, live
         assert lease.current_revision(db_engine) == HEAD
         new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)

@@ -61,6 +61,28 @@ def job_names() -> list[str]:
     return [f"job-{i:05d}" for i in range(JOBS)]
 
 
+def every_seconds(spec: str) -> int | None:
+    """The period of an ``@every Ns`` spec, else ``None`` (a cron spec)."""
+    if not spec.startswith("@every "):
+        return None
+    return int(spec.split()[1].rstrip("s"))
+
+
+def cron_fields(spec: str) -> dict[str, str]:
+    """A six-field cron spec as the keyword arguments of APScheduler's ``CronTrigger``
+    (the same in 3 and 4), in UTC."""
+    second, minute, hour, day, month, dow = spec.split()
+    return {
+        "second": second,
+        "minute": minute,
+        "hour": hour,
+        "day": day,
+        "month": month,
+        "day_of_week": "*" if dow in ("*", "?") else dow,
+        "timezone": "UTC",
+    }
+
+
 def started(name: str, instant: float) -> None:
     """Record that a round of ``name`` for ``instant`` starts now."""
     start = time.time()

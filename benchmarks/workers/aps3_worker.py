@@ -49,22 +49,13 @@ def work() -> None:
 
 
 def _trigger(spec: str):  # type: ignore[no-untyped-def]
-    if spec.startswith("@every "):
-        seconds = int(spec.split()[1].rstrip("s"))
+    seconds = _record.every_seconds(spec)
+    if seconds is not None:
         # Aligned to the epoch like cronjob's @every.
         from datetime import datetime
 
         return IntervalTrigger(seconds=seconds, start_date=datetime(1970, 1, 1, tzinfo=UTC))
-    second, minute, hour, day, month, dow = spec.split()
-    return CronTrigger(
-        second=second,
-        minute=minute,
-        hour=hour,
-        day=day,
-        month=month,
-        day_of_week="*" if dow in ("*", "?") else dow,
-        timezone="UTC",
-    )
+    return CronTrigger(**_record.cron_fields(spec))
 
 
 def main() -> None:

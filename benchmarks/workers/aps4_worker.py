@@ -41,18 +41,11 @@ def work(name: str) -> None:
 
 
 def _trigger(spec: str):  # type: ignore[no-untyped-def]
-    if spec.startswith("@every "):
-        seconds = int(spec.split()[1].rstrip("s"))
+    seconds = _record.every_seconds(spec)
+    if seconds is not None:
         return IntervalTrigger(seconds=seconds, start_time=datetime(1970, 1, 1, tzinfo=UTC))
-    second, minute, hour, day, month, dow = spec.split()
     return CronTrigger(
-        second=second,
-        minute=minute,
-        hour=hour,
-        day=day,
-        month=month,
-        day_of_week="*" if dow in ("*", "?") else dow,
-        timezone="UTC",
+        **_record.cron_fields(spec),
         # Fire on whole seconds: by default the fire times keep the start time's
         # fraction of a second (the schedule's creation time). Not a start time far in
         # the past either: the scheduler would then walk every fire time since.

@@ -18,7 +18,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import NoReturn, TextIO
 
@@ -200,16 +200,15 @@ def main(
             from ._run import run_command  # deferred: the scheduler is not needed for `next`
 
             return run_command(args)
-        if args.command == "status":
-            return run_status(args)
-        if args.command == "history":
-            return run_history(args)
-        if args.command == "pause":
-            return run_pause(args)
-        if args.command == "resume":
-            return run_resume(args)
-        if args.command == "trigger":
-            return run_trigger(args)
+        commands: dict[str, Callable[[argparse.Namespace], int]] = {
+            "status": run_status,
+            "history": run_history,
+            "pause": run_pause,
+            "resume": run_resume,
+            "trigger": run_trigger,
+        }
+        if args.command in commands:
+            return commands[args.command](args)
         job = _named_job(args.spec, args.modules, jobs_imported)
         if job is not None:
             return _show_job_next(job, args.count, args.after, sys.stdout)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from .. import admin
@@ -123,18 +124,18 @@ def run_pause(
     out, err = out or sys.stdout, err or sys.stderr
 
     def act() -> int:
-        _one_or_all(args)
-        database = _database(args)
+        changes, changed = _change(
+            args,
+            lambda database, name: admin.pause(database, name, reason=args.reason, by=args.by),
+            lambda database: admin.pause_all(database, reason=args.reason, by=args.by),
+        )
         if args.all:
-            changes = admin.pause_all(database, reason=args.reason, by=args.by)
-            changed = [c for c in changes if c.changed]
             print(f"paused {_jobs(changed, _by(changed))}", file=out)
             for change in changes:
                 if not change.changed:
                     print(f"  {_cell(change.job)} was paused already", file=out)
         else:
-            change = admin.pause(database, args.name, reason=args.reason, by=args.by)
-            changes = (change,)
+            (change,) = changes
             if change.changed:
                 print(f"paused {_cell(change.job)}{_by(changes)}", file=out)
             else:
@@ -160,15 +161,15 @@ def run_resume(
     out, err = out or sys.stdout, err or sys.stderr
 
     def act() -> int:
-        _one_or_all(args)
-        database = _database(args)
+        changes, changed = _change(
+            args,
+            lambda database, name: admin.resume(database, name, by=args.by, catch_up=args.catch_up),
+            lambda database: admin.resume_all(database, by=args.by, catch_up=args.catch_up),
+        )
         if args.all:
-            changes = admin.resume_all(database, by=args.by, catch_up=args.catch_up)
-            changed = [c for c in changes if c.changed]
             print(f"resumed {_jobs(changed)}", file=out)
         else:
-            change = admin.resume(database, args.name, by=args.by, catch_up=args.catch_up)
-            changes = (change,)
+            (change,) = changes
             if change.changed:
                 print(
                     f"resumed {_cell(change.job)}: its next instant runs; those skipped do not",
@@ -274,9 +275,23 @@ def _ended(r: admin.RequestStatus) -> str:
     return f"{head}: {r.outcome}{took} (attempt {r.attempt}){error}"
 
 
-def _one_or_all(args: argparse.Namespace) -> None:
+def _change(
+    args: argparse.Namespace,
+    one: Callable[[str, str], admin.PauseChange],
+    every: Callable[[str], Sequence[admin.PauseChange]],
+) -> tuple[Sequence[admin.PauseChange], list[admin.PauseChange]]:
+    """Pause or resume what ``args`` names: one job (``one(database, name)``) or, with
+    ``--all``, every job on record (``every(database)``). Returns the changes, and those
+    that changed something.
+
+    Raises:
+        ValueError: both a name and ``--all``, or neither.
+    """
     if (args.name is None) == (not args.all):
         raise ValueError("name one job, or give --all (not both)")
+    database = _database(args)
+    changes = every(database) if args.all else (one(database, args.name),)
+    return changes, [c for c in changes if c.changed]
 
 
 def _jobs(changes: list[admin.PauseChange], by: str = "") -> str:
@@ -287,7 +302,7 @@ def _jobs(changes: list[admin.PauseChange], by: str = "") -> str:
     return f"{len(changes)} job{'s' if len(changes) != 1 else ''}{by}: {names}"
 
 
-def _by(changes: tuple[admin.PauseChange, ...] | list[admin.PauseChange]) -> str:
+def _by(changes: Sequence[admin.PauseChange]) -> str:
     return "" if not changes else f" by {_cell(changes[0].paused_by or '?')}"
 
 

@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 import lease
 
-from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, Why
+from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, record_of
 from .._schedule import Schedule
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob
 from ._base import as_enum as _enum
@@ -260,22 +260,7 @@ def history(
         found = store.rounds(name, limit=limit, outcomes=outcomes, since_ms=since_ms)
         if not found and not store.known(name):
             raise UnknownJob(f"no job named {name!r} is on record")
-    return [
-        RoundRecord(
-            job=row.name,
-            instant=row.instant,
-            attempt=row.attempt,
-            replica=row.holder,
-            why=_enum(Why, row.why) or row.why,
-            started=row.started,
-            ended=row.ended,
-            outcome=_enum(Outcome, row.outcome) or row.outcome,
-            error=row.error,
-            trace_id=row.trace_id,
-            requested_by=row.requested_by,
-        )
-        for row in found
-    ]
+    return [record_of(row) for row in found]
 
 
 # -- helpers -----------------------------------------------------------------------------

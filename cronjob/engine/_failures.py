@@ -28,7 +28,6 @@ per-instance round, a manual one). It never runs user code there:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -262,8 +261,7 @@ def round_record(
 ) -> RoundRecord:
     """The record a failure hook is handed: the history row the end was written with,
     or, without one (history off, a per-instance round), the same values from ``run``."""
-    from .._records import Outcome as Recorded
-    from .._records import RoundRecord, Why
+    from .._records import record_of
 
     row = None if ending is None else ending.record
     ctx = run.ctx
@@ -282,25 +280,7 @@ def round_record(
             trace_id=ctx.trace_id or None,
             requested_by=ctx.requested_by,
         )
-    why: Why | str = row.why
-    with contextlib.suppress(ValueError):
-        why = Why(row.why)
-    word: Recorded | str = row.outcome
-    with contextlib.suppress(ValueError):
-        word = Recorded(row.outcome)
-    return RoundRecord(
-        job=row.name,
-        instant=row.instant,
-        attempt=row.attempt,
-        replica=row.holder,
-        why=why,
-        started=row.started,
-        ended=row.ended,
-        outcome=word,
-        error=row.error,
-        trace_id=row.trace_id,
-        requested_by=row.requested_by,
-    )
+    return record_of(row)
 
 
 def _bounded(reason: str) -> str:
