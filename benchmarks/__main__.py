@@ -37,9 +37,7 @@ from benchmarks import (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument(
-        "--only", default="schedule,lateness,scale,idle,fakeday,status,metrics"
-    )
+    parser.add_argument("--only", default="schedule,lateness,scale,idle,fakeday,status,metrics")
     parser.add_argument("--impl", default=_harness.ALL)
     parser.add_argument("--window", type=int, default=None, help="lateness and scale, s")
     args = parser.parse_args()

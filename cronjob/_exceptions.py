@@ -57,9 +57,7 @@ class Retry(CronjobError):
     def __init__(self, delay: float | None = None) -> None:
         if delay is not None and not (delay >= 0):  # NaN too
             raise ValueError(f"a retry's delay must be >= 0 seconds, got {delay!r}")
-        super().__init__(
-            "retry requested" if delay is None else f"retry requested in {delay:g} s"
-        )
+        super().__init__("retry requested" if delay is None else f"retry requested in {delay:g} s")
         #: Seconds to wait before the next attempt; ``None``: the job's backoff.
         self.delay = delay
 

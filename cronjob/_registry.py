@@ -73,8 +73,7 @@ class Job:
     def __post_init__(self) -> None:
         if not isinstance(self.run_at_start, bool):
             raise RegistrationError(
-                f"job {self.name!r}: run_at_start must be True or False, "
-                f"got {self.run_at_start!r}"
+                f"job {self.name!r}: run_at_start must be True or False, got {self.run_at_start!r}"
             )
         if self.run_at_start and self.leased:
             # Every replica starts: a leased job run at each start would run once per
@@ -217,9 +216,7 @@ class Registry:
         """
 
         def decorate(fn: F) -> F:
-            return self.register_per_instance(
-                fn, spec, name, run_at_start=run_at_start, **policy
-            )
+            return self.register_per_instance(fn, spec, name, run_at_start=run_at_start, **policy)
 
         return decorate
 
@@ -444,6 +441,4 @@ def job_per_instance(
 
     The decorator form of :func:`register_per_instance`; see :meth:`Registry.job`.
     """
-    return default_registry.job_per_instance(
-        spec, name=name, run_at_start=run_at_start, **policy
-    )
+    return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start, **policy)

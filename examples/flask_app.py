@@ -1,8 +1,8 @@
 """A Flask application with a job run once per instant across its replicas.
 
-    export FLASK_CRONJOB_DATABASE_URL=postgresql+psycopg://app@db/app
-    flask --app examples.flask_app cronjob run    # the scheduler, a process of its own
-    flask --app examples.flask_app run            # the web application, as many as you like
+export FLASK_CRONJOB_DATABASE_URL=postgresql+psycopg://app@db/app
+flask --app examples.flask_app cronjob run    # the scheduler, a process of its own
+flask --app examples.flask_app run            # the web application, as many as you like
 """
 
 from __future__ import annotations

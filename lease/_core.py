@@ -378,8 +378,7 @@ class _StoreCore:
                 " @lease_saved_mdl_wait = @@SESSION.lock_wait_timeout,"
             )
             conn.exec_driver_sql(
-                (save or "SET")
-                + f" SESSION innodb_lock_wait_timeout = {seconds},"
+                (save or "SET") + f" SESSION innodb_lock_wait_timeout = {seconds},"
                 f" SESSION lock_wait_timeout = {seconds}"
             )
             conn.info[_BOUND] = (

@@ -136,8 +136,11 @@ def run_on(case: str, venv: Path, where: Path) -> None:
     )
     extra = CASES[case]
     installed = "pip install " + (f"'cronjob-lease[{extra}]'" if extra else "cronjob-lease")
-    print(f"[{case}] {installed} (the wheel, in a new venv); greenlet "
-          f"{'installed' if greenlet.returncode == 0 else 'not installed'}", flush=True)
+    print(
+        f"[{case}] {installed} (the wheel, in a new venv); greenlet "
+        f"{'installed' if greenlet.returncode == 0 else 'not installed'}",
+        flush=True,
+    )
     (where / "smoke_jobs.py").write_text(JOBS)
     with scratch_database(case, where) as url:
         run(case, venv / "bin" / "cronjob", url, where)
@@ -205,8 +208,12 @@ def run(case: str, command: Path, url: str, where: Path) -> None:
     reader.join(5)
     rounds = len(out.read_text().splitlines()) if out.exists() else 0
     output = "".join(f"[{case}]   {line}" for line in lines)
-    print(f"[{case}] cronjob run: {rounds} round(s) in {RUN_SECONDS:.0f} s, exit status "
-          f"{status}; its output:\n{output}", end="", flush=True)
+    print(
+        f"[{case}] cronjob run: {rounds} round(s) in {RUN_SECONDS:.0f} s, exit status "
+        f"{status}; its output:\n{output}",
+        end="",
+        flush=True,
+    )
     if status != 0:
         raise SmokeFailed(f"exit status {status}, not 0")
     if rounds < MIN_ROUNDS:

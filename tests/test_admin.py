@@ -76,9 +76,7 @@ class TestJobState:
         assert (job.consecutive_failures, job.last_error, job.problems) == (0, None, ())
         assert job.skipped_through is None
 
-    def test_failures_in_a_row_are_counted_and_a_success_resets_them(
-        self, db_url, replicas, clock
-    ):
+    def test_failures_in_a_row_are_counted_and_a_success_resets_them(self, db_url, replicas, clock):
         flaky = Flaky()
         registry = Registry()
         registry.register(flaky, "0 * * * * *", "flaky")
@@ -364,9 +362,7 @@ class TestReplicas:
         job = job_status(db_url, clock, "report")
         assert job.spec == "0 30 * * * *"
         assert job.specs_seen == ("0 0 * * * *", "0 30 * * * *")
-        assert job.problems == (
-            "replicas registered different specs: 0 0 * * * *, 0 30 * * * *",
-        )
+        assert job.problems == ("replicas registered different specs: 0 0 * * * *, 0 30 * * * *",)
 
 
 class TestReplicaStatements:
@@ -398,9 +394,11 @@ class TestReplicaStatements:
         per_sweep = 1 if migrated_engine.dialect.name == "postgresql" else 2
         assert len(sent) == 2 * per_sweep
         [row] = store.replicas(seen_since_ms=0)
-        assert (row.holder, row.started, row.seen) == ("r1", manual_clock.now() - timedelta(
-            seconds=15
-        ), manual_clock.now())
+        assert (row.holder, row.started, row.seen) == (
+            "r1",
+            manual_clock.now() - timedelta(seconds=15),
+            manual_clock.now(),
+        )
         assert row.jobs == {"a": ("@every 5s", True)}
 
     def test_pruning_deletes_replicas_gone_for_long(self, migrated_engine, manual_clock):

@@ -48,9 +48,7 @@ def ran(db_url: str) -> str:
 
 
 class TestStatus:
-    def test_it_shows_the_jobs_and_the_replicas_and_exits_1_when_a_job_fails(
-        self, ran, capsys
-    ):
+    def test_it_shows_the_jobs_and_the_replicas_and_exits_1_when_a_job_fails(self, ran, capsys):
         status, out, err = run(capsys, "status", "--database-url", ran)
         assert status == 1
         lines = out.splitlines()

@@ -21,15 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: What the ``[test]`` extra adds over the base install that the demo might touch.
 NOT_IN_THE_BASE_INSTALL = (
-    "greenlet", "psycopg", "pymysql", "asyncpg", "aiosqlite", "aiomysql", "django", "flask",
+    "greenlet",
+    "psycopg",
+    "pymysql",
+    "asyncpg",
+    "aiosqlite",
+    "aiomysql",
+    "django",
+    "flask",
 )
 
 
 def commands(block: str) -> list[str]:
     """The command lines of a shell block (comments and blank lines left out)."""
-    return [
-        line for line in block.splitlines() if line.strip() and not line.startswith("#")
-    ]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def first_block() -> str:
@@ -62,14 +67,25 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
     assert script[0] == "set -euo pipefail"
     # The servers and tools when missing, then the project, then the checks.
     setup = "\n".join(script)
-    for needed in ("apt_install postgresql", "apt_install mariadb-server",
-                   "apt_install faketime", "apt_install chromium", "CREATE DATABASE test",
-                   "CREATE DATABASE IF NOT EXISTS test"):
+    for needed in (
+        "apt_install postgresql",
+        "apt_install mariadb-server",
+        "apt_install faketime",
+        "apt_install chromium",
+        "CREATE DATABASE test",
+        "CREATE DATABASE IF NOT EXISTS test",
+    ):
         assert needed in setup, needed
-    checks = [line for line in script if line.startswith(".venv/bin/") and "pip" not in line]
+    checks = [
+        line
+        for line in script
+        if (line.startswith(".venv/bin/") and "pip" not in line) or line.startswith("bash ")
+    ]
     assert checks == [
         ".venv/bin/ruff check .",
+        ".venv/bin/ruff format --check .",
         ".venv/bin/mypy",
+        "bash scripts/docs",
         ".venv/bin/python scripts/wheel_smoke.py",
         ".venv/bin/python -m pytest -m faults",
         ".venv/bin/python -m pytest -m 'not faults' -n 3",
@@ -101,7 +117,10 @@ def test_the_demo_runs_on_the_base_install(tmp_path):
     )
     done = subprocess.run(
         [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [

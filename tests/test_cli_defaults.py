@@ -26,8 +26,10 @@ def test_run_needs_no_module_once_a_framework_imported_the_jobs(capsys):
 
 
 def test_a_command_without_database_url_ignores_the_default(capsys):
-    status = main(["next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z"],
-                  database_url="sqlite:///unused.sqlite")
+    status = main(
+        ["next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z"],
+        database_url="sqlite:///unused.sqlite",
+    )
     assert status == 0
     assert capsys.readouterr().out.splitlines()[1] == "  2026-03-03T00:00:00+00:00"
 
@@ -35,6 +37,5 @@ def test_a_command_without_database_url_ignores_the_default(capsys):
 def test_run_refuses_a_max_workers_below_one(capsys):
     assert main(["run", "--max-workers", "0", "jobs"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "cronjob: error: argument --max-workers: must be a whole number of at least 1, "
-        "not '0'"
+        "cronjob: error: argument --max-workers: must be a whole number of at least 1, not '0'"
     )

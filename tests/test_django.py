@@ -65,7 +65,13 @@ class TestOnDjangosTestDatabase:
 class TestCommand:
     def test_next_runs_through_manage_py(self, tmp_path):
         done = django(
-            "cronjob", "next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z",
+            "cronjob",
+            "next",
+            "@daily",
+            "-n",
+            "1",
+            "--after",
+            "2026-03-02T08:00:00Z",
             tmp_path=tmp_path,
         )
         assert done.returncode == 0, done.stderr
@@ -86,8 +92,15 @@ class TestCommand:
     def test_a_database_url_given_on_the_command_line_wins(self, tmp_path):
         other = tmp_path / "other.sqlite"
         status, log = run_until_started(
-            [sys.executable, "-m", "django", "cronjob", "run", "--database-url",
-             f"sqlite:///{other}"],
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "cronjob",
+                "run",
+                "--database-url",
+                f"sqlite:///{other}",
+            ],
             cwd=tmp_path,
             env=django_env(tmp_path),
         )
@@ -127,8 +140,13 @@ class TestDatabaseUrl:
         assert url == "postgresql+psycopg://app@/app?host=%2Fvar%2Frun%2Fpostgresql"
 
     def test_mysql_settings_become_a_pymysql_url(self):
-        config = {"NAME": "app", "USER": "root", "HOST": "127.0.0.1", "PORT": 3306,
-                  "OPTIONS": {"charset": "utf8mb4", "init_command": "SET x=1"}}
+        config = {
+            "NAME": "app",
+            "USER": "root",
+            "HOST": "127.0.0.1",
+            "PORT": 3306,
+            "OPTIONS": {"charset": "utf8mb4", "init_command": "SET x=1"},
+        }
         url = url_from_settings(config, "mysql", "default")
         assert url == "mysql+pymysql://root@127.0.0.1:3306/app?charset=utf8mb4"
 
@@ -179,7 +197,11 @@ class TestDatabaseUrl:
         env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
         done = subprocess.run(
             [sys.executable, "-m", "django", "cronjob", "run"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
         )
         assert done.returncode == 2
         assert done.stderr.strip().splitlines() == [
@@ -196,8 +218,12 @@ class TestExampleProject:
         manage = [sys.executable, str(EXAMPLE / "manage.py")]
         for check in (["makemigrations", "--check", "--dry-run"], ["migrate", "-v", "0"]):
             done = subprocess.run(
-                [*manage, *check], capture_output=True, text=True, timeout=120,
-                cwd=tmp_path, env={**os.environ, **env},
+                [*manage, *check],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+                env={**os.environ, **env},
             )
             assert done.returncode == 0, done.stderr
         status, log = run_until_started([*manage, "cronjob", "run"], cwd=tmp_path, env=env)

@@ -44,7 +44,7 @@ SURFACE = {
         "Activity",
         "FAILED_OUTCOMES",
         "JobStatus",
-            "Outcome",
+        "Outcome",
         "PauseChange",
         "Refusal",
         "ReplicaStatus",

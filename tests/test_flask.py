@@ -23,8 +23,12 @@ def make_app(**config) -> Flask:
 
 class TestCommand:
     def test_flask_cronjob_next_is_the_cronjob_command(self):
-        result = make_app().test_cli_runner().invoke(
-            args=["cronjob", "next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z"]
+        result = (
+            make_app()
+            .test_cli_runner()
+            .invoke(
+                args=["cronjob", "next", "@daily", "-n", "1", "--after", "2026-03-02T08:00:00Z"]
+            )
         )
         assert result.exit_code == 0, result.output
         assert result.output.splitlines()[1] == "  2026-03-03T00:00:00+00:00"

@@ -527,9 +527,7 @@ class TestFindCutShort:
         ]
         assert len(statements) == 1
 
-    def test_a_survey_names_the_earliest_expiry_of_a_lease_still_held(
-        self, store, manual_clock
-    ):
+    def test_a_survey_names_the_earliest_expiry_of_a_lease_still_held(self, store, manual_clock):
         store.ensure(["a", "b", "c"])
         store.claim(["a"], T0, "r1")
         manual_clock.advance(5)
@@ -655,9 +653,7 @@ class TestHolds:
 
 
 class TestHolders:
-    def test_it_names_each_holder_with_its_latest_claim_since_the_bound(
-        self, store, manual_clock
-    ):
+    def test_it_names_each_holder_with_its_latest_claim_since_the_bound(self, store, manual_clock):
         store.ensure(["a", "b", "c", "d"])
         store.claim(["a"], T0, "r1")
         manual_clock.advance(60)

@@ -126,7 +126,6 @@ class TestLifespan:
         asyncio.run(serve())
         assert seen == [True]
 
-
     def test_a_cancelled_async_with_stops_the_scheduler_its_start_began(self, tmp_path):
         """Cancelled while ``start()`` runs in its thread: nothing is left running."""
         registry = cronjob.Registry()
@@ -420,9 +419,7 @@ class TestRunCommand:
         )
         assert "Traceback" not in done.stderr
 
-    def test_a_module_that_fails_to_import_says_so_first_then_shows_the_traceback(
-        self, tmp_path
-    ):
+    def test_a_module_that_fails_to_import_says_so_first_then_shows_the_traceback(self, tmp_path):
         (tmp_path / "brokenjobs.py").write_text("raise RuntimeError('no config')\n")
         done = run_cli("run", "brokenjobs", cwd=tmp_path)
         assert done.returncode == 2
@@ -439,8 +436,7 @@ class TestRunCommand:
         assert done.returncode == 2
         lines = done.stderr.splitlines()
         assert lines[0] == (
-            "cronjob: error: cannot import job module 'jobs': "
-            "No module named 'no_such_dependency'"
+            "cronjob: error: cannot import job module 'jobs': No module named 'no_such_dependency'"
         )
         assert lines[1] == "Traceback (most recent call last):"
 
@@ -506,7 +502,6 @@ class TestRunCommand:
         assert any("SIGTERM received: draining" in line for line in lines)
         assert sum(DEFAULT_DATABASE_WARNING in line for line in lines) == 1
         assert (tmp_path / "cronjob.sqlite").exists()  # the embedded default
-
 
     def test_a_second_signal_during_the_drain_exits_at_once(self, tmp_path):
         """The first SIGTERM drains; a round that ignores its cancellation keeps the

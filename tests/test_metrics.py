@@ -196,9 +196,7 @@ class TestRounds:
 
 
 class TestSecondRunsAndLosses:
-    def test_a_round_cut_short_and_its_rerun_are_counted_where_they_ran(
-        self, url, replicas, clock
-    ):
+    def test_a_round_cut_short_and_its_rerun_are_counted_where_they_ran(self, url, replicas, clock):
         registry = Registry()
         registry.register(lasting(30), "0 0 * * * *", "export")
         a = replicas(url, registry, "a")

@@ -113,9 +113,7 @@ class TestPause:
         clock.advance(3 * 60)
         assert slow.instants == [at(1)]
 
-    def test_resume_runs_the_next_instant_and_never_the_skipped_ones(
-        self, db_url, replicas, clock
-    ):
+    def test_resume_runs_the_next_instant_and_never_the_skipped_ones(self, db_url, replicas, clock):
         tick = Runs()
         two_replicas(replicas, tick=tick)
         clock.advance(60 + 5)

@@ -287,9 +287,7 @@ class TestOutcomesOnRecord:
         row = store.read(["job"])["job"]
         assert (row.failures, row.last_outcome) == (1, "retrying")
 
-    def test_history_failed_keeps_timed_out_and_missed_deadline_not_retrying(
-        self, store, db_url
-    ):
+    def test_history_failed_keeps_timed_out_and_missed_deadline_not_retrying(self, store, db_url):
         store.ensure(["job"])
         self.end(store, 1, "succeeded")
         self.end(store, 2, "retrying")
@@ -525,9 +523,7 @@ class TestPoliciesShown:
             engine.dispose()
 
     def test_a_new_record_keeps_the_shape_an_old_reader_takes(self):
-        written = jobs_json(
-            {"sync": (EVERY_MINUTE, True)}, {"sync": {"timeout": 30.0}}
-        )
+        written = jobs_json({"sync": (EVERY_MINUTE, True)}, {"sync": {"timeout": 30.0}})
         entry = json.loads(written)["sync"]
         assert (entry["spec"], entry["leased"], entry["policy"]) == (
             EVERY_MINUTE,

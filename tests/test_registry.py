@@ -158,9 +158,7 @@ class TestRefusals:
             registry.register_per_instance(async_job, "@daily", "report")
         assert len(registry) == 1
 
-    def test_a_module_imported_under_two_names_is_named_in_the_refusal(
-        self, tmp_path, monkeypatch
-    ):
+    def test_a_module_imported_under_two_names_is_named_in_the_refusal(self, tmp_path, monkeypatch):
         """`app.jobs` and `jobs` are one file run twice: the second registers everything again."""
         (tmp_path / "app").mkdir()
         (tmp_path / "app" / "__init__.py").write_text("")

@@ -163,9 +163,7 @@ class TestSpreading:
         assert len(pairs) == len(set(pairs))  # no instant ran twice
         assert all(r.attempt == 1 for r in recorder.rounds)
 
-    def test_replicas_started_together_share_fairly_within_seconds(
-        self, replicas, clock, recorder
-    ):
+    def test_replicas_started_together_share_fairly_within_seconds(self, replicas, clock, recorder):
         """Views converge in a few instants: each counts the replicas on record from its
         first read, and reads a second apart while reads change the view."""
         registry = self._registry(recorder)

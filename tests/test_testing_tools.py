@@ -24,9 +24,7 @@ def digest(ctx: cronjob.Round) -> str:
 
 
 class TestMakeRound:
-    def test_a_job_can_be_called_with_a_round_and_writes_through_its_transaction(
-        self, tmp_path
-    ):
+    def test_a_job_can_be_called_with_a_round_and_writes_through_its_transaction(self, tmp_path):
         engine = sa.create_engine(f"sqlite:///{tmp_path / 'app.sqlite'}")
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE TABLE digests (sent_for TEXT)"))

@@ -85,7 +85,6 @@ def cluster(replicas: Callable[..., Scheduler], spec: str = HOURLY, **jobs: Job)
     return registry
 
 
-
 def request_rows(url: str) -> int:
     engine = lease.create_engine(url)
     try:
@@ -160,9 +159,7 @@ class TestRunNow:
         assert [seen.instant for seen in job.seen] == [at(0, 5)]  # the manual round only
         assert job.seen[0].trigger is Trigger.MANUAL
 
-    def test_a_request_racing_its_instant_makes_one_round_on_record(
-        self, db_url, replicas, clock
-    ):
+    def test_a_request_racing_its_instant_makes_one_round_on_record(self, db_url, replicas, clock):
         job = Job(seconds=2)
         cluster(replicas, MINUTELY, report=job)
         clock.advance(60 + 50)
@@ -270,9 +267,7 @@ class TestCommand:
     def clock(self) -> FakeClock:
         return FakeClock(datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1))
 
-    def test_the_command_waits_for_the_round_and_exits_0_on_success(
-        self, db_url, replicas, clock
-    ):
+    def test_the_command_waits_for_the_round_and_exits_0_on_success(self, db_url, replicas, clock):
         job = Job(seconds=3)
         cluster(replicas, HOURLY, report=job)
         out, code = io.StringIO(), []
@@ -286,7 +281,6 @@ class TestCommand:
         lines = out.getvalue().splitlines()
         assert lines[0].startswith("requested a round of report now, by one replica, by ops at")
         assert "report on " in lines[1] and ": succeeded in 3.0 s (attempt 1)" in lines[1]
-
 
 
 class TestCommandNoReplica:
@@ -378,9 +372,7 @@ class TestNoLiveReplica:
 
 
 class TestPerInstance:
-    def test_a_per_instance_job_runs_on_every_live_replica_or_on_one(
-        self, db_url, replicas, clock
-    ):
+    def test_a_per_instance_job_runs_on_every_live_replica_or_on_one(self, db_url, replicas, clock):
         job = Job()
         registry = Registry()
         registry.register_per_instance(job, HOURLY, "local")
@@ -479,9 +471,7 @@ class TestStatements:
         [row] = triggers.read([request_id])
         return row
 
-    def test_a_manual_take_keeps_the_instant_claim_out_and_moves_nothing(
-        self, store, manual_clock
-    ):
+    def test_a_manual_take_keeps_the_instant_claim_out_and_moves_nothing(self, store, manual_clock):
         instant = manual_clock.now().replace(microsecond=0)
         row = self.open_request(store)
         token = lease.Triggers(store).take(row, "a", leased=True)
@@ -535,7 +525,6 @@ class TestStatements:
         assert triggers.take(cut, "c", leased=True) is None
         [closed] = triggers.read([row.id])
         assert (closed.state, closed.outcome) == (lease.TriggerState.DONE, "superseded")
-
 
     def test_requests_are_pruned_with_the_history(self, store, manual_clock):
         old = self.open_request(store)

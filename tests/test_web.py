@@ -146,9 +146,7 @@ class TestJobsPage:
         assert page.status == 200
         assert page.text == wsgi_get(web.wsgi_app(deployment, clock=clock), "/").text
 
-    def test_it_is_readable_on_a_phone_with_nothing_loaded_from_elsewhere(
-        self, deployment, clock
-    ):
+    def test_it_is_readable_on_a_phone_with_nothing_loaded_from_elsewhere(self, deployment, clock):
         page = wsgi_get(web.wsgi_app(deployment, clock=clock), "/")
         assert '<meta name=viewport content="width=device-width, initial-scale=1">' in page.text
         assert "@media (max-width: 40rem)" in page.text

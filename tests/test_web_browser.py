@@ -149,9 +149,7 @@ def test_the_browser_shows_the_jobs_their_problem_and_the_replicas(chromium, pag
     assert ">web-1<" in dom and ">web-2<" in dom
 
 
-def test_the_browser_shows_an_error_holding_markup_as_text_and_runs_nothing(
-    chromium, page_url
-):
+def test_the_browser_shows_an_error_holding_markup_as_text_and_runs_nothing(chromium, page_url):
     dom = browse(chromium, page_url + "job?name=send-invoices", "--dump-dom")
     assert "<title>cronjob: send-invoices</title>" in dom  # no script renamed it
     assert "<script" not in dom
@@ -166,8 +164,9 @@ def test_the_page_fits_a_phone_screen(chromium, page_url, tmp_path):
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert int.from_bytes(header[16:20], "big") == PHONE[0]
     for path in ("", "job?name=send-invoices"):
-        dom = browse(chromium, page_url + path + ("&" if "?" in path else "?") + "measure=1",
-                     "--dump-dom")
+        dom = browse(
+            chromium, page_url + path + ("&" if "?" in path else "?") + "measure=1", "--dump-dom"
+        )
         [(laid_out, screen)] = re.findall(r'data-widths="(\d+),(\d+)"', dom)
         # Headless Chromium may widen a window to 500 px when it only dumps the DOM:
         # still a phone's layout (under 40rem), and nothing may be wider than it.

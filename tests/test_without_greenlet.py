@@ -93,8 +93,7 @@ def test_a_scheduler_runs_sync_and_async_jobs_without_greenlet(db_url, tmp_path)
 def test_cronjob_run_starts_and_drains_without_greenlet(tmp_path):
     """The command's own import path (job module, database, scheduler) needs no greenlet."""
     (tmp_path / "jobs.py").write_text(
-        "import cronjob\n"
-        "cronjob.register(lambda ctx: None, '* * * * * *', 'tick')\n"
+        "import cronjob\ncronjob.register(lambda ctx: None, '* * * * * *', 'tick')\n"
     )
     command = WITHOUT_GREENLET + "from cronjob.admin._cli import main; sys.exit(main())"
     status, log = run_until_started(

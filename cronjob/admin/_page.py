@@ -153,8 +153,17 @@ def job_page(
     title = "Recent failed rounds" if failed else "Recent rounds"
     switch = "show every round" if failed else "only failures"
     body.append(f'<h2>{title} <small>(<a href="{e(other)}">{switch}</a>)</small></h2>')
-    headers = ["Instant (UTC)", "Attempt", "Replica", "Why", "Started (UTC)", "Duration",
-               "Outcome", "Error", "Trace id"]
+    headers = [
+        "Instant (UTC)",
+        "Attempt",
+        "Replica",
+        "Why",
+        "Started (UTC)",
+        "Duration",
+        "Outcome",
+        "Error",
+        "Trace id",
+    ]
     rows = [
         _row(
             {

@@ -216,13 +216,11 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         print("no live replicas (none seen in the last minute)", file=out)
 
 
-
 def _print_table(headers: list[str], rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
     for row in [headers, *rows]:
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         print("  ".join(cells).rstrip(), file=out)
-
 
 
 def _jsonable(value: Any) -> Any:

@@ -121,9 +121,7 @@ class _Pages:
         if not found:
             raise admin.UnknownJob(f"no job named {name!r} is on record")
         rounds = admin.history(self._database, name, limit=ROUNDS_SHOWN, failed=failed)
-        return _page.job_page(
-            found[0], rounds, prefix, failed=failed, checked_at=report.checked_at
-        )
+        return _page.job_page(found[0], rounds, prefix, failed=failed, checked_at=report.checked_at)
 
     def _now(self) -> datetime | None:
         return None if self._clock is None else self._clock.now()

@@ -116,9 +116,7 @@ class Hooks:
 
     def __init__(self, name: str = "cronjob-hooks") -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[FailureHook, RoundRecord] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[tuple[FailureHook, RoundRecord] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False

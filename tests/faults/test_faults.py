@@ -280,9 +280,7 @@ def scenario_sigterm(db: str = "postgres") -> Figures:
         )
 
 
-def _lost_then_exit(
-    s: Scenario, process: Any, since: float, what: str
-) -> tuple[float, float]:
+def _lost_then_exit(s: Scenario, process: Any, since: float, what: str) -> tuple[float, float]:
     """Check the rule for a replica cut off at ``since`` (monotonic) while it runs
     ``polite`` and ``stubborn``: both are cancelled with LeaseLost within 10 s, and the one
     ignoring it ends the process with status 70 5 s later, and at least half a second
@@ -467,13 +465,9 @@ def scenario_outage(db: str = "postgres", *, everyone: bool = True) -> Figures:
         figures: Figures = {}
         if everyone:
             assert ran["mono"] >= healed, "the daily round ran while the database was away"
-            assert (
-                f"catching up instant {instant.isoformat()} after the database outage" in outputs
-            )
+            assert f"catching up instant {instant.isoformat()} after the database outage" in outputs
             figures["daily_run_after_return_s"] = _round(ran["mono"] - healed)
-            missed = [
-                r for r in rounds if r.job == "ten" and cut_wall < r.instant <= healed_wall
-            ]
+            missed = [r for r in rounds if r.job == "ten" and cut_wall < r.instant <= healed_wall]
             assert len(missed) <= 1, [r.describe() for r in missed]
             figures["ten_caught_up"] = [r.instant.isoformat() for r in missed]
         else:
@@ -1104,9 +1098,7 @@ def scenario_pause(db: str = "postgres") -> Figures:
         s.stop()
         rounds = s.rounds()
         paused = [
-            r.describe()
-            for r in rounds
-            if r.job == "five" and paused_at < r.instant < first_after
+            r.describe() for r in rounds if r.job == "five" and paused_at < r.instant < first_after
         ]
         assert paused == [], f"rounds of a paused job: {paused}"
         assert first_after > before_resume, "an instant skipped while paused was run"
@@ -1179,9 +1171,7 @@ def scenario_trigger(db: str = "postgres") -> Figures:
         [ran] = admin.wait(s.url, forced, timeout=30)
         assert ran.succeeded, ran
         s.stop()
-        manual = [
-            e for e in s.events() if e["ev"] == "start" and e.get("trigger") == "manual"
-        ]
+        manual = [e for e in s.events() if e["ev"] == "start" and e.get("trigger") == "manual"]
         assert [(e["attempt"], e["pid"] != first["pid"]) for e in manual] == [
             (1, False),
             (2, True),
@@ -1208,10 +1198,12 @@ def scenario_trigger(db: str = "postgres") -> Figures:
 
 def _wait_manual(s: Scenario, job: str, *, attempt: int, timeout: float) -> dict[str, Any]:
     return s.wait_event(
-        lambda e: e["ev"] == "start"
-        and e["job"] == job
-        and e.get("trigger") == "manual"
-        and e["attempt"] == attempt,
+        lambda e: (
+            e["ev"] == "start"
+            and e["job"] == job
+            and e.get("trigger") == "manual"
+            and e["attempt"] == attempt
+        ),
         timeout,
         f"the manual round of {job} (attempt {attempt})",
     )

@@ -77,9 +77,7 @@ class TestFenced(TransactionTestCase):
                 Entry.objects.create(job=ctx.name, instant=ctx.instant)
 
         assert self.run_hour(writer) == []
-        assert list(Entry.objects.values_list("job", "instant")) == [
-            (self.name, NINE)
-        ]
+        assert list(Entry.objects.values_list("job", "instant")) == [(self.name, NINE)]
 
     def test_a_lease_taken_before_the_block_refuses_it_with_lease_lost(self):
         def writer(ctx):
