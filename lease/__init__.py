@@ -23,7 +23,7 @@ outcomes — nothing about what the holder runs.
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: the façade, the lease rules, the rows; its parts: _claims
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
-#                rerun), _record (history, replicas, prune, survey), _pause, _core
+#                rerun), _history (history, replicas, prune, survey), _pause, _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
 #   _engine      engines suited to leases (SQLite's single connection), their async

@@ -45,8 +45,8 @@ from ._dialect import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS
 from ._dialect import check_dialect as check_dialect
 from ._ends import _Ends
 from ._exceptions import translate_errors
+from ._history import _History
 from ._pause import _Pause
-from ._record import _Record
 from ._records import replica_from
 from ._rows import Claim as Claim
 from ._rows import ClaimBatch as ClaimBatch
@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 
-class LeaseStore(_Claims, _Ends, _Record, _Pause):
+class LeaseStore(_Claims, _Ends, _History, _Pause):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an

@@ -35,7 +35,7 @@ from ._rows import (
 from ._text import check_holder
 
 
-class _Record(_StoreCore):
+class _History(_StoreCore):
     """The history, the replicas, the prune, the survey: a part of :class:`~lease.LeaseStore`."""
 
     def rounds(
