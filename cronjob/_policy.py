@@ -89,12 +89,13 @@ class Policy:
     @property
     def is_default(self) -> bool:
         """No option differs from the seed's behaviour (the hook aside)."""
-        return (
-            self.timeout is None
-            and self.retries == 0
-            and self.start_deadline is None
-            and self.pause_after_failures is None
-        )
+        return not self.acts_on_rounds and self.pause_after_failures is None
+
+    @property
+    def acts_on_rounds(self) -> bool:
+        """A timeout, retries or a start deadline is set: the engine times, retries or
+        checks this job's rounds (the self-pause and the hook act on their ends only)."""
+        return self.timeout is not None or self.retries > 0 or self.start_deadline is not None
 
     def describe(self) -> dict[str, Any]:
         """The options that differ from the defaults, as JSON-ready values (seconds).

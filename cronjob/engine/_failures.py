@@ -64,7 +64,7 @@ HOOKS_STOP_SECONDS: Final = 5.0
 #: The ends a failure hook is told of.
 HOOKED: Final = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.MISSED_DEADLINE})
 #: The ends that count towards ``pause_after_failures``.
-COUNTED: Final = frozenset({Outcome.FAILED, Outcome.TIMED_OUT})
+COUNTED: Final = frozenset(Outcome(word) for word in lease.COUNTED_FAILURES)
 #: The history's outcomes the self-pause reads: those that count, and those that end a
 #: run of failures (a success, an operator's resume).
 _READ: Final = (*sorted(lease.COUNTED_FAILURES), "succeeded", "resumed")

@@ -85,9 +85,7 @@ class JobState:
         policy = self.job.policy
         self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
         self.start_deadline = policy.start_deadline
-        self.policed = bool(
-            policy.timeout is not None or policy.retries or policy.start_deadline is not None
-        )
+        self.policed = policy.acts_on_rounds
 
 
 @dataclass(eq=False)
