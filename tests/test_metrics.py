@@ -167,6 +167,27 @@ class TestRounds:
         assert failed and all(p["error.type"] == "test_metrics.Boom" for p in failed)
         assert total(three, "cronjob.round.active") == 0
 
+    def test_an_error_type_is_on_each_round_that_ended_in_error_and_only_there(
+        self, url, replicas, clock
+    ):
+        registry = Registry()
+        registry.register(failing, "0 0 * * * *", "invoices", retries=1, retry_backoff=1)
+        registry.register(lasting(60), "0 0 * * * *", "slow", timeout=30)
+        registry.register(lasting(10), "0 0 * * * *", "quick")
+        a = replicas(url, registry, "a")
+        clock.advance(3600 + 120)  # 10:00: two attempts of invoices, slow cut at 30 s
+        kinds = {
+            (point["cronjob.job"], point["cronjob.outcome"]): point.get("error.type")
+            for point, value in a.points("cronjob.rounds")
+            if value
+        }
+        assert kinds == {
+            ("invoices", "retrying"): "test_metrics.Boom",
+            ("invoices", "failed"): "test_metrics.Boom",
+            ("slow", "timed_out"): "timeout",
+            ("quick", "succeeded"): None,
+        }
+
     def test_duration_and_lateness_are_seconds_on_the_clock(self, url, replicas, clock):
         registry = Registry()
         registry.register(lasting(30), "0 0 * * * *", "report")

@@ -26,8 +26,10 @@ durations in seconds (``s``). Attribute values are the ones spans and logs alrea
 round not started: counted in ``cronjob.rounds`` only), ``cronjob.reason`` why a round
 ran (``schedule``, ``catch-up``, ``catch-up after an outage``, ``re-run``, ``start-up``,
 ``retry``) or
-why an instant was skipped (``overrun``, ``database unreachable``), and ``error.type`` the
-qualified class name of a failed round's exception.
+why an instant was skipped (``overrun``, ``database unreachable``), and ``error.type`` on
+a round that ended in error: the qualified class name of the job's exception for
+``failed`` and ``retrying`` (an attempt that failed), ``timeout`` for ``timed_out``; a
+round cut short or given up was cancelled, not in error, and has none.
 
 Each part calls the :class:`JobMetrics` of the job it handles (``state.metrics``) where
 the event already happens: the runner as a round starts and ends, the keeper on a loss,
@@ -64,6 +66,19 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60,
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400)
 
 Attributes = Mapping[str, str]
+
+
+def _error_type(outcome: Outcome, error: BaseException | None) -> str | None:
+    """The ``error.type`` of a round that ended with ``outcome``: the job's exception's
+    qualified class name when the job's own error ended it (``failed``, ``retrying``),
+    ``timeout`` when its job's timeout did; ``None`` otherwise (OpenTelemetry's rule:
+    set on an operation that ended in error, and only there)."""
+    if outcome is Outcome.TIMED_OUT:
+        return "timeout"
+    if outcome in (Outcome.FAILED, Outcome.RETRYING) and error is not None:
+        kind = type(error)
+        return f"{kind.__module__}.{kind.__qualname__}"
+    return None
 
 
 class Meters:
@@ -163,9 +178,9 @@ class JobMetrics:
         value = GIVEN_UP if given_up and outcome is Outcome.CUT_SHORT else outcome.text
         attributes = self._by_outcome[value]
         self._meters.duration.record(max(0.0, seconds), attributes)
-        if outcome is Outcome.FAILED and error is not None:
-            kind = type(error)
-            attributes = {**attributes, "error.type": f"{kind.__module__}.{kind.__qualname__}"}
+        kind = _error_type(outcome, error)
+        if kind is not None:
+            attributes = {**attributes, "error.type": kind}
         self._meters.rounds.add(1, attributes)
 
     def missed_deadline(self) -> None:
