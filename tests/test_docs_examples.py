@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,43 @@ def test_a_sketch_is_told_apart_from_an_example(tmp_path):
         "```python\nprint(1)\n```\n\n```text\n1\n```\n\n```python\ndef f():\n    ...\n```\n"
     )
     assert examples(page) == [("print(1)\n", "1\n")]
+
+
+def test_the_failure_hook_example_pages_three_times_then_the_job_pauses(tmp_path):
+    """examples/on_failure.py, as its docstring says: a page per failed round (every 30 s),
+    and after the third failure in a row ``import-prices`` pauses itself (a fake clock,
+    in an interpreter of its own: the example registers on the default registry)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from datetime import UTC, datetime
+
+        import cronjob
+        import examples.on_failure
+        from cronjob import admin
+        from cronjob.testing import FakeClock
+
+        clock = FakeClock(datetime(2026, 3, 2, 9, 0, 1, tzinfo=UTC))
+        with cronjob.Scheduler(sys.argv[1], clock=clock):
+            clock.advance(150)  # 09:00:30 … 09:02:30: five instants
+        [job] = [job for job in admin.status(sys.argv[1]).jobs if job.name == "import-prices"]
+        print("paused by", job.paused_by)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'pages.sqlite'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    pages = [line for line in lines if line.startswith("PAGE: ")]
+    assert [page.split(" at ")[1][:8] for page in pages] == ["09:00:30", "09:01:00", "09:01:30"]
+    assert all(
+        page.startswith("PAGE: cron job 'import-prices' failed at ")
+        and page.endswith(f"ConnectionError: prices.example.com refused the connection (call {n})")
+        for n, page in enumerate(pages, start=1)
+    )
+    assert lines[-1] == "paused by cronjob"
