@@ -18,7 +18,6 @@ table and to ``benchmarks/results/lease.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -27,20 +26,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.pool import NullPool
 
 import lease
+from benchmarks._harness import save
+from tests._helpers import statements
 
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-RESULTS = Path(__file__).resolve().parent / "results" / "lease.json"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -87,25 +85,10 @@ DATABASES: dict[str, Callable[[], Any]] = {
 }
 
 
-@contextmanager
-def _counting(engine: sa.Engine) -> Iterator[list[str]]:
-    statements: list[str] = []
-
-    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not statement.startswith("BEGIN"):
-            statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", before)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
-
-
 def _count(engine: sa.Engine, operation: Callable[[], object]) -> int:
-    with _counting(engine) as statements:
+    with statements(engine, keep=lambda statement: not statement.startswith("BEGIN")) as sent:
         operation()
-    return len(statements)
+    return len(sent)
 
 
 def bench(url: str, *, cycles: int, jobs: int) -> dict[str, Any]:
@@ -186,7 +169,6 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<10} {result['claims_per_s']:>10.0f} {result['batch_round_ms']:>10.1f}  "
             f"{counts['claim']}/{counts['renew']}/{counts['finish']}/{counts['find_cut_short']}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "lease",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -195,8 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         "cycles": args.cycles,
         "results": results,
     }
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"written to {RESULTS}")
+    print(f"written to {save('lease', document)}")
 
 
 if __name__ == "__main__":

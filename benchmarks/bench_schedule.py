@@ -11,7 +11,6 @@ of the per-batch means is reported, with ``prev()`` and ``parse()`` alongside.
 
 from __future__ import annotations
 
-import json
 import platform
 import random
 import statistics
@@ -19,8 +18,8 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
+from benchmarks._harness import save
 from cronjob import parse
 
 #: The specs the schedule part is tuned for.
@@ -37,7 +36,6 @@ SPECS = (
 #: How many starting instants each spec is timed from, and in how many batches.
 STARTS = 2_000
 BATCHES = 20
-RESULTS = Path(__file__).parent / "results" / "schedule.json"
 
 
 def _starts(seed: int = 2026) -> list[datetime]:
@@ -95,7 +93,6 @@ def main() -> None:
             f"{row['spec']!s:<{width}}  {row['next_us']:>8}  {row['prev_us']:>8}  "
             f"{row['parse_us']:>9}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "Schedule.next / prev / parse, median microseconds per call",
         "python": sys.version.split()[0],
@@ -104,8 +101,7 @@ def main() -> None:
         "batches": BATCHES,
         "results": rows,
     }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"written to {RESULTS}")
+    print(f"written to {save('schedule', report)}")
 
 
 if __name__ == "__main__":

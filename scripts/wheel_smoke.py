@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the tests' process watcher, shared
+
+from tests._process import watched  # noqa: E402
+
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -173,39 +176,17 @@ def scratch_database(case: str, where: Path) -> Iterator[str]:
 def run(case: str, command: Path, url: str, where: Path) -> None:
     """Run the scheduler for :data:`RUN_SECONDS` after it starts, SIGTERM it, check it."""
     out = where / "rounds.txt"
-    process = subprocess.Popen(
-        [str(command), "run", "--database-url", url, "smoke_jobs"],
-        cwd=where,
-        env={**os.environ, "SMOKE_OUT": str(out)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line)
-            if "started:" in line:
-                started.set()
-        started.set()  # it ended
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        if not started.wait(PATIENCE) or process.poll() is not None:
-            raise SmokeFailed(f"cronjob run did not start:\n{''.join(lines)}")
-        time.sleep(RUN_SECONDS)
-        process.send_signal(signal.SIGTERM)
-        status = process.wait(PATIENCE)
-    except subprocess.TimeoutExpired as exc:
-        raise SmokeFailed(f"cronjob run did not drain:\n{''.join(lines)}") from exc
-    finally:
-        if process.poll() is None:
-            process.kill()
-    reader.join(5)
+    argv = [str(command), "run", "--database-url", url, "smoke_jobs"]
+    with watched(argv, cwd=where, env={"SMOKE_OUT": str(out)}, stdout_too=True) as smoke:
+        try:
+            if not smoke.started.wait(PATIENCE) or smoke.process.poll() is not None:
+                raise SmokeFailed(f"cronjob run did not start:\n{smoke.output}")
+            time.sleep(RUN_SECONDS)
+            smoke.process.send_signal(signal.SIGTERM)
+            status = smoke.process.wait(PATIENCE)
+        except subprocess.TimeoutExpired as exc:
+            raise SmokeFailed(f"cronjob run did not drain:\n{smoke.output}") from exc
+    lines = smoke.lines
     rounds = len(out.read_text().splitlines()) if out.exists() else 0
     output = "".join(f"[{case}]   {line}" for line in lines)
     print(

@@ -1,26 +1,45 @@
-"""Plain helpers the test modules share (fixtures live in ``conftest.py``)."""
+"""Plain helpers the test modules share (fixtures live in ``conftest.py``); the
+benchmarks use some too, so nothing here needs pytest at run time."""
 
 from __future__ import annotations
 
+import io
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from wsgiref.util import setup_testing_defaults
 
-import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
 
 import cronjob
+from cronjob import web
 from cronjob.testing import FakeClock
 
+if TYPE_CHECKING:
+    import pytest
 
-class JobBodies:
-    """Job bodies that note each round they run, under a lock (rounds run on worker
-    threads). A module's subclass says what it keeps of a round in :meth:`_record`."""
+Noted = TypeVar("Noted")
+
+
+class JobBodies(Generic[Noted]):
+    """Job bodies that note each round they run in :attr:`seen`, under a lock (rounds run
+    on worker threads). A module's subclass says what it keeps of a round in
+    :meth:`_noted` (or overrides :meth:`_record` altogether)."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self._lock = threading.Lock()
+        #: What :meth:`_noted` kept of each round, in the order they started.
+        self.seen: list[Noted] = []
+
+    def _noted(self, ctx: cronjob.Round) -> Noted:
+        raise NotImplementedError
 
     def _record(self, ctx: cronjob.Round) -> None:
-        raise NotImplementedError
+        with self._lock:
+            self.seen.append(self._noted(ctx))
 
     def lasting(self, seconds: float) -> Callable[[cronjob.Round], None]:
         """A job that works ``seconds`` and stops early, cut short, when cancelled."""
@@ -42,6 +61,16 @@ class JobBodies:
         return job
 
 
+def run_then_stop(
+    replicas: Callable[..., cronjob.Scheduler], registry: cronjob.Registry, seconds: float
+) -> None:
+    """Start a replica ``"first"`` with ``registry``, let ``seconds`` pass on its clock,
+    stop it."""
+    scheduler = replicas(registry, "first")
+    scheduler.clock.advance(seconds)
+    scheduler.stop()
+
+
 def refuse_thread_starts(monkeypatch: pytest.MonkeyPatch, prefix: str) -> list[bool]:
     """While ``[0]`` of the list returned is true, starting a thread whose name starts
     with ``prefix`` fails as the OS limit does; other threads start as usual."""
@@ -55,3 +84,41 @@ def refuse_thread_starts(monkeypatch: pytest.MonkeyPatch, prefix: str) -> list[b
 
     monkeypatch.setattr(threading.Thread, "start", start)
     return refusing
+
+
+@contextmanager
+def statements(
+    engine: sa.Engine, keep: Callable[[str], bool] = lambda statement: True
+) -> Iterator[list[str]]:
+    """Collect the statements sent on ``engine`` while the block runs (those ``keep``
+    keeps), in the order they were sent."""
+    sent: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if keep(statement):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def wsgi_call(
+    app: web.WSGIApp, path: str, query: str = "", *, method: str = "GET", script_name: str = ""
+) -> tuple[str, list[tuple[str, str]], str]:
+    """Call ``app`` as a WSGI server would for one request without a body, mounted at
+    ``script_name``: its status line, headers and body (text)."""
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": method,
+        "SCRIPT_NAME": script_name,
+        "PATH_INFO": path,
+        "QUERY_STRING": query,
+        "wsgi.input": io.BytesIO(),
+    }
+    setup_testing_defaults(environ)
+    started: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers: started.extend([status, headers])))
+    status, headers = started
+    return status, headers, body.decode()

@@ -1,16 +1,73 @@
 """Run a scheduler command in a process of its own: start it, wait until it has started,
 SIGTERM it, and tell how it ended; then read the lease rows it left (tests of
-``cronjob run`` and the framework commands)."""
+``cronjob run`` and the framework commands, and ``scripts/wheel_smoke.py``); or run a
+``python -m`` command to its end."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
+
+
+@dataclass
+class Watched:
+    """A process :func:`watched` started, and what it has said so far."""
+
+    process: subprocess.Popen[str]
+    #: Its output, line by line, as a thread reads it.
+    lines: list[str] = field(default_factory=list)
+    #: Set once a line says ``started:``, or once its output ends (it ended before it
+    #: started).
+    started: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+@contextmanager
+def watched(
+    argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, stdout_too: bool = False
+) -> Iterator[Watched]:
+    """Start ``argv`` (``env`` over this process's environment) and read its stderr, with
+    ``stdout_too`` its stdout as well, on a thread into :attr:`Watched.lines`. When the
+    block ends, a process still running is killed and the reader given 5 s to finish."""
+    process = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE if stdout_too else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    stream = process.stdout if stdout_too else process.stderr
+    assert stream is not None
+    run = Watched(process)
+
+    def read() -> None:
+        for line in stream:
+            run.lines.append(line)
+            if "started:" in line:
+                run.started.set()
+        run.started.set()  # ended before it started
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield run
+    finally:
+        if process.poll() is None:
+            process.kill()
+        reader.join(5)
 
 
 def run_until_started(
@@ -20,38 +77,32 @@ def run_until_started(
 
     A process that ends before it starts is returned as it ended, without a signal.
     """
-    process = subprocess.Popen(
-        argv,
+    with watched(argv, cwd=cwd, env=env) as run:
+        assert run.started.wait(timeout), run.output
+        if run.process.poll() is None:
+            run.process.send_signal(signal.SIGTERM)
+        status = run.process.wait(timeout=timeout)
+    return status, run.output
+
+
+def run_module(
+    module: str,
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` with this interpreter, in ``cwd``, ``env`` over this
+    process's environment; it must end within ``timeout`` s. Its output is captured as
+    text; its exit status is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
         cwd=cwd,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
+        capture_output=True,
         text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-    assert process.stderr is not None
-    lines: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line)
-            if "started:" in line:
-                started.set()
-        started.set()  # ended before it started
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert started.wait(timeout), "".join(lines)
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        status = process.wait(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    reader.join(5)
-    return status, "".join(lines)
 
 
 def lease_names(sqlite_file: Path) -> list[str]:

@@ -14,8 +14,9 @@ import asyncio
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -34,6 +35,8 @@ START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "psycopg_async", "mysql": "aiomysql"}
 #: The sync driver the tests' own engines use for each database.
 SYNC_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql"}
+#: Another claim's write, as a round sees it: its lease's fencing token changes.
+TAKE_LEASE = "UPDATE cronjob_lease SET token = 12345 WHERE name = :name"
 #: Real seconds a test waits for something that happens at once when the code is right.
 PATIENCE = 20.0
 
@@ -127,6 +130,36 @@ def as_async(url: str) -> str:
     )
 
 
+def hourly(job: Callable[[cronjob.Round], Any], name: str = "writer") -> Registry:
+    """A registry with ``job``, leased, on the hour, as ``name``."""
+    registry = Registry()
+    registry.register(job, "0 0 * * * *", name)
+    return registry
+
+
+def noting_lease_lost(
+    job: Callable[[cronjob.Round], Awaitable[None]], errors: list[BaseException]
+) -> Callable[[cronjob.Round], Awaitable[None]]:
+    """``job``, noting in ``errors`` the ``LeaseLost`` it raises (raised on as it was)."""
+
+    async def noting(ctx: cronjob.Round) -> None:
+        try:
+            await job(ctx)
+        except cronjob.LeaseLost as exc:
+            errors.append(exc)
+            raise
+
+    return noting
+
+
+def lost_with_nothing_written(url: str, clock: FakeClock, errors: list[BaseException]) -> list[str]:
+    """Once the job's last 2 s have passed, and nothing it wrote is in ``report_out``:
+    what the ``LeaseLost`` noted in ``errors`` say."""
+    clock.advance(2)
+    assert written(url) == []
+    return [str(exc) for exc in errors]
+
+
 async def insert(conn: AsyncConnection, n: int) -> None:
     await conn.execute(sa.text("INSERT INTO report_out (n) VALUES (:n)"), {"n": n})
 
@@ -140,9 +173,7 @@ class TestTransactionAsync:
                 assert isinstance(conn, AsyncConnection)
                 await insert(conn, 7)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
-        replicas(registry)
+        replicas(hourly(job))
         clock.advance(3600)
         assert written(url) == [7]
         assert lease_state(url, "writer") is lease.LeaseState.DONE
@@ -154,56 +185,38 @@ class TestTransactionAsync:
 
         async def job(ctx: cronjob.Round) -> None:
             await ctx.wait_async(2)
-            try:
-                async with ctx.transaction_async() as conn:
-                    await insert(conn, 7)
-            except cronjob.LeaseLost as exc:
-                errors.append(exc)
-                raise
+            async with ctx.transaction_async() as conn:
+                await insert(conn, 7)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
-        replicas(registry, on_fatal=lambda message: None)
+        replicas(hourly(noting_lease_lost(job, errors)), on_fatal=lambda message: None)
         clock.advance(3600)
         # Another claim takes the lease: the fencing token changes under the round.
-        execute(url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'writer'")
-        clock.advance(2)
-        assert [str(exc) for exc in errors] == [
+        execute(url, TAKE_LEASE, name="writer")
+        assert lost_with_nothing_written(url, clock, errors) == [
             "job 'writer': lease lost: the round no longer holds it"
         ]
-        assert written(url) == []
 
     def test_a_lease_taken_during_the_transaction_rolls_its_write_back(self, url, replicas, clock):
         errors: list[BaseException] = []
         sqlite = url.startswith("sqlite")
 
         async def job(ctx: cronjob.Round) -> None:
-            try:
-                async with ctx.transaction_async() as conn:
-                    await insert(conn, 7)
-                    if sqlite:
-                        # The transaction holds SQLite's write lock, so no other
-                        # connection can claim meanwhile: take the lease in it, as a claim
-                        # committed in between would look to the final check.
-                        await conn.execute(
-                            sa.text("UPDATE cronjob_lease SET token = 12345 WHERE name = 'w'")
-                        )
-                    await ctx.wait_async(2)
-            except cronjob.LeaseLost as exc:
-                errors.append(exc)
-                raise
+            async with ctx.transaction_async() as conn:
+                await insert(conn, 7)
+                if sqlite:
+                    # The transaction holds SQLite's write lock, so no other connection
+                    # can claim meanwhile: take the lease in it, as a claim committed in
+                    # between would look to the final check.
+                    await conn.execute(sa.text(TAKE_LEASE), {"name": "w"})
+                await ctx.wait_async(2)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "w")
-        replicas(registry, on_fatal=lambda message: None)
+        replicas(hourly(noting_lease_lost(job, errors), "w"), on_fatal=lambda message: None)
         clock.advance(3600)  # the job waits inside its open transaction
         if not sqlite:  # another connection's claim, committed before the job's commit
-            execute(url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'w'")
-        clock.advance(2)
-        assert [str(exc) for exc in errors] == [
+            execute(url, TAKE_LEASE, name="w")
+        assert lost_with_nothing_written(url, clock, errors) == [
             "job 'w': lease lost: taken before the transaction committed"
         ]
-        assert written(url) == []
 
     def test_a_per_instance_round_gets_a_plain_transaction(self, url, replicas, clock):
         async def job(ctx: cronjob.Round) -> None:
@@ -230,8 +243,7 @@ class TestTransactionAsync:
             except lease.DatabaseError as exc:
                 errors.append(exc)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
+        registry = hourly(job)
         with Scheduler(f"sqlite:///{tmp_path / 'jobs.sqlite'}", registry=registry, clock=clock):
             clock.advance(3600)
         assert [str(exc) for exc in errors] == [
@@ -255,9 +267,7 @@ class TestAsyncEngine:
                 engines.append(conn.engine)
                 await insert(conn, 7)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
-        scheduler = replicas(registry, database=engine if given == "engine" else async_url)
+        scheduler = replicas(hourly(job), database=engine if given == "engine" else async_url)
         clock.advance(3600)
         assert written(url) == [7]
         assert lease_state(url, "writer") is lease.LeaseState.DONE
@@ -283,8 +293,7 @@ class TestAsyncEngine:
                 assert conn.dialect.driver == "asyncpg"
                 await insert(conn, 7)
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
+        registry = hourly(job)
         database = engine if given == "engine" else asyncpg_url
         with Scheduler(database, registry=registry, clock=clock, replica_id="a") as scheduler:
             clock.advance(3600)
@@ -322,9 +331,7 @@ class TestTheLoopKeepsServing:
             finally:
                 ticker.cancel()
 
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "writer")
-        replicas(registry)
+        replicas(hourly(job))
         blocker = sync_engine(url).connect()
         advancing = threading.Thread(target=clock.advance, args=(3600,))
         try:
@@ -368,11 +375,10 @@ class TestFencingUnderRepeatableRead:
                 raise
 
         engine = create_async_engine(as_async(mysql_url), poolclass=NullPool)
-        registry = Registry()
-        registry.register(job, "0 0 * * * *", "w")
+        registry = hourly(job, "w")
         with Scheduler(engine, registry=registry, clock=clock, on_fatal=lambda m: None):
             clock.advance(3600)  # the job waits inside its open transaction
-            execute(mysql_url, "UPDATE cronjob_lease SET token = 12345 WHERE name = 'w'")
+            execute(mysql_url, TAKE_LEASE, name="w")
             clock.advance(2)
         assert [str(exc) for exc in errors] == [
             "job 'w': lease lost: taken before the transaction committed"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import types
 from datetime import UTC, datetime
@@ -10,12 +9,20 @@ from datetime import UTC, datetime
 import pytest
 
 from cronjob.admin._cli import main
+from tests._process import run_module
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     status = main(list(argv))
     captured = capsys.readouterr()
     return status, captured.out, captured.err
+
+
+def next_lines(capsys, *argv: str) -> list[str]:
+    """The lines ``cronjob next ARGV`` prints; it must exit 0."""
+    status, out, _ = run(capsys, "next", *argv)
+    assert status == 0
+    return out.splitlines()
 
 
 class TestNext:
@@ -32,27 +39,40 @@ class TestNext:
             "  2026-01-01T01:15:00+00:00",
         ]
 
-    def test_n_sets_how_many(self, capsys):
-        status, out, _ = run(capsys, "next", "@daily", "-n", "2", "--after", "2026-01-01T12:00Z")
-        assert status == 0
-        assert out.splitlines()[1:] == [
-            "  2026-01-02T00:00:00+00:00",
-            "  2026-01-03T00:00:00+00:00",
-        ]
+    @pytest.mark.parametrize(
+        ("spec", "after", "listed"),
+        [
+            pytest.param(
+                "@daily",
+                "2026-01-01T12:00Z",
+                ["  2026-01-02T00:00:00+00:00", "  2026-01-03T00:00:00+00:00"],
+                id="n-sets-how-many",
+            ),
+            pytest.param(
+                "@yearly",
+                "9998-06-01T00:00Z",
+                [
+                    "  9999-01-01T00:00:00+00:00",
+                    "  (no further instant up to the end of year 9999)",
+                ],
+                id="it-says-when-there-is-no-further-instant",
+            ),
+        ],
+    )
+    def test_n_2_lists_two_instants_or_what_there_is(self, capsys, spec, after, listed):
+        assert next_lines(capsys, spec, "-n", "2", "--after", after)[1:] == listed
 
     def test_a_zoned_spec_shows_local_time_and_marks_a_skipped_time(self, capsys):
         # New York, Sunday 2026-03-08: 02:00 EST (07:00Z) jumps to 03:00 EDT.
-        status, out, _ = run(
+        lines = next_lines(
             capsys,
-            "next",
             "CRON_TZ=America/New_York 0 30 2 * * *",
             "-n",
             "3",
             "--after",
             "2026-03-07T00:00:00Z",
         )
-        assert status == 0
-        assert out.splitlines() == [
+        assert lines == [
             "next 3 instants of 'CRON_TZ=America/New_York 0 30 2 * * *' "
             "(zone America/New_York, fixed-time DST rule) after 2026-03-07T00:00:00+00:00:",
             "  2026-03-07T07:30:00+00:00  2026-03-07T02:30:00-05:00",
@@ -63,29 +83,26 @@ class TestNext:
 
     def test_a_wildcard_spec_marks_both_passes_of_a_repeated_hour(self, capsys):
         # London, Sunday 2026-10-25: 02:00 BST (01:00Z) goes back to 01:00 GMT.
-        status, out, _ = run(
+        lines = next_lines(
             capsys,
-            "next",
             "CRON_TZ=Europe/London 0 0 * * * *",
             "-n",
             "3",
             "--after",
             "2026-10-24T23:30:00Z",
         )
-        assert status == 0
-        assert out.splitlines()[1:] == [
+        assert lines[1:] == [
             "  2026-10-25T00:00:00+00:00  2026-10-25T01:00:00+01:00  "
             "[DST: repeated local time, first pass]",
             "  2026-10-25T01:00:00+00:00  2026-10-25T01:00:00+00:00  "
             "[DST: repeated local time, second pass]",
             "  2026-10-25T02:00:00+00:00  2026-10-25T02:00:00+00:00",
         ]
-        assert "wildcard DST rule" in out.splitlines()[0]
+        assert "wildcard DST rule" in lines[0]
 
     def test_every_names_its_grid(self, capsys):
-        status, out, _ = run(capsys, "next", "@every 90s", "-n", "1", "--after", "2026-01-01")
-        assert status == 0
-        assert out.splitlines() == [
+        lines = next_lines(capsys, "@every 90s", "-n", "1", "--after", "2026-01-01")
+        assert lines == [
             "next 1 instant of '@every 90s' (every 90s from the Unix epoch, UTC) "
             "after 2026-01-01T00:00:00+00:00:",
             "  2026-01-01T00:01:30+00:00",
@@ -104,18 +121,9 @@ class TestNext:
 
     def test_without_after_it_starts_now(self, capsys):
         before = datetime.now(UTC)
-        status, out, _ = run(capsys, "next", "* * * * * *", "-n", "1")
-        assert status == 0
-        first = datetime.fromisoformat(out.splitlines()[1].strip())
+        lines = next_lines(capsys, "* * * * * *", "-n", "1")
+        first = datetime.fromisoformat(lines[1].strip())
         assert before < first
-
-    def test_it_says_when_there_is_no_further_instant(self, capsys):
-        status, out, _ = run(capsys, "next", "@yearly", "-n", "2", "--after", "9998-06-01T00:00Z")
-        assert status == 0
-        assert out.splitlines()[1:] == [
-            "  9999-01-01T00:00:00+00:00",
-            "  (no further instant up to the end of year 9999)",
-        ]
 
     def test_help_says_a_naive_after_is_utc(self, capsys):
         status, out, _ = run(capsys, "next", "--help")
@@ -194,34 +202,12 @@ class TestRunSubcommand:
 
 class TestModuleEntryPoint:
     def test_python_dash_m_cronjob_runs_the_cli(self):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cronjob",
-                "next",
-                "@hourly",
-                "-n",
-                "1",
-                "--after",
-                "2026-01-01",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_module("cronjob", "next", "@hourly", "-n", "1", "--after", "2026-01-01")
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[1] == "  2026-01-01T01:00:00+00:00"
 
     def test_python_dash_m_cronjob_exits_2_on_bad_input(self):
-        done = subprocess.run(
-            [sys.executable, "-m", "cronjob", "next", "@often"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_module("cronjob", "next", "@often")
         assert done.returncode == 2
         assert done.stderr.startswith("cronjob: error: unknown descriptor '@often'")
         assert "Traceback" not in done.stderr

@@ -7,7 +7,7 @@ import multiprocessing
 import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -17,6 +17,7 @@ from conftest import START, ManualClock
 from sqlalchemy import event
 
 import lease
+from tests._helpers import statements
 
 T0 = START
 T1 = START + timedelta(minutes=1)
@@ -35,20 +36,9 @@ def store(migrated_engine: sa.Engine, manual_clock: ManualClock) -> lease.LeaseS
     return lease.LeaseStore(migrated_engine, clock=manual_clock.now, claim_ahead=None)
 
 
-@contextmanager
-def lease_statements(engine: sa.Engine) -> Iterator[list[str]]:
+def lease_statements(engine: sa.Engine) -> AbstractContextManager[list[str]]:
     """Collect the statements sent to the database that touch the lease table."""
-    statements: list[str] = []
-
-    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "cronjob_lease" in statement:
-            statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", before)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
+    return statements(engine, keep=lambda statement: "cronjob_lease" in statement)
 
 
 def insert_row(engine: sa.Engine, **values: Any) -> None:
@@ -66,6 +56,23 @@ def insert_row(engine: sa.Engine, **values: Any) -> None:
     } | values
     with engine.begin() as conn:
         conn.execute(sa.insert(lease.metadata.tables["cronjob_lease"]), row)
+
+
+def cut_short_twice(store: lease.LeaseStore, claim: lease.Claim) -> None:
+    """Give ``claim`` (of instant T0) back, run its round a second time on r2 and give
+    that back too: a round that already ran twice, each run cut short."""
+    store.give_back(claim.name, claim.token)
+    rerun = store.claim_rerun(claim.name, T0, "r2")
+    assert rerun is not None
+    store.give_back(claim.name, rerun.token)
+
+
+def supersede(store: lease.LeaseStore, claim: lease.Claim) -> lease.Claim:
+    """Give ``claim`` back and claim its job's next instant (T1) on r2: the round given
+    back is superseded. Returns the new claim."""
+    store.give_back(claim.name, claim.token)
+    (later,) = store.claim([claim.name], T1, "r2")
+    return later
 
 
 class TestEnsure:
@@ -506,14 +513,9 @@ class TestFindCutShort:
         claims = {c.name: c for c in store.claim(names[:5], T0, "r1")}
         store.give_back("given-back", claims["given-back"].token)
         store.finish("done", claims["done"].token, ended=T0)
-        # A round that already ran a second time, itself cut short.
-        store.give_back("rerun", claims["rerun"].token)
-        rerun = store.claim_rerun("rerun", T0, "r2")
-        assert rerun is not None
-        store.give_back("rerun", rerun.token)
+        cut_short_twice(store, claims["rerun"])
         # A round given up when the next instant was claimed, that one then finished.
-        store.give_back("superseded", claims["superseded"].token)
-        (later,) = store.claim(["superseded"], T1, "r2")
+        later = supersede(store, claims["superseded"])
         store.finish("superseded", later.token, ended=T1)
         manual_clock.advance(15)  # "crashed" expires, running
         (live,) = store.claim(["live"], T1, "r3")
@@ -628,12 +630,8 @@ class TestClaimRerun:
         store.ensure(["done", "twice", "superseded", "never"])
         claims = {c.name: c for c in store.claim(["done", "twice", "superseded"], T0, "r1")}
         store.finish("done", claims["done"].token, ended=T0)
-        store.give_back("twice", claims["twice"].token)
-        second = store.claim_rerun("twice", T0, "r2")
-        assert second is not None
-        store.give_back("twice", second.token)
-        store.give_back("superseded", claims["superseded"].token)
-        store.claim(["superseded"], T1, "r2")
+        cut_short_twice(store, claims["twice"])
+        supersede(store, claims["superseded"])
         assert store.claim_rerun("done", T0, "r3") is None
         assert store.claim_rerun("twice", T0, "r3") is None
         assert store.claim_rerun("superseded", T0, "r3") is None

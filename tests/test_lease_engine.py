@@ -5,14 +5,26 @@ from __future__ import annotations
 import re
 import socket
 import threading
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.pool import NullPool
 
 import lease
+from tests._helpers import statements
+
+
+@contextmanager
+def connected(url: str | sa.URL) -> Iterator[sa.Connection]:
+    """A connection of a new lease engine on ``url``; the engine is disposed after."""
+    engine = lease.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 class TestRedact:
@@ -49,18 +61,11 @@ class TestSqliteEngine:
         engine = lease.create_engine(sqlite_url)
         lease.migrate(engine)
         store = lease.LeaseStore(engine)
-        seen: list[str] = []
-
-        def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if statement.startswith("BEGIN"):
-                seen.append(statement)
-
-        event.listen(engine, "before_cursor_execute", before)
         try:
-            store.ensure(["a"])
-            store.read(["a"])
+            with statements(engine, keep=lambda statement: statement.startswith("BEGIN")) as seen:
+                store.ensure(["a"])
+                store.read(["a"])
         finally:
-            event.remove(engine, "before_cursor_execute", before)
             engine.dispose()
         assert seen == ["BEGIN IMMEDIATE", "BEGIN DEFERRED"]
 
@@ -130,35 +135,25 @@ class TestServerEngine:
         ],
     )
     def test_pings_and_reads_committed(self, server, request):
-        engine = lease.create_engine(request.getfixturevalue(f"{server}_url"))
-        try:
-            assert engine.pool._pre_ping  # type: ignore[attr-defined]
-            with engine.connect() as conn:
-                assert conn.get_isolation_level() == "READ COMMITTED"
-        finally:
-            engine.dispose()
+        with connected(request.getfixturevalue(f"{server}_url")) as conn:
+            assert conn.engine.pool._pre_ping  # type: ignore[attr-defined]
+            assert conn.get_isolation_level() == "READ COMMITTED"
 
     @pytest.mark.mysql
     def test_mysql_connections_notice_a_vanished_peer_within_seconds(self, mysql_url):
         """PyMySQL has no option for it: the socket is set up as it connects."""
-        engine = lease.create_engine(mysql_url)
-        try:
-            with engine.connect() as conn:
-                dbapi = conn.connection.dbapi_connection
-                sock = dbapi._sock  # type: ignore[union-attr]
-                options = {
-                    "SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-                    **{
-                        name: sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
-                        for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")
-                    },
-                    "TCP_USER_TIMEOUT": sock.getsockopt(
-                        socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT
-                    ),
-                }
-                connect_timeout = dbapi.connect_timeout  # type: ignore[union-attr]
-        finally:
-            engine.dispose()
+        with connected(mysql_url) as conn:
+            dbapi = conn.connection.dbapi_connection
+            sock = dbapi._sock  # type: ignore[union-attr]
+            options = {
+                "SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                **{
+                    name: sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+                    for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")
+                },
+                "TCP_USER_TIMEOUT": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            }
+            connect_timeout = dbapi.connect_timeout  # type: ignore[union-attr]
         assert options == {
             "SO_KEEPALIVE": 1,
             "TCP_KEEPIDLE": 5,
@@ -170,23 +165,13 @@ class TestServerEngine:
 
     @pytest.mark.mysql
     def test_mysql_connect_timeout_in_the_url_wins(self, mysql_url):
-        engine = lease.create_engine(
-            sa.make_url(mysql_url).update_query_dict({"connect_timeout": "3"})
-        )
-        try:
-            with engine.connect() as conn:
-                assert conn.connection.dbapi_connection.connect_timeout == 3  # type: ignore[union-attr]
-        finally:
-            engine.dispose()
+        with connected(sa.make_url(mysql_url).update_query_dict({"connect_timeout": "3"})) as conn:
+            assert conn.connection.dbapi_connection.connect_timeout == 3  # type: ignore[union-attr]
 
     @pytest.mark.postgres
     def test_postgres_connections_notice_a_vanished_peer_within_seconds(self, postgres_url):
-        engine = lease.create_engine(postgres_url)
-        try:
-            with engine.connect() as conn:
-                params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
-        finally:
-            engine.dispose()
+        with connected(postgres_url) as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
         assert {key: params.get(key) for key in ("keepalives", "tcp_user_timeout")} == {
             "keepalives": "1",
             "tcp_user_timeout": "10000",

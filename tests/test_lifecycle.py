@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from sqlalchemy.pool import NullPool
 import cronjob
 import lease
 from cronjob.testing import FakeClock
-from tests._process import run_until_started
+from tests._process import run_module, run_until_started
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -327,65 +328,92 @@ def _start_refused(url: str) -> lease.DatabaseRefused:
     return caught.value
 
 
+@dataclass(frozen=True)
+class Refusing:
+    """How a server refuses a start, for :class:`TestDatabaseRefused`."""
+
+    #: The fixture naming a fresh database on it.
+    fixture: str
+    #: What it says of a database that does not exist (``cronjob_no_such_db``).
+    no_database: str
+    #: A user it does not know (the test servers trust 127.0.0.1, so a wrong password is
+    #: not checked there; an unknown user is refused the same way).
+    unknown_user: str
+    #: The statements letting ``cronjob_noperm`` connect but not create tables, given
+    #: the fixture's URL; and the one statement taking that back.
+    grant: Callable[[sa.URL], tuple[str, ...]]
+    revoke: Callable[[sa.URL], str]
+    #: What it says when ``cronjob_noperm`` tries.
+    denied: str
+
+
+def _schema(url: sa.URL) -> str:
+    """The scratch schema a ``postgres_url`` fixture's URL names."""
+    return str(url.query["options"]).split("=", 1)[1]
+
+
+REFUSING = [
+    pytest.param(
+        Refusing(
+            fixture="postgres_url",
+            no_database='database "cronjob_no_such_db" does not exist',
+            unknown_user="cronjob_no_such_role",  # refused (28000) as a wrong password (28P01)
+            grant=lambda url: (
+                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cronjob_noperm')"
+                " THEN CREATE ROLE cronjob_noperm LOGIN; END IF; END $$",
+                f"GRANT USAGE ON SCHEMA {_schema(url)} TO cronjob_noperm",
+            ),
+            revoke=lambda url: f"REVOKE ALL ON SCHEMA {_schema(url)} FROM cronjob_noperm",
+            denied="permission denied for schema",
+        ),
+        marks=pytest.mark.postgres,
+        id="postgres",
+    ),
+    pytest.param(
+        Refusing(
+            fixture="mysql_url",
+            no_database="Unknown database 'cronjob_no_such_db'",
+            unknown_user="cronjob_no_such_user",
+            grant=lambda url: (
+                "CREATE USER IF NOT EXISTS 'cronjob_noperm'@'127.0.0.1'",
+                f"GRANT SELECT ON {url.database}.* TO 'cronjob_noperm'@'127.0.0.1'",
+            ),
+            revoke=lambda url: f"REVOKE ALL ON {url.database}.* FROM 'cronjob_noperm'@'127.0.0.1'",
+            denied="command denied",
+        ),
+        marks=pytest.mark.mysql,
+        id="mysql",
+    ),
+]
+
+
 class TestDatabaseRefused:
     """A database that will not heal by waiting fails the start; one that is down does not."""
 
-    @pytest.mark.postgres
-    def test_postgres_a_database_that_does_not_exist(self, postgres_url):
-        error = _start_refused(_with_database(postgres_url, "cronjob_no_such_db"))
+    @pytest.mark.parametrize("server", REFUSING)
+    def test_a_database_that_does_not_exist(self, request, server):
+        url = request.getfixturevalue(server.fixture)
+        error = _start_refused(_with_database(url, "cronjob_no_such_db"))
         assert str(error).startswith("migrate the lease tables: the database does not exist: ")
-        assert 'database "cronjob_no_such_db" does not exist' in str(error)
+        assert server.no_database in str(error)
 
-    @pytest.mark.postgres
-    def test_postgres_an_unknown_role(self, postgres_url):
-        # The test server trusts 127.0.0.1, so a wrong password is not checked there; an
-        # unknown role is refused the same way (28000), as a wrong password is (28P01).
-        error = _start_refused(_with_user(postgres_url, "cronjob_no_such_role", "s3cret"))
+    @pytest.mark.parametrize("server", REFUSING)
+    def test_an_unknown_user(self, request, server):
+        url = request.getfixturevalue(server.fixture)
+        error = _start_refused(_with_user(url, server.unknown_user, "s3cret"))
         assert str(error).startswith("migrate the lease tables: the credentials were refused: ")
         assert "s3cret" not in str(error)
 
-    @pytest.mark.postgres
-    def test_postgres_a_role_without_create_rights(self, postgres_url):
-        schema = sa.make_url(postgres_url).query["options"].split("=", 1)[1]
-        _admin(
-            postgres_url,
-            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cronjob_noperm')"
-            " THEN CREATE ROLE cronjob_noperm LOGIN; END IF; END $$",
-            f"GRANT USAGE ON SCHEMA {schema} TO cronjob_noperm",
-        )
+    @pytest.mark.parametrize("server", REFUSING)
+    def test_a_user_without_create_rights(self, request, server):
+        url = request.getfixturevalue(server.fixture)
+        _admin(url, *server.grant(sa.make_url(url)))
         try:
-            error = _start_refused(_with_user(postgres_url, "cronjob_noperm"))
+            error = _start_refused(_with_user(url, "cronjob_noperm"))
         finally:
-            _admin(postgres_url, f"REVOKE ALL ON SCHEMA {schema} FROM cronjob_noperm")
+            _admin(url, server.revoke(sa.make_url(url)))
         assert str(error).startswith("migrate the lease tables: a permission is missing: ")
-        assert "permission denied for schema" in str(error)
-
-    @pytest.mark.mysql
-    def test_mysql_a_database_that_does_not_exist(self, mysql_url):
-        error = _start_refused(_with_database(mysql_url, "cronjob_no_such_db"))
-        assert str(error).startswith("migrate the lease tables: the database does not exist: ")
-        assert "Unknown database 'cronjob_no_such_db'" in str(error)
-
-    @pytest.mark.mysql
-    def test_mysql_an_unknown_user(self, mysql_url):
-        error = _start_refused(_with_user(mysql_url, "cronjob_no_such_user", "s3cret"))
-        assert str(error).startswith("migrate the lease tables: the credentials were refused: ")
-        assert "s3cret" not in str(error)
-
-    @pytest.mark.mysql
-    def test_mysql_a_user_without_create_rights(self, mysql_url):
-        database = sa.make_url(mysql_url).database
-        _admin(
-            mysql_url,
-            "CREATE USER IF NOT EXISTS 'cronjob_noperm'@'127.0.0.1'",
-            f"GRANT SELECT ON {database}.* TO 'cronjob_noperm'@'127.0.0.1'",
-        )
-        try:
-            error = _start_refused(_with_user(mysql_url, "cronjob_noperm"))
-        finally:
-            _admin(mysql_url, f"REVOKE ALL ON {database}.* FROM 'cronjob_noperm'@'127.0.0.1'")
-        assert str(error).startswith("migrate the lease tables: a permission is missing: ")
-        assert "command denied" in str(error)
+        assert server.denied in str(error)
 
     def test_sqlite_a_directory_that_does_not_exist(self, tmp_path):
         error = _start_refused(f"sqlite:///{tmp_path / 'missing' / 'app.sqlite'}")
@@ -400,14 +428,16 @@ class TestDatabaseRefused:
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
-    return subprocess.run(
-        [sys.executable, "-m", "cronjob", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run_module("cronjob", *args, cwd=cwd, env=env, timeout=timeout)
+
+
+def refused_run(tmp_path: Path, module: str, source: str) -> list[str]:
+    """``cronjob run MODULE`` in ``tmp_path``, MODULE.py holding ``source``: it exits 2
+    (bad input); the lines of its stderr."""
+    (tmp_path / f"{module}.py").write_text(source)
+    done = run_cli("run", module, cwd=tmp_path)
+    assert done.returncode == 2
+    return done.stderr.splitlines()
 
 
 class TestRunCommand:
@@ -420,10 +450,7 @@ class TestRunCommand:
         assert "Traceback" not in done.stderr
 
     def test_a_module_that_fails_to_import_says_so_first_then_shows_the_traceback(self, tmp_path):
-        (tmp_path / "brokenjobs.py").write_text("raise RuntimeError('no config')\n")
-        done = run_cli("run", "brokenjobs", cwd=tmp_path)
-        assert done.returncode == 2
-        lines = done.stderr.splitlines()
+        lines = refused_run(tmp_path, "brokenjobs", "raise RuntimeError('no config')\n")
         assert lines[0] == (
             "cronjob: error: cannot import job module 'brokenjobs': RuntimeError: no config"
         )
@@ -431,23 +458,17 @@ class TestRunCommand:
         assert lines[-1] == "RuntimeError: no config"
 
     def test_a_module_importing_something_missing_says_so_first(self, tmp_path):
-        (tmp_path / "jobs.py").write_text("import no_such_dependency\n")
-        done = run_cli("run", "jobs", cwd=tmp_path)
-        assert done.returncode == 2
-        lines = done.stderr.splitlines()
+        lines = refused_run(tmp_path, "jobs", "import no_such_dependency\n")
         assert lines[0] == (
             "cronjob: error: cannot import job module 'jobs': No module named 'no_such_dependency'"
         )
         assert lines[1] == "Traceback (most recent call last):"
 
     def test_a_job_refused_at_registration_fails_the_start(self, tmp_path):
-        (tmp_path / "badjobs.py").write_text(
-            "import cronjob\ncronjob.register(print, '0 * * * *', 'five')\n"
-        )
-        done = run_cli("run", "badjobs", cwd=tmp_path)
-        assert done.returncode == 2
+        source = "import cronjob\ncronjob.register(print, '0 * * * *', 'five')\n"
+        lines = refused_run(tmp_path, "badjobs", source)
         assert "cronjob: error: module 'badjobs': job 'five': '0 * * * *' has 5 fields" in (
-            done.stderr
+            "\n".join(lines)
         )
 
     def test_a_database_that_cannot_carry_leases_fails_the_start(self, tmp_path):

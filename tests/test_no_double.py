@@ -24,7 +24,7 @@ from cronjob._round import Round
 from cronjob.engine._control import Control, Inbox
 from cronjob.engine._keeper import EXIT_LEASE_LOST, LeaseKeeper
 from cronjob.engine._state import Flags, JobState, Reason, Run
-from cronjob.testing import FakeClock, crash
+from cronjob.testing import crash
 from tests._helpers import JobBodies
 from tests.faults.harness import wait_until
 
@@ -40,16 +40,11 @@ class Ran:
     replica: str
 
 
-class Rounds(JobBodies):
+class Rounds(JobBodies[Ran]):
     """Job bodies recording their rounds (thread-safe)."""
 
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.seen: list[Ran] = []
-
-    def _record(self, ctx: cronjob.Round) -> None:
-        with self._lock:
-            self.seen.append(Ran(ctx.instant, ctx.attempt, ctx.replica))
+    def _noted(self, ctx: cronjob.Round) -> Ran:
+        return Ran(ctx.instant, ctx.attempt, ctx.replica)
 
 
 class TestWallClockStepped:

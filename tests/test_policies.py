@@ -17,7 +17,7 @@ from conftest import lease_row
 import cronjob
 from cronjob import Registry, admin
 from cronjob.testing import FakeClock
-from tests._helpers import JobBodies
+from tests._helpers import JobBodies, run_then_stop
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -27,18 +27,14 @@ def at(hours: int = 0, minutes: int = 0, seconds: float = 0) -> datetime:
     return START + timedelta(hours=hours, minutes=minutes, seconds=seconds)
 
 
-class Rounds(JobBodies):
+class Rounds(JobBodies[tuple[cronjob.Round, datetime]]):
     """Job bodies that note each round they run: its ``ctx`` and when it started."""
 
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.seen: list[tuple[cronjob.Round, datetime]] = []
+    def _noted(self, ctx: cronjob.Round) -> tuple[cronjob.Round, datetime]:
+        return (ctx, self.clock.now())
 
     def note(self, ctx: cronjob.Round) -> None:
-        with self._lock:
-            self.seen.append((ctx, self.clock.now()))
-
-    _record = note
+        self._record(ctx)
 
     def attempts(self) -> list[tuple[datetime, int]]:
         return [(ctx.instant, ctx.attempt) for ctx, _ in self.seen]
@@ -319,18 +315,12 @@ class TestRetries:
 
 
 class TestStartDeadline:
-    @staticmethod
-    def run_then_stop(replicas, registry, seconds: float) -> None:
-        scheduler = replicas(registry, "first")
-        scheduler.clock.advance(seconds)
-        scheduler.stop()
-
     def test_a_caught_up_round_past_its_deadline_is_not_run_and_on_record(
         self, url, replicas, clock, rounds, caplog
     ):
         registry = Registry()
         registry.register(rounds.lasting(1), "0 0 * * * *", "hourly", start_deadline=600)
-        self.run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
+        run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
         clock.advance(3600 + 1800)  # down through 11:00; now 11:30:05
         caplog.set_level(logging.WARNING, logger="cronjob")
         replicas(registry, "b")
@@ -350,7 +340,7 @@ class TestStartDeadline:
         registry.register(
             rounds.lasting(1), "0 0 * * * *", "hourly", start_deadline=timedelta(minutes=30)
         )
-        self.run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
+        run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
         clock.advance(3600 - 5 + 1800)  # 11:30:00, exactly 30 min after 11:00
         b = replicas(registry, "b")
         clock.advance(5)

@@ -17,8 +17,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from datetime import UTC, datetime, timedelta
-from typing import Any
-from wsgiref.util import setup_testing_defaults
 
 import pytest
 import sqlalchemy as sa
@@ -32,6 +30,7 @@ from cronjob.engine._failures import Failures, Hooks
 from cronjob.testing import FakeClock
 from lease._records import jobs_json, round_values
 from lease._schema import round_table
+from tests._helpers import wsgi_call
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -559,15 +558,6 @@ class TestPoliciesShown:
 
 
 def wsgi_get(app: web.WSGIApp, path: str, query: str = "") -> str:
-    environ: dict[str, Any] = {
-        "REQUEST_METHOD": "GET",
-        "SCRIPT_NAME": "",
-        "PATH_INFO": path,
-        "QUERY_STRING": query,
-        "wsgi.input": io.BytesIO(),
-    }
-    setup_testing_defaults(environ)
-    started: list[Any] = []
-    body = b"".join(app(environ, lambda status, headers: started.extend([status, headers])))
-    assert started[0].startswith("200"), started[0]
-    return body.decode()
+    status, _, body = wsgi_call(app, path, query)
+    assert status.startswith("200"), status
+    return body

@@ -223,21 +223,18 @@ class TestRefusals:
     def test_extra_parameters_with_defaults_are_accepted(self, fn):
         Registry().register(fn, "@hourly", "x")
 
-    def test_a_bad_spec_names_the_job(self):
-        with pytest.raises(ScheduleError, match=r"^job 'report': "):
-            Registry().register(job, "0 * * * *", "report")
-
-    def test_a_spec_that_never_fires_is_refused(self):
-        with pytest.raises(ScheduleError, match=r"^job 'feb30': "):
-            Registry().register(job, "0 0 0 30 2 *", "feb30")
-
-    def test_a_local_zone_is_refused(self):
-        with pytest.raises(ScheduleError, match=r"^job 'x': "):
-            Registry().register(job, "CRON_TZ=Local 0 0 9 * * *", "x")
-
-    def test_a_spec_that_is_not_a_string_is_a_schedule_error(self):
-        with pytest.raises(ScheduleError, match=r"^job 'x': "):
-            Registry().register(job, None, "x")  # type: ignore[arg-type]
+    @pytest.mark.parametrize(
+        ("spec", "name"),
+        [
+            pytest.param("0 * * * *", "report", id="a-bad-spec-names-the-job"),
+            pytest.param("0 0 0 30 2 *", "feb30", id="a-spec-that-never-fires-is-refused"),
+            pytest.param("CRON_TZ=Local 0 0 9 * * *", "x", id="a-local-zone-is-refused"),
+            pytest.param(None, "x", id="a-spec-that-is-not-a-string-is-a-schedule-error"),
+        ],
+    )
+    def test_a_spec_refused_is_a_schedule_error_naming_the_job(self, spec, name):
+        with pytest.raises(ScheduleError, match=rf"^job '{name}': "):
+            Registry().register(job, spec, name)
 
     def test_errors_are_value_errors(self):
         assert issubclass(RegistrationError, ValueError)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import io
 import re
 import subprocess
 import sys
@@ -19,13 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from wsgiref.util import setup_testing_defaults
 
 import pytest
 
 import cronjob
 from cronjob import Registry, Scheduler, admin, web
 from cronjob.testing import FakeClock
+from tests._helpers import wsgi_call
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -69,18 +68,8 @@ def deployment(db_url: str, clock: FakeClock) -> Iterator[str]:
 
 
 def wsgi_get(app: web.WSGIApp, path: str, query: str = "", *, method: str = "GET") -> Page:
-    environ: dict[str, Any] = {
-        "REQUEST_METHOD": method,
-        "SCRIPT_NAME": "/ops/cron",
-        "PATH_INFO": path,
-        "QUERY_STRING": query,
-        "wsgi.input": io.BytesIO(),
-    }
-    setup_testing_defaults(environ)
-    started: list[Any] = []
-    body = b"".join(app(environ, lambda status, headers: started.extend([status, headers])))
-    status, headers = started
-    return Page(int(status.split()[0]), dict(headers), body.decode())
+    status, headers, body = wsgi_call(app, path, query, method=method, script_name="/ops/cron")
+    return Page(int(status.split()[0]), dict(headers), body)
 
 
 def asgi_get(app: web.ASGIApp, path: str, query: str = "") -> Page:

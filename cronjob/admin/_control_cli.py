@@ -43,6 +43,16 @@ EXIT_NO_REPLICA = 5
 EXIT_NOT_SUCCEEDED = 1
 
 
+_Changes = Sequence[admin.PauseChange]
+#: What ``pause`` or ``resume`` does: to one job (``(database, name, **options)``), to
+#: every job on record (``(database, **options)``), and the options both take.
+_Change = tuple[
+    Callable[..., admin.PauseChange], Callable[..., Sequence[admin.PauseChange]], dict[str, Any]
+]
+#: What is said of the changes made: ``(args, changes, out)``.
+_Say = Callable[[argparse.Namespace, _Changes, TextIO], None]
+
+
 def add_commands(commands: Any, database_help: str) -> None:
     """Add ``pause`` and ``resume`` to the ``cronjob`` command's subparsers."""
     pause = commands.add_parser(
@@ -121,76 +131,62 @@ def run_pause(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """``cronjob pause NAME|--all``: says what it paused, and which rounds run on."""
-    out, err = out or sys.stdout, err or sys.stderr
-
-    def act() -> int:
-        changes, changed = _change(
-            args,
-            lambda database, name: admin.pause(database, name, reason=args.reason, by=args.by),
-            lambda database: admin.pause_all(database, reason=args.reason, by=args.by),
-        )
-        if args.all:
-            print(f"paused {_jobs(changed, _by(changed))}", file=out)
-            for change in changes:
-                if not change.changed:
-                    print(f"  {_cell(change.job)} was paused already", file=out)
-        else:
-            (change,) = changes
-            if change.changed:
-                print(f"paused {_cell(change.job)}{_by(changes)}", file=out)
-            else:
-                print(f"{_cell(change.job)} is paused already{_since(change)}", file=out)
-            if change.pause_reason:
-                print(f"  reason: {_cell(change.pause_reason)}", file=out)
-        for change in changes:
-            if change.running_on is not None and change.changed:
-                print(
-                    f"  {_cell(change.job)}: the round running on {_cell(change.running_on)} "
-                    "is not cancelled: it runs to its end",
-                    file=out,
-                )
-        return 0
-
-    return _guarded(act, err)
+    options = {"reason": args.reason, "by": args.by}
+    return _changing(args, (admin.pause, admin.pause_all, options), _say_paused, out, err)
 
 
 def run_resume(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """``cronjob resume NAME|--all``."""
-    out, err = out or sys.stdout, err or sys.stderr
+    options = {"by": args.by, "catch_up": args.catch_up}
+    return _changing(args, (admin.resume, admin.resume_all, options), _say_resumed, out, err)
 
-    def act() -> int:
-        changes, changed = _change(
-            args,
-            lambda database, name: admin.resume(database, name, by=args.by, catch_up=args.catch_up),
-            lambda database: admin.resume_all(database, by=args.by, catch_up=args.catch_up),
-        )
-        if args.all:
-            print(f"resumed {_jobs(changed)}", file=out)
-        else:
-            (change,) = changes
-            if change.changed:
-                print(
-                    f"resumed {_cell(change.job)}: its next instant runs; those skipped do not",
-                    file=out,
-                )
-            else:
-                print(f"{_cell(change.job)} is not paused: nothing changed", file=out)
+
+def _say_paused(args: argparse.Namespace, changes: _Changes, out: TextIO) -> None:
+    if args.all:
+        print(f"paused {_jobs(changes, _by(changes))}", file=out)
         for change in changes:
-            if change.catch_up is not None:
-                print(
-                    f"  {_cell(change.job)}: catching up {_time(change.catch_up)} UTC, skipped "
-                    "while paused (a replica claims it within 15 s)",
-                    file=out,
-                )
-            elif args.catch_up and change.changed:
-                print(
-                    f"  {_cell(change.job)}: no instant skipped while paused to catch up", file=out
-                )
-        return 0
+            if not change.changed:
+                print(f"  {_cell(change.job)} was paused already", file=out)
+    else:
+        (change,) = changes
+        if change.changed:
+            print(f"paused {_cell(change.job)}{_by(changes)}", file=out)
+        else:
+            print(f"{_cell(change.job)} is paused already{_since(change)}", file=out)
+        if change.pause_reason:
+            print(f"  reason: {_cell(change.pause_reason)}", file=out)
+    for change in changes:
+        if change.running_on is not None and change.changed:
+            print(
+                f"  {_cell(change.job)}: the round running on {_cell(change.running_on)} "
+                "is not cancelled: it runs to its end",
+                file=out,
+            )
 
-    return _guarded(act, err)
+
+def _say_resumed(args: argparse.Namespace, changes: _Changes, out: TextIO) -> None:
+    if args.all:
+        print(f"resumed {_jobs(changes)}", file=out)
+    else:
+        (change,) = changes
+        if change.changed:
+            print(
+                f"resumed {_cell(change.job)}: its next instant runs; those skipped do not",
+                file=out,
+            )
+        else:
+            print(f"{_cell(change.job)} is not paused: nothing changed", file=out)
+    for change in changes:
+        if change.catch_up is not None:
+            print(
+                f"  {_cell(change.job)}: catching up {_time(change.catch_up)} UTC, skipped "
+                "while paused (a replica claims it within 15 s)",
+                file=out,
+            )
+        elif args.catch_up and change.changed:
+            print(f"  {_cell(change.job)}: no instant skipped while paused to catch up", file=out)
 
 
 def run_trigger(
@@ -275,35 +271,44 @@ def _ended(r: admin.RequestStatus) -> str:
     return f"{head}: {r.outcome}{took} (attempt {r.attempt}){error}"
 
 
-def _change(
+def _changing(
     args: argparse.Namespace,
-    one: Callable[[str, str], admin.PauseChange],
-    every: Callable[[str], Sequence[admin.PauseChange]],
-) -> tuple[Sequence[admin.PauseChange], list[admin.PauseChange]]:
-    """Pause or resume what ``args`` names: one job (``one(database, name)``) or, with
-    ``--all``, every job on record (``every(database)``). Returns the changes, and those
-    that changed something.
+    change: _Change,
+    say: _Say,
+    out: TextIO | None,
+    err: TextIO | None,
+) -> int:
+    """Pause or resume what ``args`` names: one job or, with ``--all``, every job on
+    record; ``say`` what changed on ``out`` (default: stdout). An error is one line on
+    ``err`` (default: stderr) and the exit status says which; a name and ``--all`` both,
+    or neither, is bad input."""
+    out, err = out or sys.stdout, err or sys.stderr
+    one, every, options = change
 
-    Raises:
-        ValueError: both a name and ``--all``, or neither.
-    """
-    if (args.name is None) == (not args.all):
-        raise ValueError("name one job, or give --all (not both)")
-    database = _database(args)
-    changes = every(database) if args.all else (one(database, args.name),)
-    return changes, [c for c in changes if c.changed]
+    def act() -> int:
+        if (args.name is None) == (not args.all):
+            raise ValueError("name one job, or give --all (not both)")
+        database = _database(args)
+        changes = every(database, **options) if args.all else (one(database, args.name, **options),)
+        say(args, changes, out)
+        return 0
+
+    return _guarded(act, err)
 
 
-def _jobs(changes: list[admin.PauseChange], by: str = "") -> str:
-    """``2 jobs[ by WHO]: one, two``."""
-    if not changes:
+def _jobs(changes: _Changes, by: str = "") -> str:
+    """``2 jobs[ by WHO]: one, two``: those of ``changes`` that changed something."""
+    changed = [c for c in changes if c.changed]
+    if not changed:
         return "no job (none on record in that state)"
-    names = ", ".join(_cell(c.job) for c in changes)
-    return f"{len(changes)} job{'s' if len(changes) != 1 else ''}{by}: {names}"
+    names = ", ".join(_cell(c.job) for c in changed)
+    return f"{len(changed)} job{'s' if len(changed) != 1 else ''}{by}: {names}"
 
 
-def _by(changes: Sequence[admin.PauseChange]) -> str:
-    return "" if not changes else f" by {_cell(changes[0].paused_by or '?')}"
+def _by(changes: _Changes) -> str:
+    """`` by WHO``: who paused the first of ``changes`` that changed something."""
+    changed = [c for c in changes if c.changed]
+    return "" if not changed else f" by {_cell(changed[0].paused_by or '?')}"
 
 
 def _since(change: admin.PauseChange) -> str:
