@@ -6,7 +6,8 @@ schedule, and a measurement window.
 The harness
 
 1. recreates the benchmark database (``cronjob_bench`` by default, on the server of
-   ``$CRONJOB_BENCH_POSTGRES_URL``; never the tests' database);
+   ``$CRONJOB_BENCH_POSTGRES_URL``, or of the URL given to :func:`use_server`: a
+   MariaDB/MySQL one runs ``cronjob`` alone; never the tests' database);
 2. starts the replicas (the first one alone when the peer writes its schedules at start,
    so they do not race to insert them), waits a warm-up, and opens the window at the
    next whole second that is an instant of the jobs (a multiple of their period);
@@ -51,8 +52,22 @@ DATABASE = os.environ.get("CRONJOB_BENCH_DATABASE", "cronjob_bench")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def bench_url(driver: str = "postgresql+psycopg") -> str:
-    url = sa.make_url(SERVER_URL).set(drivername=driver, database=DATABASE)
+def use_server(url: str) -> None:
+    """Run the scenarios on the server at ``url`` (PostgreSQL, or MariaDB/MySQL for
+    ``cronjob`` alone) instead of ``$CRONJOB_BENCH_POSTGRES_URL``'s."""
+    global SERVER_URL
+    SERVER_URL = url
+
+
+def on_mariadb() -> bool:
+    """Whether the scenarios run on a MariaDB/MySQL server."""
+    return sa.make_url(SERVER_URL).get_backend_name() in ("mysql", "mariadb")
+
+
+def bench_url(driver: str | None = "postgresql+psycopg") -> str:
+    """The benchmark database's URL, with ``driver`` (``None``: the server URL's own)."""
+    url = sa.make_url(SERVER_URL)
+    url = url.set(drivername=driver or url.drivername, database=DATABASE)
     return url.render_as_string(hide_password=False)
 
 
@@ -69,12 +84,19 @@ def _admin() -> Iterator[sa.Connection]:
 
 def reset_database() -> None:
     with _admin() as conn:
+        if on_mariadb():
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{DATABASE}`"))
+            conn.execute(sa.text(f"CREATE DATABASE `{DATABASE}` CHARACTER SET utf8mb4"))
+            return
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
         conn.execute(sa.text(f'CREATE DATABASE "{DATABASE}"'))
 
 
 def db_counters() -> dict[str, int]:
-    """The benchmark database's counters in ``pg_stat_database`` (flushed by the server)."""
+    """The benchmark database's counters in ``pg_stat_database`` (flushed by the server);
+    none on MariaDB/MySQL, whose counters are the whole (shared) server's."""
+    if on_mariadb():
+        return {}
     with _admin() as conn:
         row = (
             conn.execute(
@@ -93,6 +115,8 @@ def db_counters() -> dict[str, int]:
 
 def server_info() -> dict[str, str]:
     with _admin() as conn:
+        if on_mariadb():
+            return {"mariadb": str(conn.execute(sa.text("SELECT VERSION()")).scalar_one())}
         version = conn.execute(sa.text("SHOW server_version")).scalar_one()
     return {"postgresql": str(version)}
 
@@ -103,7 +127,8 @@ class Implementation:
 
     name: str
     command: list[str]
-    driver: str = "postgresql+psycopg"
+    #: The SQLAlchemy driver of its URL; ``None``: the server URL's (``cronjob``).
+    driver: str | None = "postgresql+psycopg"
     ready_marker: bool = False  # the worker touches BENCH_OUT.ready once it has started
     env: dict[str, str] = field(default_factory=dict)
     #: Threads a replica starts per job (DBOS: one per schedule), to refuse a row that
@@ -127,6 +152,7 @@ def cronjob_impl(log_level: str = "WARNING") -> Implementation:
             "benchmarks.workers.cronjob_jobs",
         ],
         env={"CRONJOB_LOG_LEVEL": log_level},
+        driver=None,
     )
 
 
@@ -239,6 +265,8 @@ def run_scenario(
             f"not run: {threads} threads ({impl.threads_per_job} per job per replica) would"
             f" take over half of this machine's {pid_max} process ids"
         )
+    if on_mariadb() and impl.driver is not None:
+        raise RuntimeError(f"not run: {impl.name} runs here on PostgreSQL only")
     reset_database()
     url = bench_url(impl.driver)
     before = db_counters()
@@ -369,6 +397,7 @@ def run_scenario(
             "logs": str(workdir),
         }
     )
+    counted = result["db_counters_lifetime"]
     result["db_xacts_per_round_lifetime"] = (
         round(
             (
@@ -378,7 +407,7 @@ def run_scenario(
             / max(1, result["rounds_total"]),
             2,
         )
-        if result["rounds_total"]
+        if result["rounds_total"] and counted
         else None
     )
     # No rounds in the window: no cost per round (not the CPU over a pretend one).

@@ -1,7 +1,8 @@
 """Lateness and correctness: R replicas x J jobs firing every second for T seconds.
 
 Run: ``python -m benchmarks.bench_lateness [--jobs 20,200] [--replicas 3] [--seconds 60]
-[--impl cronjob,apscheduler3,apscheduler4,procrastinate,dbos] [--job-ms 50] [--slots 20]``.
+[--impl cronjob,apscheduler3,apscheduler4,procrastinate,dbos] [--job-ms 50] [--slots 20]
+[--server URL]``.
 
 ``--job-ms`` makes every round work (sleep) that long; ``--slots`` gives every scheduler
 that many threads per replica. The last columns show how the rounds of each instant were
@@ -76,7 +77,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--merge", action="store_true", help="keep the saved rows of schedulers not run now"
     )
+    parser.add_argument(
+        "--server",
+        help="the database server's URL (default $CRONJOB_BENCH_POSTGRES_URL's);"
+        " a MariaDB/MySQL one (mysql+pymysql://...) runs cronjob alone",
+    )
     args = parser.parse_args(argv)
+    if args.server:
+        _harness.use_server(args.server)
     rows = measure(
         jobs=[int(j) for j in args.jobs.split(",")],
         replicas=args.replicas,
@@ -87,7 +95,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     print()
     print(_table.render(rows, _table.LATENESS_COLUMNS))
-    _harness.publish("lateness", "lateness and correctness", rows, merge=args.merge)
+    _harness.publish(
+        "lateness-mariadb" if _harness.on_mariadb() else "lateness",
+        "lateness and correctness",
+        rows,
+        merge=args.merge,
+    )
     return rows
 
 

@@ -2,7 +2,7 @@
 killed (``kill -9``) in one of the runs.
 
 Run: ``python -m benchmarks.bench_scale [--jobs 10000] [--seconds 40]
-[--runs 1,3,3kill] [--kill-at 20.3] [--impl cronjob,...] [--ready-cap 90]``.
+[--runs 1,3,3kill] [--kill-at 20.3] [--impl cronjob,...] [--ready-cap 90] [--server URL]``.
 
 ``--runs`` lists the runs, each a replica count, ``kill`` after it to kill the last
 replica ``--kill-at`` seconds into the window (the window opens on an instant of the
@@ -46,7 +46,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--merge", action="store_true", help="keep the saved rows of schedulers not run now"
     )
+    parser.add_argument(
+        "--server",
+        help="the database server's URL (default $CRONJOB_BENCH_POSTGRES_URL's);"
+        " a MariaDB/MySQL one (mysql+pymysql://...) runs cronjob alone",
+    )
     args = parser.parse_args(argv)
+    if args.server:
+        _harness.use_server(args.server)
     rows = []
     for replicas, kill in _runs(args.runs):
         for name in args.impl.split(","):
@@ -77,7 +84,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print()
     print(_table.render(rows, _table.SCALE_COLUMNS))
     _harness.publish(
-        "scale", "scale: jobs @every 10s, one replica killed in one run", rows, merge=args.merge
+        "scale-mariadb" if _harness.on_mariadb() else "scale",
+        "scale: jobs @every 10s, one replica killed in one run",
+        rows,
+        merge=args.merge,
     )
     return rows
 

@@ -5,7 +5,8 @@ Run: ``python -m benchmarks.profile_handoff [--jobs 10000] [--instants 3] [--pro
 
 One :class:`cronjob.Scheduler` on the system clock, on a fresh PostgreSQL schema of the
 benchmark server (``$CRONJOB_BENCH_POSTGRES_URL``, default ``postgres@127.0.0.1:5432``,
-database ``test``), logging as ``cronjob run`` does (to ``/dev/null``). Jobs do nothing.
+database ``test``), or with ``--server mysql+pymysql://...`` a fresh database on that
+MariaDB/MySQL server, logging as ``cronjob run`` does (to ``/dev/null``). Jobs do nothing.
 After a warm-up instant, it counts the process's CPU (``time.process_time``, every
 thread) over ``--instants`` whole instants and divides by the rounds run: the scheduler's
 CPU per round, from claim to end recorded. ``--profile`` runs every thread under
@@ -58,13 +59,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--threads", action="store_true", help="also the CPU per round of each kind of thread"
     )
+    parser.add_argument(
+        "--server",
+        default=SERVER,
+        help="the server's URL, without a database (default $CRONJOB_BENCH_POSTGRES_URL's)",
+    )
     args = parser.parse_args(argv)
 
     schema = f"handoff_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(f"{SERVER}/test")
+    server = sa.make_url(args.server)
+    mariadb = server.get_backend_name() in ("mysql", "mariadb")
+    admin = sa.create_engine(server.set(database="test"))
     with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = f"{SERVER}/test?options=-csearch_path%3D{schema}"
+        if mariadb:  # a database of its own: MariaDB's schemas are databases
+            conn.execute(sa.text(f"CREATE DATABASE `{schema}` CHARACTER SET utf8mb4"))
+        else:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    if mariadb:
+        url = server.set(database=schema).render_as_string(hide_password=False)
+    else:
+        url = f"{args.server}/test?options=-csearch_path%3D{schema}"
 
     handler = logging.StreamHandler(open(args.log, "w"))  # noqa: SIM115 - lives with the run
     handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
@@ -110,7 +124,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     profile.disable()
     finally:
         with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+            if mariadb:
+                conn.execute(sa.text(f"DROP DATABASE `{schema}`"))
+            else:
+                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
     result = {
         "jobs": args.jobs,
@@ -118,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_s": round(cpu, 3),
         "us_per_round": round(cpu / run * 1e6, 1) if run else None,
         "load": os.getloadavg(),
+        "server": server.get_backend_name(),
         "profiled": args.profile,
     }
     if args.threads and run:

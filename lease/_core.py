@@ -239,7 +239,11 @@ class _StoreCore:
         Renewals and batches of finishes write many rows of one replica at once; each
         locking them in the order its plan happens to read them, two such statements
         deadlocked (seen at 10,000 jobs). Locked in one order, one waits for the other.
-        Elsewhere the rows are written as the plan reads them.
+        Elsewhere the rows are written, and locked, as the plan reads them: on
+        MariaDB/MySQL that is already name order, since the table's only index is its
+        primary key on ``name`` and both plans InnoDB has for these statements (a range
+        over it, or a scan of it) read it in key order, whatever the order of the list
+        (decisions.md, "#31: MariaDB lock order"; a test checks the plans).
         """
         if self._engine.dialect.name != "postgresql":
             return stmt.where(where)
@@ -254,6 +258,24 @@ class _StoreCore:
         # Locked under READ COMMITTED, a row is read again as it now is: only the rows
         # ``where`` still selects come out of ``locked``.
         return stmt.add_cte(locked).where(_t.c.name.in_(sa.select(locked.c.name)))
+
+    def _lock_in_name_order(self, conn: Connection, where: sa.ColumnElement[bool]) -> None:
+        """Lock, in ``conn``'s transaction, the rows ``where`` selects, in name order.
+
+        For a transaction that writes many rows in several statements (a batch of ends
+        in more than one group): each statement locks its own rows in name order, but
+        their names interleave, so without this the transaction as a whole takes its
+        locks out of order, and a renewal of the same rows (one statement, in name
+        order) deadlocked with it. One ``SELECT ... ORDER BY name FOR UPDATE``:
+        PostgreSQL locks the rows as the sort hands them on; MariaDB/MySQL as the plan
+        reads them, which on this table is the primary key's order (its only index) and
+        gives the ORDER BY without a sort. SQLite: nothing (one writer at a time).
+        """
+        if self._engine.dialect.name == "sqlite":
+            return
+        conn.execute(
+            sa.select(_t.c.name).where(where).order_by(_t.c.name).with_for_update()
+        ).close()
 
     def _clock_ms(self) -> int | None:
         """The given clock's now in epoch ms; ``None`` on the database's clock."""

@@ -16,6 +16,11 @@ from ._records import NOT_COUNTED, Ending, RoundRow, bounded_error, round_values
 from ._rows import LeaseState, LeaseWrite, WriteKind, _check_token, _names, _seconds_floor
 
 
+def _plain_where(stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
+    """``stmt`` on the rows ``where`` selects, locked as its plan reads them."""
+    return stmt.where(where)
+
+
 class _Ends(_StoreCore):
     """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
 
@@ -95,7 +100,9 @@ class _Ends(_StoreCore):
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
         one), each with the same conditions as :meth:`finish`, then one INSERT of every
-        history row given. None for an empty ``ends``. An end with ``retrying`` (an
+        history row given; with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first
+        locks the batch's rows in name order, the order a renewal locks them in. None
+        for an empty ``ends``. An end with ``retrying`` (an
         attempt followed by another, see :class:`Ending`) keeps its lease: the row stays
         ``running``, its attempt becomes 2, and its history row is added.
 
@@ -134,7 +141,15 @@ class _Ends(_StoreCore):
         recorded: set[tuple[str, int]] = set()
         released: set[tuple[str, int]] = set()
         now = self._now()
+        in_order = self._in_name_order
         with translate_errors(action), self._transaction() as conn:
+            if len(groups) > 1:
+                # Several UPDATEs whose names interleave: every row of the batch locked
+                # first, in name order, as a renewal of them locks them (see
+                # _lock_in_name_order); the UPDATEs then need no ordering of their own.
+                batch = [(end.name, end.token) for end in endings]
+                self._lock_in_name_order(conn, sa.and_(self._pair_in(batch), _is_running()))
+                in_order = _plain_where
             for (ended_s, word, retrying), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)
@@ -142,7 +157,7 @@ class _Ends(_StoreCore):
                 if retrying:
                     # The lease stays held (the keeper renews it through the backoff);
                     # only the attempt moves on, so a cut from now on is given up.
-                    stmt = self._in_name_order(_t.update(), sa.and_(mine, _is_running()))
+                    stmt = in_order(_t.update(), sa.and_(mine, _is_running()))
                     if conn.execute(stmt.values(attempt=2)).rowcount == len(unique):
                         recorded |= unique
                         continue
@@ -167,7 +182,7 @@ class _Ends(_StoreCore):
                         outcome["last_error"] = sa.func.coalesce(error, _t.c.last_error)
                     else:
                         outcome["failures"] = sa.func.coalesce(_t.c.failures, 0) + 1
-                stmt = self._in_name_order(_t.update(), sa.and_(mine, _is_running())).values(
+                stmt = in_order(_t.update(), sa.and_(mine, _is_running())).values(
                     state=LeaseState.DONE.value,
                     expires_ms=None,
                     skipped_through=ended_s,
