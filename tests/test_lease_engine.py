@@ -259,6 +259,7 @@ class TestSurface:
             "TriggerRow",
             "TriggerState",
             "Triggers",
+            "UNCLAIMED_LIMIT",
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "WriteKind",

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0005"
+HEAD = "0006"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
