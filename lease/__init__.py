@@ -63,6 +63,7 @@ from ._schema import metadata as metadata
 from ._store import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
 from ._store import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._store import DEFAULT_TTL as DEFAULT_TTL
+from ._store import UNCLAIMED_LIMIT as UNCLAIMED_LIMIT
 from ._store import Claim as Claim
 from ._store import ClaimBatch as ClaimBatch
 from ._store import CutShort as CutShort
@@ -114,6 +115,7 @@ __all__ = [
     "TriggerRow",
     "TriggerState",
     "Triggers",
+    "UNCLAIMED_LIMIT",
     "UnsupportedDatabase",
     "VERSION_TABLE",
     "WriteKind",

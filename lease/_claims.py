@@ -26,6 +26,7 @@ from ._rows import (
     _is_int,
     _names,
     _new_token,
+    _seconds_floor,
 )
 from ._schema import NAME_LENGTH
 from ._text import check_holder
@@ -44,12 +45,45 @@ _CLAIM_COLUMNS: Final = (
 )
 
 
+#: The most names :meth:`_Claims.unclaimed` returns unless told otherwise. Past it the
+#: caller cannot tell it found them all (a replica of a large deployment died): it claims
+#: the rest by name instead, as before the due column.
+UNCLAIMED_LIMIT: Final = 5000
+
+#: MariaDB/MySQL: writes each claimed row's next instant after the claim (see _claim).
+#: A multi-table UPDATE there does not promise to assign left to right, which the claim's
+#: copies into ``prev_*`` rely on, so the claim stays single-table and this follows it in
+#: the same transaction. The pairs are ``[name, epoch seconds]``; only this claim's rows.
+_MYSQL_DUE: Final = sa.text(
+    "UPDATE cronjob_lease JOIN JSON_TABLE(:claim_due, '$[*]' COLUMNS ("
+    "due_name VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', "
+    "due_at BIGINT PATH '$[1]')) AS due ON cronjob_lease.name = due.due_name "
+    "SET cronjob_lease.due_s = due.due_at WHERE cronjob_lease.token = :claim_token"
+)
+
+
 def _is_free(now: sa.ColumnElement[int]) -> sa.ColumnElement[bool]:
     return sa.or_(_t.c.expires_ms.is_(None), _t.c.expires_ms <= now)
 
 
 def _is_running() -> sa.ColumnElement[bool]:
     return _t.c.state == LeaseState.RUNNING.value
+
+
+def _due_seconds(due: Mapping[str, datetime | None]) -> dict[str, int]:
+    """``due`` in epoch seconds (rounded down: earlier is safe, later is not); names
+    mapped to ``None`` left out. Most names share a handful of instants, so each distinct
+    one is converted once."""
+    seconds: dict[datetime, int] = {}
+    out: dict[str, int] = {}
+    for name, when in due.items():
+        if when is None:
+            continue
+        epoch = seconds.get(when)
+        if epoch is None:
+            epoch = seconds[when] = _seconds_floor(when, "due")
+        out[name] = epoch
+    return out
 
 
 def _claim_from(row: RowMapping) -> Claim:
@@ -88,10 +122,22 @@ class _Claims(_StoreCore):
 
     if TYPE_CHECKING:
 
-        def _ensure(self, wanted: list[str], specs: Mapping[str, str] | None) -> None:
+        def _ensure(
+            self,
+            wanted: list[str],
+            specs: Mapping[str, str] | None,
+            due: Mapping[str, datetime | None] | None = None,
+        ) -> None:
             """Defined by :class:`~lease.LeaseStore` (the rows, in ``lease/_store.py``)."""
 
-    def claim(self, names: Iterable[str], instant: datetime, holder: str) -> list[Claim]:
+    def claim(
+        self,
+        names: Iterable[str],
+        instant: datetime,
+        holder: str,
+        *,
+        due: Mapping[str, datetime | None] | None = None,
+    ) -> list[Claim]:
         """Claim ``instant`` as a first run, for every name whose lease allows it.
 
         A name is claimed when its lease is free (``expires_ms`` NULL or ``<= now``), its
@@ -104,6 +150,12 @@ class _Claims(_StoreCore):
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
         before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
 
+        ``due`` gives, by name, the next instant after ``instant`` at which the name may
+        need a claim (a schedule's next instant); each claimed row keeps it in
+        ``due_s`` (rounded down to the second), which :meth:`unclaimed` reads. A name
+        ``due`` leaves out, or maps to ``None``, keeps the row's value: it must never be
+        later than the row's real next instant, or :meth:`unclaimed` misses that instant.
+
         Returns:
             One :class:`Claim` per name claimed, in the order of ``names``; with
             ``superseded`` set when the row's previous round was unfinished.
@@ -112,21 +164,80 @@ class _Claims(_StoreCore):
             ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
                 ``holder`` is empty or too long.
         """
-        return self.claim_batch(names, instant, holder).claims()
+        return self.claim_batch(names, instant, holder, due=due).claims()
 
-    def claim_batch(self, names: Iterable[str], instant: datetime, holder: str) -> ClaimBatch:
+    def claim_batch(
+        self,
+        names: Iterable[str],
+        instant: datetime,
+        holder: str,
+        *,
+        due: Mapping[str, datetime | None] | None = None,
+    ) -> ClaimBatch:
         """:meth:`claim`, with what was won as one :class:`ClaimBatch`: the same
         statement and rules, without a :class:`Claim` made per name.
 
         Raises:
-            ValueError: as :meth:`claim`.
+            ValueError: as :meth:`claim`; or a ``due`` value is not an aware datetime.
         """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
         check_holder(holder)
         if not wanted:
             return ClaimBatch(instant=instant, token=0, names=(), superseded={})
-        return self._claim(wanted, epoch, holder)
+        return self._claim(wanted, epoch, holder, None if due is None else _due_seconds(due))
+
+    def unclaimed(self, instant: datetime, *, limit: int = UNCLAIMED_LIMIT) -> list[str]:
+        """The names whose row is due at ``instant`` and not claimed for it: ``due_s <=
+        instant``, an older recorded instant, a free lease, not paused — what the claims
+        of ``instant`` left. One query, carrying no names, over the index on ``due_s``: it
+        reads only such rows (normally none, once every share of the instant is claimed).
+
+        A row whose ``due_s`` is NULL (an older release wrote it, and no replica of this
+        one has registered or claimed it since) is never returned. At most ``limit``
+        names, lowest ``due_s`` first: a result of ``limit`` names may have left some out.
+
+        Raises:
+            ValueError: ``instant`` is not an aware datetime with whole seconds, or
+                ``limit`` is not positive.
+        """
+        epoch = _instant_seconds(instant)
+        if not _is_int(limit) or limit < 1:
+            raise ValueError(f"limit must be a positive whole number, not {limit!r}")
+        now_ms = self._clock_ms()
+        params: dict[str, Any] = {"check_epoch": epoch, "check_limit": limit}
+        if now_ms is not None:
+            params["check_now"] = now_ms
+        stmt = self._unclaimed_statement(given_clock=now_ms is not None)
+        with translate_errors("look for unclaimed leases"), self._transaction(read=True) as conn:
+            return [str(name) for name in conn.execute(stmt, params).scalars()]
+
+    def _unclaimed_statement(self, *, given_clock: bool) -> sa.Select[Any]:
+        """:meth:`unclaimed`'s query, built once per store and clock kind (bind
+        parameters only). Ordered by ``due_s`` with a limit: PostgreSQL's statistics on a
+        column every claim moves are soon stale, and read as "every row is due" they
+        chose a scan of the whole table; walking the index in order up to a limit is the
+        cheaper plan whatever they say."""
+        cached = self._unclaimed_statements.get(given_clock)
+        if cached is not None:
+            return cached
+        now: sa.ColumnElement[int] = (
+            sa.bindparam("check_now", type_=sa.BigInteger()) if given_clock else _db_now_ms()
+        )
+        epoch = sa.bindparam("check_epoch", type_=sa.BigInteger())
+        stmt = (
+            sa.select(_t.c.name)
+            .where(
+                _t.c.due_s <= epoch,
+                _t.c.instant < epoch,
+                _is_free(now),
+                _t.c.paused_ms.is_(None),
+            )
+            .order_by(_t.c.due_s)
+            .limit(sa.bindparam("check_limit", type_=sa.Integer()))
+        )
+        self._unclaimed_statements[given_clock] = stmt
+        return stmt
 
     def take_turn(self, chore: str, instant: datetime, holder: str, *, create: bool = True) -> bool:
         """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
@@ -146,13 +257,23 @@ class _Claims(_StoreCore):
             self._ensure([name], None)
         return bool(self._claim([name], epoch, holder).names)
 
-    def _claim(self, wanted: list[str], epoch: int, holder: str) -> ClaimBatch:
+    def _claim(
+        self, wanted: list[str], epoch: int, holder: str, due: dict[str, int] | None = None
+    ) -> ClaimBatch:
         token = _new_token()
         now_ms = self._clock_ms()
-        stmt, returning = self._claim_statement(given_clock=now_ms is not None)
-        params: dict[str, Any] = {
-            "claim_names": json.dumps(wanted) if self._postgres else wanted,
-            "claim_epoch": epoch,
+        # The due in the claim's own statement where its UPDATE can join a JSON map and
+        # still reads every SET against the old row (PostgreSQL, SQLite).
+        joined = due is not None and not self._mysql
+        stmt, returning = self._claim_statement(given_clock=now_ms is not None, due=joined)
+        params: dict[str, Any] = {"claim_epoch": epoch}
+        if joined:
+            assert due is not None
+            # The map's keys are the names claimed: one text, whatever the count.
+            params["claim_due"] = json.dumps({name: due.get(name) for name in wanted})
+        else:
+            params["claim_names"] = json.dumps(wanted) if self._postgres else wanted
+        params |= {
             "claim_token": token,
             "claim_holder": holder,
             "claim_ttl": self._ttl_ms,
@@ -174,6 +295,10 @@ class _Claims(_StoreCore):
                 tuples=True,
                 **params,
             )
+            if due is not None and self._mysql and rows:
+                pairs = [[row[0], due[row[0]]] for row in rows if due.get(row[0]) is not None]
+                if pairs:
+                    conn.execute(_MYSQL_DUE, {"claim_due": json.dumps(pairs), "claim_token": token})
             # Before the commit: a claimer that waited on these rows sees who took them.
             if self._watched():
                 self._held([(row[0], token) for row in rows], now_ms, epoch)
@@ -189,14 +314,22 @@ class _Claims(_StoreCore):
         names = tuple(name for name in wanted if name in won)
         return ClaimBatch(instant=instant, token=token, names=names, superseded=superseded)
 
-    def _claim_statement(self, *, given_clock: bool) -> tuple[sa.Update, sa.Update]:
-        """The claim's UPDATE, built once per store (and clock kind): every value is a
-        bind parameter (``claim_*``), so an instant's claim neither builds the statement
-        nor computes its cache key again (SQLAlchemy memoizes it on the object): about
-        half a millisecond of CPU per claim, in the path from the instant to the rounds.
-        Returns the statement and its ``RETURNING`` form.
+    def _claim_statement(self, *, given_clock: bool, due: bool) -> tuple[sa.Update, sa.Update]:
+        """The claim's UPDATE, built once per store (and clock kind, and whether it
+        writes ``due_s``): every value is a bind parameter (``claim_*``), so an instant's
+        claim neither builds the statement nor computes its cache key again (SQLAlchemy
+        memoizes it on the object): about half a millisecond of CPU per claim, in the
+        path from the instant to the rounds. Returns the statement and its ``RETURNING``
+        form.
+
+        With ``due`` (PostgreSQL and SQLite), the names are the keys of one JSON object
+        mapping each to its next instant (``claim_due``), and a name's next instant lands
+        in the claim's own UPDATE: on PostgreSQL looked up in the object by each row, on
+        SQLite joined from its entries (``UPDATE ... FROM json_each(...)``). Both
+        evaluate every SET against the row as it was, so the ``prev_*`` copies stay right.
         """
-        cached = self._claim_statements.get(given_clock)
+        key = (given_clock, due)
+        cached = self._claim_statements.get(key)
         if cached is not None:
             return cached
         now: sa.ColumnElement[int] = (
@@ -207,7 +340,25 @@ class _Claims(_StoreCore):
             if self._ahead_ms is None
             else sa.bindparam("claim_reached", type_=sa.BigInteger()) <= now
         )
-        if self._postgres:
+        due_s: sa.ColumnElement[Any] = _t.c.due_s
+        mapped = sa.bindparam("claim_due", type_=sa.Text())
+        if due and self._postgres:
+            # Not a join with the map's entries: without statistics (a new table) the
+            # planner scanned the entries again for each row, 10,000 names past the
+            # statement's 5 s bound. The names, made an array once (an InitPlan), drive
+            # the index scan as without the due; each row looks its due up in the map,
+            # itself made a jsonb once (another InitPlan): a binary search by key.
+            as_jsonb = sa.cast(mapped, postgresql.JSONB())
+            keys = sa.select(sa.func.jsonb_object_keys(as_jsonb)).scalar_subquery()
+            named = _t.c.name == sa.any_(sa.func.array(keys))
+            looked_up = sa.select(as_jsonb).scalar_subquery().op("->>")(_t.c.name)
+            due_s = sa.func.coalesce(sa.cast(looked_up, sa.BigInteger()), _t.c.due_s)
+        elif due:
+            entries = sa.func.json_each(mapped).table_valued("key", "value").alias("claim_due")
+            named = _t.c.name == entries.c.key
+            # A name mapped to null keeps its row's value.
+            due_s = sa.func.coalesce(sa.cast(entries.c.value, sa.BigInteger()), _t.c.due_s)
+        elif self._postgres:
             # The names as one JSON text, made an array once (an InitPlan) for the index
             # scan: psycopg dumps an array parameter element by element in Python, which
             # for 10,000 names was most of a claim's own CPU.
@@ -233,10 +384,11 @@ class _Claims(_StoreCore):
                 (_t.c.holder, sa.bindparam("claim_holder", type_=sa.String())),
                 (_t.c.expires_ms, now + sa.bindparam("claim_ttl", type_=sa.BigInteger())),
                 (_t.c.last_start_ms, now),
+                *([(_t.c.due_s, due_s)] if due else []),
             )
         )
         built = (stmt, stmt.returning(*_BATCH_COLUMNS))
-        self._claim_statements[given_clock] = built
+        self._claim_statements[key] = built
         return built
 
     def claim_rerun(self, name: str, instant: datetime, holder: str) -> Claim | None:

@@ -89,6 +89,7 @@ class _StoreCore:
             )
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
+        self._mysql = engine.dialect.name in ("mysql", "mariadb")
         # Who else writes this database in this process (see watch): the URL names it.
         self._key = engine.url.render_as_string(hide_password=True)
         self._clock = clock
@@ -97,7 +98,9 @@ class _StoreCore:
         self._ahead_ms = None if claim_ahead is None else round(claim_ahead * 1000)
         #: The claim's statement and its RETURNING form, by whether the clock is given
         #: (see _claim_statement).
-        self._claim_statements: dict[bool, tuple[sa.Update, sa.Update]] = {}
+        self._claim_statements: dict[tuple[bool, bool], tuple[sa.Update, sa.Update]] = {}
+        #: The query of LeaseStore.unclaimed, by whether the clock is given.
+        self._unclaimed_statements: dict[bool, sa.Select[Any]] = {}
         if not event.contains(engine, "checkout", _unbind_for_others):
             event.listen(engine, "checkout", _unbind_for_others)
 

@@ -84,6 +84,11 @@ class LeaseRow:
     #: clock (revision 0005). ``None`` on a row an older release wrote, until a replica of
     #: this release registers the name (:meth:`LeaseStore.ensure` then fills it).
     deployed: datetime | None = None
+    #: The next instant at which the row may need a claim (revision 0006): never later
+    #: than the row's real next instant, so the rest of an instant can be found by it
+    #: (:meth:`LeaseStore.unclaimed`). ``None`` on a row no replica of this release has
+    #: claimed or registered yet.
+    due: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,9 +263,20 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             paused_by=_text_or_none(row.get("paused_by")),
             pause_reason=_text_or_none(row.get("pause_reason")),
             deployed=None if deployed_ms is None else _EPOCH + deployed_ms * _MS,
+            due=_seconds_or_none(row.get("due_s")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None
+
+
+def _seconds_or_none(value: object) -> datetime | None:
+    """Epoch seconds as a datetime; anything else (or out of range) as ``None``."""
+    if not _is_int(value):
+        return None
+    try:
+        return _EPOCH + value * _SECOND
+    except OverflowError:
+        return None
 
 
 def _text_or_none(value: object) -> str | None:

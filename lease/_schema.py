@@ -13,6 +13,8 @@
   ``cronjob_round``, who asked for a manual round.
 - revision 0005 adds ``deployed_ms`` to ``cronjob_lease``: when the row was first written
   (the job's first deployment), so catch-up owes a job that never ran the instants after it.
+- revision 0006 adds ``due_s`` to ``cronjob_lease``, with an index: the next instant at
+  which the row may need a claim, so the rest of an instant is found without names.
 
 ``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -125,6 +127,13 @@ lease_table = sa.Table(
     # older release since, until a replica of a newer one registers the job (the
     # deployment then known for sure) and fills it with that moment.
     sa.Column("deployed_ms", sa.BigInteger(), nullable=True),
+    # Revision 0006, nullable: epoch seconds of the next instant at which the row may need
+    # a claim — never later than it (a claim writes the job's next instant after the one
+    # it claimed; registration lowers it to the job's next instant). The rest of an
+    # instant is looked up by it (LeaseStore.unclaimed). NULL on a row written before 0006
+    # or by an older release's replica since, until a replica of a newer one registers it.
+    sa.Column("due_s", sa.BigInteger(), nullable=True),
+    sa.Index("ix_cronjob_lease_due_s", "due_s"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

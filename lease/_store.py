@@ -36,7 +36,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from ._claims import _Claims
+from ._claims import UNCLAIMED_LIMIT as UNCLAIMED_LIMIT
+from ._claims import _Claims, _due_seconds
 from ._core import _IN_LIST_LIMIT, _WATCH_LOCK, _WATCHERS, _h, _p, _t, logger
 from ._core import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
 from ._core import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
     "DEFAULT_TTL",
     "SUPPORTED_DIALECTS",
+    "UNCLAIMED_LIMIT",
     "Claim",
     "CutShort",
     "LeaseRow",
@@ -74,6 +76,16 @@ __all__ = [
     "WriteKind",
     "check_dialect",
 ]
+
+
+def _lowered(given: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """A row's ``due_s`` after :meth:`LeaseStore.ensure` gave ``given``: the earlier of the
+    two, the row's own when ``given`` is NULL (a due is lowered, never raised)."""
+    return sa.case(
+        (given.is_(None), _t.c.due_s),
+        (sa.or_(_t.c.due_s.is_(None), _t.c.due_s > given), given),
+        else_=_t.c.due_s,
+    )
 
 
 class LeaseStore(_Claims, _Ends, _History, _Pause):
@@ -108,7 +120,13 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
     :class:`DatabaseError` when it refuses a statement; no SQLAlchemy exception escapes.
     """
 
-    def ensure(self, names: Iterable[str], *, specs: Mapping[str, str] | None = None) -> None:
+    def ensure(
+        self,
+        names: Iterable[str],
+        *,
+        specs: Mapping[str, str] | None = None,
+        due: Mapping[str, datetime | None] | None = None,
+    ) -> None:
         """Insert a row for each name that has none: never claimed, state ``new``,
         deployed now (``deployed_ms``, on the lease clock: the name's first deployment).
 
@@ -119,6 +137,11 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         the name is deployed by then for sure. A deployment on record never moves. One
         statement (run once per batch of parameters), whatever the number of names.
 
+        ``due`` gives, by name, the name's next instant (a schedule's next, as the caller
+        registered it): a row's ``due_s`` becomes it when it is NULL or later (a new
+        schedule that comes sooner), and is never raised; a name ``due`` leaves out, or
+        maps to ``None``, keeps its value (NULL on a new row). See :meth:`unclaimed`.
+
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
                 with whitespace (MySQL would match "job " to "job").
@@ -126,9 +149,14 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         """
         wanted = _names(names)
         if wanted:
-            self._ensure(wanted, specs)
+            self._ensure(wanted, specs, due)
 
-    def _ensure(self, wanted: list[str], specs: Mapping[str, str] | None) -> None:
+    def _ensure(
+        self,
+        wanted: list[str],
+        specs: Mapping[str, str] | None,
+        due: Mapping[str, datetime | None] | None = None,
+    ) -> None:
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
@@ -140,14 +168,28 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         params: list[dict[str, Any]] = [{"name": name} for name in wanted]
         if specs is not None:
             defaults["spec"] = sa.bindparam("spec")
-            params = [{"name": name, "spec": specs.get(name)} for name in wanted]
+            for param in params:
+                param["spec"] = specs.get(param["name"])
+        if due is not None:
+            defaults["due_s"] = sa.bindparam("due_s", type_=sa.BigInteger())
+            seconds = _due_seconds(due)
+            for param in params:
+                param["due_s"] = seconds.get(param["name"])
         dialect = self._engine.dialect.name
         stmt: sa.Executable
         if dialect in ("postgresql", "sqlite"):
             insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_t)
             insert = insert.values(defaults)
             deployed = sa.func.coalesce(_t.c.deployed_ms, insert.excluded.deployed_ms)
-            if specs is None:
+            if due is not None:
+                set_: dict[str, Any] = {
+                    "deployed_ms": deployed,
+                    "due_s": _lowered(insert.excluded.due_s),
+                }
+                if specs is not None:
+                    set_["spec"] = insert.excluded.spec
+                stmt = insert.on_conflict_do_update(index_elements=[_t.c.name], set_=set_)
+            elif specs is None:
                 # Only a row whose deployment is unknown is written to.
                 stmt = insert.on_conflict_do_update(
                     index_elements=[_t.c.name],
@@ -168,6 +210,8 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             }
             if specs is not None:
                 updates["spec"] = my.inserted.spec
+            if due is not None:
+                updates["due_s"] = _lowered(my.inserted.due_s)
             stmt = my.on_duplicate_key_update(updates)
         with translate_errors("ensure leases"), self._transaction() as conn:
             conn.execute(stmt, params)

@@ -244,6 +244,7 @@ class TestSurface:
             "TriggerRow",
             "TriggerState",
             "Triggers",
+            "UNCLAIMED_LIMIT",
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "WriteKind",

@@ -24,7 +24,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0005"
+HEAD = "0006"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -125,6 +125,9 @@ class TestUpgrade:
         assert "UPDATE cronjob_alembic_version SET version_num='0003'" in sql
         assert "ALTER TABLE cronjob_lease ADD COLUMN deployed_ms BIGINT" in sql
         assert "UPDATE cronjob_alembic_version SET version_num='0005'" in sql
+        assert "ALTER TABLE cronjob_lease ADD COLUMN due_s BIGINT" in sql
+        assert "CREATE INDEX ix_cronjob_lease_due_s ON cronjob_lease (due_s)" in sql
+        assert "UPDATE cronjob_alembic_version SET version_num='0006'" in sql
 
 
 def _migrate_in_process(url: str, barrier: Any, results: Any) -> None:
@@ -585,3 +588,70 @@ class TestUpgradeTo0005:
             later,
         ]
         assert rows["old-job"].token == 42
+
+
+class TestUpgradeTo0006:
+    """Revision 0006 only adds ``due_s`` and its index: a round in flight survives the
+    upgrade, a replica of release 0005 (whose claim never names the column) keeps claiming
+    beside this release, and a row it leaves NULL is never found by ``unclaimed`` until
+    this release registers or claims it."""
+
+    def test_a_round_in_flight_survives_and_old_claims_work_beside_the_due_column(
+        self, db_engine, manual_clock
+    ):
+        from datetime import timedelta
+
+        TestUpgradeTo0002.upgrade_to(db_engine, "0005")
+        t0 = manual_clock.now()
+        expires = int(t0.timestamp() * 1000) + 15_000
+        _old_job_running(  # release 0005 made the rows and runs a round
+            db_engine,
+            instant=int(t0.timestamp()),
+            state="running",
+            token=42,
+            holder="old",
+            expires_ms=expires,
+        )
+        lease.migrate(db_engine)  # the new release starts: 0005 -> 0006, live
+        assert lease.current_revision(db_engine) == HEAD
+        new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        row = new.read(["old-job"])["old-job"]
+        assert (row.state, row.token, row.holder, row.expires_ms, row.due) == (
+            lease.LeaseState.RUNNING,
+            42,
+            "old",
+            expires,
+            None,
+        )
+        later = t0 + timedelta(minutes=1)
+        # Rows of the old release, never registered by this one: never found.
+        manual_clock.advance(60)
+        assert new.unclaimed(later) == []
+
+        # The old release ends its round and claims the next instant, naming old columns.
+        with db_engine.begin() as conn:
+            mine = sa.and_(_OLD.c.name == "old-job", _OLD.c.token == 42)
+            conn.execute(
+                _OLD.update().where(mine).values(state="done", expires_ms=None, skipped_through=1)
+            )
+            claimed = conn.execute(
+                _OLD.update()
+                .where(_OLD.c.name == "old-job", _OLD.c.instant < int(later.timestamp()))
+                .values(instant=int(later.timestamp()), state="running", token=7, holder="old")
+            )
+            assert claimed.rowcount == 1
+        # Beside it, this release registers new-job and claims it, writing the column.
+        new.ensure(["new-job"], due={"new-job": later})
+        assert new.unclaimed(later) == ["new-job"]
+        batch = new.claim_batch(
+            ["new-job"], later, "new", due={"new-job": later + timedelta(minutes=1)}
+        )
+        assert batch.names == ("new-job",)
+        rows = new.read(["old-job", "new-job"])
+        assert (rows["old-job"].instant, rows["old-job"].token, rows["old-job"].due) == (
+            later,
+            7,
+            None,
+        )
+        assert rows["new-job"].due == later + timedelta(minutes=1)
+        assert new.unclaimed(later) == []

@@ -216,10 +216,10 @@ class TestClaimLead:
     def _slow_claims(monkeypatch, clock, seconds, sent=None):
         claim = lease.LeaseStore.claim_batch
 
-        def slow_claim(store, names, instant, holder):  # an answer `seconds` away
+        def slow_claim(store, names, instant, holder, **kw):  # an answer `seconds` away
             if sent is not None:
                 sent.append((instant, clock.now()))
-            claims = claim(store, names, instant, holder)
+            claims = claim(store, names, instant, holder, **kw)
             clock.sleep(seconds)
             return claims
 

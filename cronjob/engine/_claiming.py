@@ -237,7 +237,7 @@ class Claims:
                 states = [state for state in states if state.job.is_async]
             if states:
                 then = functools.partial(self._peers.claimed_rest, rest.instant)
-                self.claim(rest.instant, states, then=then)
+                self.claim(rest.instant, states, then=then, rest=True)
 
     def drop_rest(self) -> None:
         """Draining: forget the rest of past instants; hand on rounds won ahead."""
@@ -293,9 +293,17 @@ class Claims:
         reason: Reason = Reason.SCHEDULE,
         then: Callable[[set[str]], None] | None = None,
         lost_later: bool = False,
+        rest: bool = False,
     ) -> None:
         """Claim ``instant`` for ``states`` in one statement, then start what was won
-        (a round won ahead of its instant starts at the instant).
+        (a round won ahead of its instant starts at the instant). Each claimed row keeps
+        its job's next instant (``due_s``, see :meth:`lease.LeaseStore.unclaimed`).
+
+        With ``rest`` (the others' shares, after the grace), the names are not sent:
+        one query asks which rows of ``instant`` are still unclaimed
+        (:meth:`lease.LeaseStore.unclaimed`, normally none), and only those of
+        ``states`` are claimed, by name (no statement when there are none). Past the
+        query's limit, every name is claimed, as before it existed.
 
         ``then`` is told the names won, when the database answered, before their rounds
         start. A claim the database could not answer leaves the instant owed: recovery
@@ -380,11 +388,29 @@ class Claims:
             else:
                 start()
 
-        self._control.run(
-            lambda: self._store.claim_batch(names, instant, self._replica_id),
-            done,
-            self.give_back,
-        )
+        store, holder = self._store, self._replica_id
+        work: Callable[[], lease.ClaimBatch]
+        if rest:
+            jobs = {state.job.name: state.job for state in states}
+
+            def work() -> lease.ClaimBatch:
+                found = store.unclaimed(instant)
+                asked = names
+                if len(found) < lease.UNCLAIMED_LIMIT:
+                    asked = [name for name in found if name in jobs]
+                    if not asked:
+                        return lease.ClaimBatch(instant=instant, token=0, names=(), superseded={})
+                # Off the dispatcher's thread: a job's schedule is never changed.
+                due = {name: jobs[name].schedule.next(instant) for name in asked}
+                return store.claim_batch(asked, instant, holder, due=due)
+
+        else:
+            due = {state.job.name: state.next_after(instant) for state in states}
+
+            def work() -> lease.ClaimBatch:
+                return store.claim_batch(names, instant, holder, due=due)
+
+        self._control.run(work, done, self.give_back)
 
     def _hand_on(
         self, state: JobState, batch: lease.ClaimBatch, claimed_at: float, *, late: bool

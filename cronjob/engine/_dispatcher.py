@@ -430,8 +430,12 @@ class Dispatcher:
         self.summary.ended(run.outcome, self._clock.monotonic())
         if not self._flags.stopped:
             schedule = state.job.schedule
-            started = run.started_at or run.ctx.instant
-            first = schedule.next(started)
+            instant = run.ctx.instant
+            started = run.started_at or instant
+            # The next after the instant, as its claim asked (no instant lies between).
+            first = state.next_after(instant) if started >= instant else schedule.next(started)
+            if first is not None and started >= first:
+                first = schedule.next(started)
             if first is not None and started <= ended < first:
                 # The common case, no instant overrun: the first instant after the start
                 # is the first after the end too (one schedule step per round, not two).

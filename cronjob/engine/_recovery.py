@@ -201,7 +201,11 @@ class Recovery:
     def _read_rows(self) -> dict[str, lease.LeaseRow]:
         # The specs go on record for tools that read the table (cronjob status).
         specs = {state.job.name: state.job.schedule.spec for state in self._leased}
-        self._store.ensure(self._leased_names, specs=specs)
+        # Each row's next instant, as this replica schedules it: a due on record that is
+        # later (a schedule changed to come sooner; or none yet) is lowered to it.
+        now = self._clock.now()
+        due = {state.job.name: state.job.schedule.next(now) for state in self._leased}
+        self._store.ensure(self._leased_names, specs=specs, due=due)
         return self._store.read(self._leased_names)
 
     # -- an outage after start --------------------------------------------------------------

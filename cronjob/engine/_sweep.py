@@ -412,11 +412,14 @@ class Sweeper:
         """Recreate missing lease rows; compare this replica's clock with the database's."""
         self._checking = True
         clock, store, names = self._clock, self._store, self._names
+        states = self._dispatcher.states
 
         def check() -> tuple[list[str], float]:
             missing = store.missing(names)
             if missing:
-                store.ensure(missing)
+                now = clock.now()  # a job's schedule is never changed: read on this thread
+                due = {name: states[name].job.schedule.next(now) for name in missing}
+                store.ensure(missing, due=due)
             before = clock.now()
             db_now = store.now_ms() / 1000
             after = clock.now()
