@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import lease
 from lease import _migrate
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0006"
+HEAD = "0007"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -655,3 +656,37 @@ class TestUpgradeTo0006:
         )
         assert rows["new-job"].due == later + timedelta(minutes=1)
         assert new.unclaimed(later) == []
+
+
+class TestUpgradeTo0007:
+    """Revision 0007 widens a replica's list of jobs on MariaDB/MySQL (a TEXT there holds
+    64 KiB, about 1,300 jobs): a replica registering 10,000 jobs is on record everywhere,
+    and a replica's row written before the upgrade is read as it was."""
+
+    @staticmethod
+    def replica(jobs: int, now: datetime) -> lease.ReplicaRow:
+        return lease.ReplicaRow(
+            holder="r1",
+            host="h",
+            pid=1,
+            version="v",
+            started=now,
+            seen=now,
+            jobs={f"job-{i:05}": ("0 * * * * *", True) for i in range(jobs)},
+        )
+
+    def test_a_replica_of_ten_thousand_jobs_is_on_record_after_the_upgrade(
+        self, db_engine, manual_clock
+    ):
+        TestUpgradeTo0002.upgrade_to(db_engine, "0006")
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now)
+        store.record_replica(self.replica(10, manual_clock.now()))  # release 0006's row
+        lease.migrate(db_engine)
+        assert lease.current_revision(db_engine) == HEAD
+        since = int(manual_clock.now().timestamp() * 1000)
+        [before] = store.replicas(seen_since_ms=since)
+        assert len(before.jobs) == 10
+        big = self.replica(10_000, manual_clock.now())
+        store.survey(["job-00000"], replica=big)
+        [after] = store.replicas(seen_since_ms=since)
+        assert after.jobs == big.jobs
