@@ -86,5 +86,7 @@ def test_an_idle_fake_day_sends_only_claims_and_ends(engines):
     # Each instant: one claim per replica (for both jobs on the hour), and the ends: one
     # per instant, two on the hour when the two rounds end in separate batches; and at
     # most once an hour per replica that ended a round, its try for the turn to prune
-    # the history (cronjob._history).
-    assert 24 * 3 + 24 <= sent.count("UPDATE") <= 24 * 3 + 24 + 6 + 3 * 7
+    # the history (cronjob._history). On MariaDB a claim that won rounds writes their
+    # next instants (``due_s``) in a second UPDATE: one per round's claim at most.
+    due_writes = 24 + 6 if engines[0].dialect.name == "mysql" else 0
+    assert 24 * 3 + 24 <= sent.count("UPDATE") <= 24 * 3 + 24 + 6 + 3 * 7 + due_writes
