@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect, Engine
 
-from ._engine import SQLITE_BEGIN_OPTION
+from ._engine import SQLITE_BEGIN_OPTION, behind_transaction_pooler
 from ._exceptions import translate_errors
 from ._schema import (
     lease_table,
@@ -89,6 +89,9 @@ class _StoreCore:
             )
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
+        #: Behind a transaction pooler (the URL's ``pooler=transaction``): the bound is set
+        #: in each transaction, never on a session (see _transaction).
+        self._pooled = behind_transaction_pooler(engine)
         # Who else writes this database in this process (see watch): the URL names it.
         self._key = engine.url.render_as_string(hide_password=True)
         self._clock = clock
@@ -314,6 +317,13 @@ class _StoreCore:
         A connection whose settings could not be restored is invalidated, never handed
         out. A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
+
+        Behind a transaction pooler (:func:`~lease.behind_transaction_pooler`) a session
+        is no one's: its settings would bound other clients' transactions on the same
+        server connection, and ours would run on a server connection that never had
+        them. There each transaction bounds itself first (``set_config(...,
+        true)``, PostgreSQL's ``SET LOCAL``): one more statement per transaction, and
+        nothing left on the session.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn
@@ -331,6 +341,11 @@ class _StoreCore:
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
         with conn, conn.begin():
+            if self._pooled:
+                local = f"SELECT set_config('statement_timeout', '{timeout_ms}', true)"
+                conn.exec_driver_sql(local)
+                yield conn
+                return
             before = conn.info.get(_BOUND)
             if before is None or before[0] != timeout_ms:
                 try:
