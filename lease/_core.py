@@ -27,7 +27,14 @@ from ._schema import (
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
-from ._dialect import _BOUND, _db_now_ms, _store_checkout, _unbind_for_others, check_dialect
+from ._dialect import (
+    _BOUND,
+    _db_now_ms,
+    _store_checkout,
+    _unbind_for_others,
+    check_dialect,
+    transaction_bounded,
+)
 from ._rows import LeaseWrite, WriteKind, _check_token, _json_rows, _names, _to_ms
 
 logger = logging.getLogger("lease")
@@ -321,9 +328,10 @@ class _StoreCore:
         Behind a transaction pooler (:func:`~lease.behind_transaction_pooler`) a session
         is no one's: its settings would bound other clients' transactions on the same
         server connection, and ours would run on a server connection that never had
-        them. There each transaction bounds itself first (``set_config(...,
-        true)``, PostgreSQL's ``SET LOCAL``): one more statement per transaction, and
-        nothing left on the session.
+        them. There each transaction bounds itself (``set_config(..., true)``,
+        PostgreSQL's ``SET LOCAL``) as it begins, in the round trip of its ``BEGIN``
+        with psycopg (see :func:`transaction_bounded`), and leaves nothing on the
+        session.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn
@@ -340,12 +348,11 @@ class _StoreCore:
             # SQLite transaction begins DEFERRED, so it never waits for another
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
-        with conn, conn.begin():
-            if self._pooled:
-                local = f"SELECT set_config('statement_timeout', '{timeout_ms}', true)"
-                conn.exec_driver_sql(local)
+        if self._pooled:
+            with conn, transaction_bounded(conn, timeout_ms):
                 yield conn
-                return
+            return
+        with conn, conn.begin():
             before = conn.info.get(_BOUND)
             if before is None or before[0] != timeout_ms:
                 try:

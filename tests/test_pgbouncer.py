@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import POSTGRES_URL
+from conftest import POSTGRES_URL, START
 from sqlalchemy import event
 
 import lease
@@ -53,13 +53,15 @@ def seen_by_the_store(engine: sa.Engine) -> Iterator[list[tuple[int, str]]]:
 
 
 @contextmanager
-def held_server_connection(url: str) -> Iterator[int]:
-    """Keep a transaction open through PgBouncer (so it keeps that server connection:
-    the one used last) until the block ends; yield its server process id."""
+def held_server_connection(url: str | sa.URL, statement: str = "SELECT 1") -> Iterator[int]:
+    """Keep a transaction that ran ``statement`` open through PgBouncer (so it keeps
+    that server connection: the one used last) until the block ends; yield its server
+    process id."""
     engine = lease.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             conn.begin()
+            conn.exec_driver_sql(statement)
             yield conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
             conn.rollback()
     finally:
@@ -153,16 +155,42 @@ class TestStatementBound:
         finally:
             other.dispose()
 
-    def test_a_store_transaction_costs_one_statement_more_and_leaves_nothing(self, engine):
-        store = lease.LeaseStore(engine, statement_timeout=1.0)
-        store.ensure(["a"])
-        statements: list[str] = []
-        event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-        store.read(["a"])
-        assert statements[0] == "SELECT set_config('statement_timeout', '1000', true)"
-        assert len(statements) == 2
-        with engine.connect() as conn:  # the engine's own pool: nothing to undo either
-            assert not conn.connection.info.get("lease_statement_bound")
+    def test_the_bound_goes_with_the_begin_and_the_next_user_gets_a_transaction(
+        self, pgbouncer_url
+    ):
+        """psycopg's BEGIN and the bound are one round trip, the driver in autocommit
+        meanwhile: after a store transaction that committed, and one that gave up, the
+        one connection of the pool is transactional again for a job."""
+        engine = lease.create_engine(pgbouncer_url, pool_size=1, max_overflow=0)
+        try:
+            lease.migrate(engine)
+            store = lease.LeaseStore(engine, ttl=3600, statement_timeout=1.0)
+            store.ensure(["a"])
+            (claim,) = store.claim(["a"], START, "r1")
+            statements: list[str] = []
+            event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+            store.read(["a"])
+            assert statements[0] == (
+                "BEGIN ISOLATION LEVEL READ COMMITTED;"
+                " SELECT set_config('statement_timeout', '1000', true)"
+            )
+            assert len(statements) == 2
+            locked = "SELECT * FROM cronjob_lease FOR UPDATE"
+            with (
+                held_server_connection(engine.url, locked),
+                pytest.raises(lease.DatabaseUnavailable, match="statement timeout"),
+            ):
+                store.renew([("a", claim.token)], "r1")
+            with engine.connect() as conn:  # as ctx.transaction() does
+                assert conn.connection.driver_connection.autocommit is False
+                conn.begin()
+                conn.exec_driver_sql("CREATE TABLE job_work (id int)")
+                conn.rollback()
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT to_regclass('job_work')").scalar() is None
+            assert store.renew([("a", claim.token)], "r1")
+        finally:
+            engine.dispose()
 
 
 class TestMigration:
