@@ -18,6 +18,11 @@ session as directly: wrong behind a transaction pooler, here only as the baselin
 after ``BEGIN``: what drivers other than psycopg get); ``pgbouncer, pooler=transaction``
 (what users run with psycopg: the bound in the round trip of ``BEGIN``). A scratch
 database, dropped afterwards.
+
+Then the same three ways on one bare psycopg connection through PgBouncer, taking turns
+each iteration (``--cycles`` times ``--rounds`` of each), without the store around them:
+``BEGIN`` / ``COMMIT``; ``BEGIN`` / the bound / ``COMMIT``; ``BEGIN; the bound`` as one
+query / ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,33 @@ def _operations(engine: sa.Engine, name: str) -> dict[str, Callable[[], object]]
     return operations
 
 
+def _bare(url: sa.URL, iterations: int) -> dict[str, float]:
+    """Median ms of the three ways to begin a bounded transaction on a bare psycopg
+    connection to ``url`` (PgBouncer), taking turns each iteration."""
+    import psycopg  # the postgres extra's driver
+
+    bound = "SELECT set_config('statement_timeout', '5000', true)"
+    conninfo = f"host={url.host} port={url.port} user={url.username} dbname={url.database}"
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
+        ways: dict[str, Callable[[], object]] = {
+            "BEGIN / COMMIT": lambda: (conn.execute("BEGIN"), conn.execute("COMMIT")),
+            "BEGIN / bound / COMMIT": lambda: (
+                conn.execute("BEGIN"),
+                conn.execute(bound),
+                conn.execute("COMMIT"),
+            ),
+            "BEGIN; bound / COMMIT": lambda: (
+                conn.execute(f"BEGIN; {bound}"),
+                conn.execute("COMMIT"),
+            ),
+        }
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(iterations):
+            for name, way in ways.items():
+                times[name] += _timed(way, 1)
+    return {name: statistics.median(measured) for name, measured in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=200)
@@ -113,6 +145,9 @@ def main() -> None:
             measured.sort()
             p99 = measured[int(len(measured) * 0.99) - 1]
             print(f"{name:<32}{operation:<10}{statistics.median(measured):>10.3f}{p99:>10.3f}")
+        print(f"\n{'bare psycopg through PgBouncer':<42}{'median ms':>10}")
+        for name, median in _bare(bouncer, args.cycles * args.rounds).items():
+            print(f"{name:<42}{median:>10.3f}")
     finally:
         for engine in engines.values():
             engine.dispose()
