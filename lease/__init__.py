@@ -35,6 +35,7 @@ outcomes — nothing about what the holder runs.
 from __future__ import annotations
 
 from ._engine import async_url as async_url
+from ._engine import behind_transaction_pooler as behind_transaction_pooler
 from ._engine import create_async_engine as create_async_engine
 from ._engine import create_engine as create_engine
 from ._engine import is_async_url as is_async_url
@@ -120,6 +121,7 @@ __all__ = [
     "VERSION_TABLE",
     "WriteKind",
     "async_url",
+    "behind_transaction_pooler",
     "check_dialect",
     "check_holder",
     "create_async_engine",

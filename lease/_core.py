@@ -16,7 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect, Engine
 
-from ._engine import SQLITE_BEGIN_OPTION
+from ._engine import SQLITE_BEGIN_OPTION, behind_transaction_pooler
 from ._exceptions import translate_errors
 from ._schema import (
     lease_table,
@@ -27,7 +27,14 @@ from ._schema import (
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
-from ._dialect import _BOUND, _db_now_ms, _store_checkout, _unbind_for_others, check_dialect
+from ._dialect import (
+    _BOUND,
+    _db_now_ms,
+    _store_checkout,
+    _unbind_for_others,
+    check_dialect,
+    transaction_bounded,
+)
 from ._rows import LeaseWrite, WriteKind, _check_token, _json_rows, _names, _to_ms
 
 logger = logging.getLogger("lease")
@@ -90,6 +97,9 @@ class _StoreCore:
         self._engine = engine
         self._postgres = engine.dialect.name == "postgresql"
         self._mysql = engine.dialect.name in ("mysql", "mariadb")
+        #: Behind a transaction pooler (the URL's ``pooler=transaction``): the bound is set
+        #: in each transaction, never on a session (see _transaction).
+        self._pooled = behind_transaction_pooler(engine)
         # Who else writes this database in this process (see watch): the URL names it.
         self._key = engine.url.render_as_string(hide_password=True)
         self._clock = clock
@@ -339,6 +349,14 @@ class _StoreCore:
         A connection whose settings could not be restored is invalidated, never handed
         out. A statement that gives up raises ``OperationalError``, which the callers'
         :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
+
+        Behind a transaction pooler (:func:`~lease.behind_transaction_pooler`) a session
+        is no one's: its settings would bound other clients' transactions on the same
+        server connection, and ours would run on a server connection that never had
+        them. There each transaction bounds itself (``set_config(..., true)``,
+        PostgreSQL's ``SET LOCAL``) as it begins, in the round trip of its ``BEGIN``
+        with psycopg (see :func:`transaction_bounded`), and leaves nothing on the
+        session.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn
@@ -355,6 +373,10 @@ class _StoreCore:
             # SQLite transaction begins DEFERRED, so it never waits for another
             # process's writer.
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+        if self._pooled:
+            with conn, transaction_bounded(conn, timeout_ms):
+                yield conn
+            return
         with conn, conn.begin():
             before = conn.info.get(_BOUND)
             if before is None or before[0] != timeout_ms:

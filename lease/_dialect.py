@@ -3,7 +3,9 @@ SQL, and the statement bound a pooled session carries."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -107,3 +109,43 @@ def _unbind_for_others(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     except Exception as exc:
         raise sa.exc.DisconnectionError(f"restoring the session's settings failed: {exc}") from exc
     del record.info[_BOUND]
+
+
+@contextlib.contextmanager
+def transaction_bounded(conn: Connection, timeout_ms: int) -> Iterator[None]:
+    """Run the block in a transaction on ``conn`` (PostgreSQL) whose statements give up
+    after ``timeout_ms``, leaving nothing on the session: the bound is the
+    transaction's (``set_config(..., true)``), for a transaction pooler's server
+    connections, which any client may get next.
+
+    With psycopg the bound costs no round trip: the transaction's ``BEGIN`` (with the
+    isolation level psycopg would have sent) and the bound go as one simple-protocol
+    query, the driver in autocommit meanwhile so that it sends no ``BEGIN`` of its own
+    (SQLAlchemy's ping toggles it likewise); psycopg's commit and rollback go by the
+    server's transaction status, so they end it. Another driver sends the bound as a
+    statement of its own after its ``BEGIN``.
+    """
+    bound = f"SELECT set_config('statement_timeout', '{timeout_ms}', true)"
+    if conn.dialect.driver != "psycopg":
+        with conn.begin():
+            conn.exec_driver_sql(bound)
+            yield
+        return
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    begin = ["BEGIN"]
+    if driver.isolation_level is not None:
+        begin.append("ISOLATION LEVEL " + driver.isolation_level.name.replace("_", " "))
+    if driver.read_only is not None:
+        begin.append("READ ONLY" if driver.read_only else "READ WRITE")
+    driver.autocommit = True
+    try:
+        with conn.begin():
+            conn.exec_driver_sql(f"{' '.join(begin)}; {bound}")
+            yield
+    finally:
+        if not conn.invalidated:
+            if driver.info.transaction_status.name == "IDLE":  # committed or rolled back
+                driver.autocommit = False
+            else:  # never handed out in autocommit
+                conn.invalidate()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SQLITE_BUSY_TIMEOUT",
     "async_url",
+    "behind_transaction_pooler",
     "create_async_engine",
     "create_engine",
     "is_async_url",
@@ -93,6 +94,11 @@ ASYNC_EXTRAS = {
     "mariadb": "cronjob-lease[mysql-async] (aiomysql and greenlet)",
 }
 
+#: The URL query parameter that says PostgreSQL is reached through a transaction pooler
+#: (PgBouncer's ``pool_mode = transaction``): ``?pooler=transaction``. The engine's URL
+#: keeps it; the driver never sees it (see :func:`behind_transaction_pooler`).
+POOLER_PARAMETER = "pooler"
+
 #: Execution option naming how a SQLite transaction of an engine made here begins:
 #: "IMMEDIATE" (the default: takes the write lock at BEGIN) or "DEFERRED" (for reads).
 SQLITE_BEGIN_OPTION = "lease_sqlite_begin"
@@ -118,10 +124,16 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
       new connection's socket (:data:`MYSQL_SOCKET_OPTIONS`), and a connect timeout of
       :data:`MYSQL_CONNECT_TIMEOUT` seconds unless the URL's query sets one.
 
+    - PostgreSQL behind a transaction pooler (``?pooler=transaction`` in the URL, see
+      :func:`behind_transaction_pooler`): no server-side prepared statements (psycopg's
+      ``prepare_threshold=None``), since a statement prepared on one server connection
+      is not on the next; the parameter itself never reaches the driver.
+
     Keyword arguments are passed to :func:`sqlalchemy.create_engine` and win.
 
     Raises:
-        DatabaseError: the URL does not parse or names no installed dialect.
+        DatabaseError: the URL does not parse, names no installed dialect, or has a
+            ``pooler`` parameter this package cannot honour.
         UnsupportedDatabase: the URL names an in-memory SQLite database.
     """
     with translate_errors("create engine"):
@@ -143,11 +155,13 @@ def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     connections, each waiting on the file lock in the driver's thread, not on the loop);
     ``pool_pre_ping`` and ``READ COMMITTED`` on the servers; the libpq keepalives and
     TCP user timeout with psycopg's async mode. asyncpg, aiomysql and asyncmy get no
-    keepalive settings (they have no such options).
+    keepalive settings (they have no such options). Behind a transaction pooler,
+    psycopg's async mode prepares no statements; asyncpg, which always does, is refused.
 
     Raises:
         DatabaseError: the URL does not parse, names no installed dialect, or its driver
-            (or greenlet, which SQLAlchemy's asyncio support needs) is not installed.
+            (or greenlet, which SQLAlchemy's asyncio support needs) is not installed;
+            or its ``pooler`` parameter cannot be honoured.
         UnsupportedDatabase: the URL names an in-memory SQLite database.
     """
     with translate_errors("create engine"):
@@ -245,6 +259,7 @@ def _require_async_support(parsed: URL) -> None:
 def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The engine options for ``parsed``, and the caller's ``kwargs`` left to merge last."""
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    pooled = behind_transaction_pooler(parsed)
     if backend == "sqlite":
         connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT}
         kwargs = dict(kwargs)
@@ -253,9 +268,16 @@ def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     options: dict[str, Any] = {"pool_pre_ping": True}
     if backend in ("postgresql", "mysql", "mariadb"):
         options["isolation_level"] = "READ COMMITTED"
+    if pooled and driver == "asyncpg":
+        raise DatabaseError(
+            "asyncpg prepares every statement, which a transaction pooler does not keep "
+            "from one transaction to the next: use postgresql+psycopg behind it"
+        )
     if backend == "postgresql" and driver in ("psycopg", "psycopg_async"):
         defaults = POSTGRES_CONNECT_DEFAULTS.items()
         options["connect_args"] = {k: v for k, v in defaults if k not in parsed.query}
+        if pooled:  # psycopg prepares a statement run 5 times; never behind a pooler
+            options["connect_args"]["prepare_threshold"] = None
     mysql = backend in ("mysql", "mariadb") and driver in ("pymysql", "aiomysql")
     if mysql and "connect_timeout" not in parsed.query:
         options["connect_args"] = {"connect_timeout": MYSQL_CONNECT_TIMEOUT}
@@ -265,10 +287,54 @@ def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
 def _configure(engine: Engine, parsed: URL) -> None:
     """Install the per-connection settings of :func:`create_engine` on ``engine``."""
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if POOLER_PARAMETER in parsed.query:
+        event.listen(engine, "do_connect", _drop_pooler_parameter)
     if backend == "sqlite":
         _install_sqlite_recipe(engine)
     elif backend in ("mysql", "mariadb") and driver == "pymysql":
         event.listen(engine, "connect", _set_mysql_socket_options)
+
+
+def behind_transaction_pooler(bind: str | URL | Engine) -> bool:
+    """Tell whether ``bind``'s URL says PostgreSQL is reached through a transaction pooler.
+
+    Say so with ``?pooler=transaction`` in the URL (PgBouncer's ``pool_mode =
+    transaction``, or any pooler that hands each transaction a server connection of its
+    choosing). Behind one, nothing may rely on the state of a session: the engines of
+    :func:`create_engine` prepare no statements, the store bounds its statements in each
+    transaction (``SET LOCAL``) instead of on the session, a migration locks for its
+    transaction only, and the scheduler does not ``LISTEN`` (its sweep takes requests).
+    A session-pooling pooler needs no parameter.
+
+    Raises:
+        DatabaseError: the URL does not parse, its ``pooler`` is another value than
+            ``transaction``, or it names a database other than PostgreSQL.
+    """
+    with translate_errors("read the database URL"):
+        parsed = bind.url if isinstance(bind, Engine) else sa.make_url(bind)
+    value = parsed.query.get(POOLER_PARAMETER)
+    if value is None:
+        return False
+    if value != "transaction":
+        raise DatabaseError(
+            f"the URL's {POOLER_PARAMETER}={value!r} is not understood: "
+            f"{POOLER_PARAMETER}=transaction says a transaction pooler is in between; "
+            "a session pooler needs nothing"
+        )
+    if parsed.get_backend_name() != "postgresql":
+        raise DatabaseError(
+            f"{POOLER_PARAMETER}=transaction is for PostgreSQL (PgBouncer), "
+            f"not {parsed.get_backend_name()}"
+        )
+    return True
+
+
+def _drop_pooler_parameter(
+    dialect: Any, conn_rec: Any, cargs: tuple[Any, ...], cparams: dict[str, Any]
+) -> None:
+    # The engine's URL keeps ``pooler`` (the store reads it there); the driver would
+    # refuse it ("invalid connection option").
+    cparams.pop(POOLER_PARAMETER, None)
 
 
 def is_sqlite_memory(url: str | URL) -> bool:

@@ -32,7 +32,7 @@ with alembic_at_debug():
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-from ._engine import is_sqlite_memory
+from ._engine import behind_transaction_pooler, is_sqlite_memory
 from ._exceptions import MigrationFailed, MigrationRequired, translate_errors
 from ._schema import VERSION_TABLE
 from ._store import check_dialect
@@ -142,11 +142,15 @@ def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
                 f"the lease tables are at revision {current or 'none (never migrated)'}"
                 f" but the head is {head}; run lease.migrate() or allow auto_migrate"
             )
+        pooled = behind_transaction_pooler(engine)
         with _migration_lock(engine, conn):
             current = _current(conn)
             # End the transaction that read the revision: alembic then begins and
-            # commits its own, instead of leaving the upgrade to an outer one.
-            conn.commit()
+            # commits its own, instead of leaving the upgrade to an outer one. Behind
+            # a transaction pooler the lock lasts as long as that transaction: the
+            # upgrade runs in it (alembic joins a transaction it finds open).
+            if not pooled:
+                conn.commit()
             if _newer_additive(current, head):
                 return None
             if current == head:  # another replica migrated while this one waited
@@ -218,7 +222,12 @@ def _check_known(script: ScriptDirectory, current: str | None, head: str) -> Non
 @contextlib.contextmanager
 def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
     dialect = engine.dialect.name
-    if dialect == "postgresql":
+    if behind_transaction_pooler(engine):
+        # A session lock would stay on whichever server connection the pooler lent,
+        # held for no one, and the unlock would go to another: lock the transaction.
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+        yield
+    elif dialect == "postgresql":
         # Session-level: outlives the transactions the upgrade commits, and dies with
         # the session if this process does.
         conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})

@@ -12,6 +12,11 @@ it fails it: CI must never pass by skipping the servers.
 Tests that should run on every database take ``db_url`` (parametrised: ids ``sqlite``,
 ``postgres``, ``mysql``; the server ones carry the ``postgres`` / ``mysql`` marks, so
 ``-m "not postgres and not mysql"`` runs SQLite alone).
+
+``pgbouncer_url`` is PostgreSQL again, through the suite's PgBouncer in transaction
+mode (``bash scripts/pgbouncer`` starts it; ``scripts/test`` does): a new database per
+test, since PgBouncer does not pass on the ``options`` that name a schema. A module
+runs a suite through it too by overriding ``db_url`` with ``[*DATABASES, PGBOUNCER]``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py
 #: The PostgreSQL server of the development and CI machines.
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+#: The suite's PgBouncer (scripts/pgbouncer): transaction pooling in front of the
+#: PostgreSQL server, any database name passed on.
+PGBOUNCER_URL = os.environ.get(
+    "CRONJOB_TEST_PGBOUNCER_URL", "postgresql+psycopg://postgres@127.0.0.1:6432/test"
 )
 #: The MariaDB/MySQL server of the development and CI machines.
 MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -69,6 +79,8 @@ def _reachable(url: str, what: str) -> None:
     reason = _unreachable[url]
     if reason is not None:
         message = f"the {what} server at {lease.redact(url)} is unreachable ({reason})"
+        if what == "PgBouncer":
+            message += "; bash scripts/pgbouncer starts it"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message}; under CI the servers must run (.ci/run starts them)")
         pytest.skip(message)
@@ -78,6 +90,16 @@ def _execute(url: str, statement: str) -> None:
     engine = sa.create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as conn:
+            conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
+def _execute_outside_transaction(url: str, statement: str) -> None:
+    """Run ``statement`` in autocommit (``CREATE DATABASE`` refuses a transaction)."""
+    engine = sa.create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
             conn.execute(sa.text(statement))
     finally:
         engine.dispose()
@@ -118,13 +140,35 @@ def mysql_url() -> Iterator[str]:
         _execute(MYSQL_URL, f"DROP DATABASE {database}")
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-        pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
-    ]
+@pytest.fixture
+def pgbouncer_url() -> Iterator[str]:
+    """A new, empty database of the PostgreSQL server, reached through the suite's
+    PgBouncer in transaction mode, with ``pooler=transaction`` in the URL."""
+    _reachable(POSTGRES_URL, "PostgreSQL")
+    _reachable(PGBOUNCER_URL, "PgBouncer")
+    database = _scratch_name()
+    _execute_outside_transaction(POSTGRES_URL, f"CREATE DATABASE {database}")
+    url = sa.make_url(PGBOUNCER_URL).set(database=database)
+    try:
+        yield url.update_query_dict({"pooler": "transaction"}).render_as_string(hide_password=False)
+    finally:
+        # FORCE: PgBouncer keeps its server connections to the database open.
+        _execute_outside_transaction(POSTGRES_URL, f"DROP DATABASE {database} WITH (FORCE)")
+
+
+#: The databases ``db_url`` runs a test on, by the name of their URL fixture.
+DATABASES = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+]
+#: PostgreSQL through PgBouncer in transaction mode, for a module's own ``db_url``.
+PGBOUNCER = pytest.param(
+    "pgbouncer", id="pgbouncer", marks=[pytest.mark.postgres, pytest.mark.pgbouncer]
 )
+
+
+@pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest) -> str:
     """Each supported database in turn, without the lease tables."""
     url: str = request.getfixturevalue(f"{request.param}_url")

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from django.core.exceptions import ImproperlyConfigured
 
+import lease
 from cronjob.contrib.django._database import url_from_settings
 from tests._process import lease_names, run_module, run_until_started
 from tests.conftest import POSTGRES_URL, _reachable
@@ -128,6 +129,13 @@ class TestDatabaseUrl:
         assert url.password == "s3cret/@"
         assert (url.host, url.port, url.database) == ("db.internal", 5433, "app")
         assert dict(url.query) == {"sslmode": "require"}  # Django's own option left out
+
+    def test_disabled_server_side_cursors_say_a_transaction_pooler_is_in_between(self):
+        """Django's setting for PgBouncer in transaction mode becomes ``pooler``."""
+        config = {"NAME": "app", "HOST": "pgbouncer", "DISABLE_SERVER_SIDE_CURSORS": True}
+        url = url_from_settings(config, "postgresql", "default")
+        assert url == "postgresql+psycopg://pgbouncer/app?pooler=transaction"
+        assert lease.behind_transaction_pooler(url)
 
     def test_a_unix_socket_is_the_host_query_parameter(self):
         config = {"NAME": "app", "HOST": "/var/run/postgresql", "USER": "app"}

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
-from conftest import START, ManualClock
+from conftest import DATABASES, PGBOUNCER, START, ManualClock
 from sqlalchemy import event
 
 import lease
@@ -27,6 +27,13 @@ TTL_MS = 15_000
 
 def ms(when: datetime) -> int:
     return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+@pytest.fixture(params=[*DATABASES, PGBOUNCER])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each database in turn, and PostgreSQL through PgBouncer in transaction mode."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
 
 
 @pytest.fixture
@@ -831,12 +838,7 @@ class TestRaces:
         _assert_one_winner_per_round([w for won in outcomes.values() for w in won])
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("mysql", marks=pytest.mark.mysql),
-    ]
-)
+@pytest.fixture(params=[*DATABASES[1:], PGBOUNCER])
 def server_url(request: pytest.FixtureRequest) -> str:
     """Each server database in turn, without the lease tables."""
     url: str = request.getfixturevalue(f"{request.param}_url")
@@ -846,7 +848,7 @@ def server_url(request: pytest.FixtureRequest) -> str:
 @contextmanager
 def blocked(url: str, statement: str) -> Iterator[None]:
     """Hold a lock from another session (``statement``) until the block ends."""
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = lease.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             conn.begin()

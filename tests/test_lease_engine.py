@@ -249,6 +249,7 @@ class TestSurface:
             "VERSION_TABLE",
             "WriteKind",
             "async_url",
+            "behind_transaction_pooler",
             "check_dialect",
             "check_holder",
             "create_async_engine",

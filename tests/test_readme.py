@@ -21,8 +21,8 @@ TWO_COMMANDS = """\
 # Run the demo scheduler (examples/app.py) on the embedded SQLite default; Ctrl-C drains it.
 python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/cronjob run examples.app
 
-# Pass the tests: installs and starts what is missing (PostgreSQL, MariaDB, Chromium,
-# faketime), then runs the checks and the whole suite.
+# Pass the tests: installs and starts what is missing (PostgreSQL, PgBouncer, MariaDB,
+# Chromium, faketime), then runs the checks and the whole suite.
 bash scripts/test
 ```
 """

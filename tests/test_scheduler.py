@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-from conftest import lease_row
+from conftest import DATABASES, PGBOUNCER, lease_row
 
 import cronjob
 import lease
@@ -79,6 +79,12 @@ def execute(url: str, statement: str, **params) -> None:
 
 
 class TestOncePerInstant:
+    @pytest.fixture(params=[*DATABASES, PGBOUNCER])
+    def db_url(self, request: pytest.FixtureRequest) -> str:
+        """Each database, and PostgreSQL through PgBouncer in transaction mode."""
+        url: str = request.getfixturevalue(f"{request.param}_url")
+        return url
+
     def test_each_instant_runs_once_across_three_replicas(self, replicas, clock, recorder):
         registry = Registry()
         registry.register(recorder.quick, "0 * * * * *", "tick")
@@ -127,6 +133,12 @@ class TestOncePerInstant:
 
 class TestSpreading:
     """The rounds of an instant are shared across the live replicas (``cronjob/_peers.py``)."""
+
+    @pytest.fixture(params=[*DATABASES, PGBOUNCER])
+    def db_url(self, request: pytest.FixtureRequest) -> str:
+        """Each database, and PostgreSQL through PgBouncer in transaction mode."""
+        url: str = request.getfixturevalue(f"{request.param}_url")
+        return url
 
     JOBS = 30
 
@@ -431,6 +443,12 @@ class TestOutcomes:
 
 
 class TestSecondRun:
+    @pytest.fixture(params=[*DATABASES, PGBOUNCER])
+    def db_url(self, request: pytest.FixtureRequest) -> str:
+        """Each database, and PostgreSQL through PgBouncer in transaction mode."""
+        url: str = request.getfixturevalue(f"{request.param}_url")
+        return url
+
     def test_drain_gives_the_lease_back_and_another_replica_runs_attempt_2(
         self, url, replicas, clock, recorder
     ):

@@ -6,9 +6,16 @@ of its own (outside the pool, so it never takes a slot from the jobs) that ``LIS
 on that channel, in a daemon thread; a notification asks the dispatcher to sweep now, so
 a request is taken in milliseconds instead of at the next sweep (within 15 s). Nothing
 depends on it: a lost connection is retried with back-off, a driver without psycopg 3's
-``notifies(timeout=...)`` (psycopg2, or a pooler that drops notifications) leaves the
-sweep to take requests as it always does. Not used on a fake clock, where the sweep
-learns of requests written in the process from the lease writes it watches.
+``notifies(timeout=...)`` (psycopg2) leaves the sweep to take requests as it always
+does. Not used on a fake clock, where the sweep learns of requests written in the
+process from the lease writes it watches.
+
+Behind a transaction pooler (PgBouncer's ``pool_mode = transaction``) a ``LISTEN`` lands
+on whichever server connection the pooler lends for that one statement, and the
+notifications go there, not to us. Declared in the URL (``?pooler=transaction``), the
+listener is not started (one INFO line). Undeclared, its first connection proves that
+notifications arrive: it sends one to itself and waits :data:`PROBE_WAIT` seconds; if
+none comes it gives up for good, with one WARNING that names the URL parameter.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ POLL_STOP = 5.0
 CLOSE_WAIT = 1.0
 #: Seconds before a lost listening connection is opened again (doubling up to the last).
 RETRY = (1.0, 2.0, 4.0, 8.0, 15.0)
+#: Seconds the first listening connection waits for the notification it sent itself
+#: before it concludes notifications do not reach it (a transaction pooler between).
+PROBE_WAIT = 5.0
 
 
 class Listener:
@@ -50,11 +60,23 @@ class Listener:
         #: A channel of this listener's own, to wake it when it should stop.
         self._own = f"cronjob_stop_{uuid.uuid4().hex[:16]}"
         self._thread = threading.Thread(target=self._serve, name="cronjob-listener", daemon=True)
+        #: Whether a notification has reached this listener (the probe, or a request).
+        self._heard = False
 
     @staticmethod
     def applies(engine: sa.Engine, clock: Clock) -> bool:
-        """Whether to listen: PostgreSQL, on a clock that is not a fake one."""
-        return engine.dialect.name == "postgresql" and not clock.in_process
+        """Whether to listen: PostgreSQL, on a clock that is not a fake one, and not
+        behind a transaction pooler (:func:`lease.behind_transaction_pooler`; said in
+        one INFO line)."""
+        if engine.dialect.name != "postgresql" or clock.in_process:
+            return False
+        if lease.behind_transaction_pooler(engine):
+            log.info(
+                "not listening for requests behind a transaction pooler (pooler=transaction): "
+                "the sweep takes requests for a round now, within 15 s"
+            )
+            return False
+        return True
 
     def start(self) -> None:
         self._thread.start()
@@ -80,8 +102,7 @@ class Listener:
             else:
                 try:
                     if not self._listen(conn):
-                        log.debug("listening for requests: this driver cannot; sweeps take them")
-                        return
+                        return  # for good: _listen said why
                     failures = 0
                 except Exception as exc:
                     log.debug("listening for requests: the connection failed: %s", exc)
@@ -100,17 +121,37 @@ class Listener:
         return conn
 
     def _listen(self, conn: Any) -> bool:
-        """Listen on ``conn`` until told to stop; ``False`` if the driver cannot."""
+        """Listen on ``conn`` until told to stop; ``False`` (said in the log) if this
+        driver cannot, or notifications do not reach it."""
         notifies = getattr(conn, "notifies", None)
         if notifies is None:
+            log.debug("listening for requests: this driver cannot; sweeps take them")
             return False
         conn.execute(f"LISTEN {lease.TRIGGER_CHANNEL}")
         conn.execute(f"LISTEN {self._own}")
+        if not self._heard:
+            # Through the engine, as a request's NOTIFY is sent.
+            with self._engine.connect() as sender:
+                sender.execute(sa.select(sa.func.pg_notify(self._own, "probe")))
+                sender.commit()
         while not self._stop.is_set():
+            wait = POLL_STOP if self._heard else PROBE_WAIT
             try:
-                received = list(notifies(timeout=POLL_STOP, stop_after=1))
+                received = list(notifies(timeout=wait, stop_after=1))
             except TypeError:  # psycopg older than 3.2: no timeout
+                log.debug("listening for requests: this driver cannot; sweeps take them")
                 return False
-            if received and not self._stop.is_set():
+            if not received and not self._heard and not self._stop.is_set():
+                log.warning(
+                    "listening for requests: a notification sent to this replica did not "
+                    "arrive within %s s (a transaction pooler in between? then add "
+                    "pooler=transaction to the database URL); the sweep takes requests for "
+                    "a round now, within 15 s",
+                    PROBE_WAIT,
+                )
+                return False
+            self._heard = self._heard or bool(received)
+            asked = any(n.channel == lease.TRIGGER_CHANNEL for n in received)
+            if asked and not self._stop.is_set():
                 self._wake()
         return True

@@ -51,6 +51,10 @@ REPO = Path(__file__).resolve().parents[2]
 POSTGRES_URL = os.environ.get(
     "CRONJOB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+#: The suite's PgBouncer (scripts/pgbouncer): transaction pooling in front of PostgreSQL.
+PGBOUNCER_URL = os.environ.get(
+    "CRONJOB_TEST_PGBOUNCER_URL", "postgresql+psycopg://postgres@127.0.0.1:6432/test"
+)
 #: The MariaDB/MySQL server of the development and CI machines.
 MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 #: The MariaDB server binary ``.ci/run`` starts (and the restart scenario restarts).
@@ -116,11 +120,16 @@ def schema_url(schema: str, *, port: int | None = None, base: str = POSTGRES_URL
     return url.render_as_string(hide_password=False)
 
 
-def execute(url: str, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
-    """Run one statement on a connection of its own; return its rows (if any)."""
-    sqlite = sa.make_url(url).get_backend_name() == "sqlite"
+def execute(
+    url: str, statement: str, params: dict[str, Any] | None = None, *, autocommit: bool = False
+) -> list[Any]:
+    """Run one statement on a connection of its own (in autocommit if told: ``CREATE
+    DATABASE`` refuses a transaction); return its rows (if any)."""
+    parsed = sa.make_url(url).difference_update_query(["pooler"])  # lease's, not libpq's
+    sqlite = parsed.get_backend_name() == "sqlite"
     connect_args = {"timeout": 5} if sqlite else {"connect_timeout": 5}
-    engine = sa.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+    engine = sa.create_engine(parsed, poolclass=NullPool, connect_args=connect_args, **options)
     try:
         with engine.begin() as conn:
             result = conn.execute(sa.text(statement), params or {})
@@ -227,10 +236,12 @@ def restart_mysql(url: str = MYSQL_URL, timeout: float = 90.0) -> float:
 @dataclass(frozen=True)
 class Database:
     """One of the supported databases, as a scenario uses it: ``kind`` is ``postgres``,
-    ``mysql`` (MariaDB/MySQL) or ``sqlite``; ``url`` is the server's (empty for SQLite).
+    ``pgbouncer`` (PostgreSQL through PgBouncer in transaction mode), ``mysql``
+    (MariaDB/MySQL) or ``sqlite``; ``url`` is the server's (empty for SQLite).
 
     Each scenario gets a lease table of its own (:meth:`create`): a schema on PostgreSQL,
-    a database on MariaDB, a file in the scenario's folder for SQLite.
+    a database on MariaDB and behind PgBouncer (which does not pass on the ``options``
+    that name a schema), a file in the scenario's folder for SQLite.
     """
 
     kind: str
@@ -258,11 +269,18 @@ class Database:
         if self.kind == "mysql":
             execute(self.url, f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
             return sa.make_url(self.url).set(database=name).render_as_string(hide_password=False)
+        if self.kind == "pgbouncer":
+            execute(POSTGRES_URL, f"CREATE DATABASE {name}", autocommit=True)
+            url = sa.make_url(self.url).set(database=name)
+            url = url.update_query_dict({"pooler": "transaction"})
+            return url.render_as_string(hide_password=False)
         return f"sqlite:///{folder / 'lease.sqlite'}"
 
     def drop(self, name: str) -> None:
         if self.kind == "postgres":
             execute(self.url, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        elif self.kind == "pgbouncer":  # FORCE: PgBouncer keeps server connections to it
+            execute(POSTGRES_URL, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", autocommit=True)
         elif self.kind == "mysql":
             execute(self.url, f"DROP DATABASE IF EXISTS {name}")
 
@@ -273,7 +291,7 @@ class Database:
 
     def restartable(self) -> str | None:
         """``None`` if the suite can restart the server, else why not."""
-        if self.kind == "postgres":
+        if self.kind in ("postgres", "pgbouncer"):
             return None if postgres_cluster() is not None else "no local PostgreSQL cluster"
         if self.kind == "mysql":
             return mysql_restartable(self.url)
@@ -281,7 +299,7 @@ class Database:
 
     def restart(self) -> float:
         """Restart the server; return the seconds until it answered again."""
-        if self.kind == "postgres":
+        if self.kind in ("postgres", "pgbouncer"):
             return restart_postgres()
         if self.kind == "mysql":
             return restart_mysql(self.url)
@@ -291,6 +309,7 @@ class Database:
 #: The databases the suite runs on, by the name the tests and ``--database`` use.
 DATABASES = {
     "postgres": Database("postgres", POSTGRES_URL),
+    "pgbouncer": Database("pgbouncer", PGBOUNCER_URL),
     "mysql": Database("mysql", MYSQL_URL),
     "sqlite": Database("sqlite"),
 }

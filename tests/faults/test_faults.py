@@ -1236,7 +1236,12 @@ PARALLEL: dict[str, Callable[[str], Figures]] = {
 AT_ONCE = 14
 HEAVY = frozenset({"thousand_jobs"})
 
-_MARKS = {"postgres": [pytest.mark.postgres], "mysql": [pytest.mark.mysql], "sqlite": []}
+_MARKS = {
+    "postgres": [pytest.mark.postgres],
+    "pgbouncer": [pytest.mark.postgres, pytest.mark.pgbouncer],
+    "mysql": [pytest.mark.mysql],
+    "sqlite": [],
+}
 #: Why a scenario cannot apply to SQLite: it has no network connection and no server.
 NO_TCP = "SQLite is a file on this host: there is no connection to cut (see test_file_locked)"
 NO_SERVER = "SQLite has no server to restart"
@@ -1259,6 +1264,9 @@ def on(*databases: str, cannot: dict[str, str] | None = None) -> pytest.MarkDeco
 
 
 ALL = ("postgres", "mysql", "sqlite")
+#: PostgreSQL through PgBouncer in transaction mode (``?pooler=transaction``): the
+#: scenarios where a pooler between the replicas and the server could change the outcome.
+POOLED = ("pgbouncer",)
 
 
 class Launched:
@@ -1333,7 +1341,7 @@ def launched(request: pytest.FixtureRequest) -> Iterator[Launched]:
         alone.shutdown(wait=True)
 
 
-@on(*ALL)
+@on(*ALL, *POOLED)
 def test_steady(launched, db):
     launched.outcome("steady", db)
 
@@ -1343,7 +1351,7 @@ def test_clock_ahead(launched, db):
     launched.outcome("clock_ahead", db)
 
 
-@on(*ALL)
+@on(*ALL, *POOLED)
 def test_kill9(launched, db):
     launched.outcome("kill9", db)
 
@@ -1366,7 +1374,7 @@ def test_file_locked(launched, db):
     launched.outcome("file_locked", db)
 
 
-@on("postgres", "mysql", cannot={"sqlite": NO_TCP})
+@on("postgres", "mysql", *POOLED, cannot={"sqlite": NO_TCP})
 def test_proxy_cut(launched, db):
     launched.outcome("proxy_cut", db)
 
@@ -1430,7 +1438,7 @@ def test_pause(launched, db):
     launched.outcome("pause", db)
 
 
-@on(*ALL)
+@on(*ALL, *POOLED)
 def test_trigger(launched, db):
     launched.outcome("trigger", db)
 

@@ -95,6 +95,9 @@ def url_from_settings(config: Mapping[str, Any], vendor: str, alias: str) -> str
         for key, value in options.items():
             if key not in _DJANGO_PG_OPTIONS and isinstance(value, str | int):
                 query[key] = str(value)
+        # Django's setting for a transaction pooler (PgBouncer): say so to the lease too.
+        if config.get("DISABLE_SERVER_SIDE_CURSORS"):
+            query["pooler"] = "transaction"
     elif "charset" in options:
         query["charset"] = str(options["charset"])
     port = config.get("PORT")
