@@ -687,8 +687,9 @@ class Replica:
 
 
 class Scenario:
-    """One scenario: a lease table of its own on ``db`` (a key of :data:`DATABASES`), an
-    event log, replicas, faults.
+    """One scenario: a lease table of its own on ``db`` (a key of :data:`DATABASES`, or a
+    :class:`Database` of the test's own, such as a private server's), an event log,
+    replicas, faults.
 
     Use as a context manager: on exit every process still alive is killed, the proxies
     closed and the schema or database dropped (kept with ``FAULTS_KEEP=1``). The event
@@ -701,15 +702,15 @@ class Scenario:
         jobs: Sequence[JobSpec] = (),
         *,
         modules: Sequence[str] = (JOBS_MODULE,),
-        db: str = "postgres",
+        db: str | Database = "postgres",
     ) -> None:
         self.name = name
-        self.db = DATABASES[db]
+        self.db = DATABASES[db] if isinstance(db, str) else db
         self.jobs = list(jobs)
         self.modules = list(modules)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         token = uuid.uuid4().hex[:8]
-        self.dir = RUNS_DIR / f"{name}-{db}-{stamp}-{token}"
+        self.dir = RUNS_DIR / f"{name}-{self.db.kind}-{stamp}-{token}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "events.jsonl"
         self.log.touch()
