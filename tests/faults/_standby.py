@@ -25,11 +25,14 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import queue
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -102,8 +105,14 @@ class StandbyPair:
     and killed, with their files, on exit.
     """
 
-    def __init__(self, *, synchronous: bool = False, root: Path | None = None) -> None:
+    def __init__(
+        self, *, synchronous: bool = False, lag: float = 0.0, root: Path | None = None
+    ) -> None:
         self.synchronous = synchronous
+        #: The one-way delay, in seconds, of the standby's stream from the primary (and of
+        #: its replies), through a :class:`LagProxy`: 0 streams directly.
+        self.lag = lag
+        self._proxy: LagProxy | None = None
         self.dir = Path(tempfile.mkdtemp(prefix="cronjob-standby-", dir=root))
         self.primary_port = free_port()
         self.standby_port = free_port()
@@ -136,7 +145,10 @@ class StandbyPair:
 
     def __repr__(self) -> str:
         mode = "remote_apply" if self.synchronous else "async"
-        return f"<StandbyPair {mode} :{self.primary_port} -> :{self.standby_port} in {self.dir}>"
+        lag = f" lag {self.lag * 1000:g} ms" if self.lag else ""
+        return (
+            f"<StandbyPair {mode}{lag} :{self.primary_port} -> :{self.standby_port} in {self.dir}>"
+        )
 
     @property
     def database(self) -> Database:
@@ -168,6 +180,13 @@ class StandbyPair:
         )  # fmt: skip
         # Once promoted, nothing follows the standby: a synchronous name would hang its commits.
         self._configure(self.standby_dir, self.standby_port, STANDBY_NAME, _ASYNC)
+        if self.lag > 0:
+            self._proxy = LagProxy(("127.0.0.1", self.primary_port), self.lag)
+            auto = self.standby_dir / "postgresql.auto.conf"
+            text = re.sub(
+                rf"\bport={self.primary_port}\b", f"port={self._proxy.port}", auto.read_text()
+            )
+            auto.write_text(text)
         self._pg_ctl(self.standby_dir, "start")
         wait_until(
             lambda: self._replication_state() == ("streaming", "async"),
@@ -295,6 +314,8 @@ class StandbyPair:
             if pid is not None and _alive(pid):
                 with contextlib.suppress(TimeoutError):
                     _kill_server(pid, 10)
+        if self._proxy is not None:
+            self._proxy.close()
         if os.environ.get("FAULTS_KEEP") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -345,3 +366,60 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+class LagProxy:
+    """A TCP proxy that delivers each chunk ``lag`` seconds after it arrived, both ways:
+    a standby streaming through it lags the primary as one in another zone or region
+    would (a round trip of ``2 * lag``)."""
+
+    def __init__(self, upstream: tuple[str, int], lag: float) -> None:
+        self._upstream = upstream
+        self._lag = lag
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name=f"lag-{self.port}", daemon=True).start()
+
+    def close(self) -> None:
+        for sock in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                return
+            upstream.settimeout(None)
+            for sock in (client, upstream):  # as PostgreSQL's own sockets: no Nagle delay
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                chunks: queue.Queue[tuple[float, bytes]] = queue.Queue()
+                threading.Thread(target=self._read, args=(src, chunks), daemon=True).start()
+                threading.Thread(target=self._write, args=(dst, chunks), daemon=True).start()
+
+    def _read(self, src: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            chunks.put((time.monotonic() + self._lag, data))
+            if not data:
+                return
+
+    def _write(self, dst: socket.socket, chunks: queue.Queue[tuple[float, bytes]]) -> None:
+        while True:
+            due, data = chunks.get()
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
