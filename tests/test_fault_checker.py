@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from tests.faults.harness import JobSpec, RoundRecord, check_invariants
+from tests.faults.harness import JobSpec, RoundRecord, build_rounds, check_invariants
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 JOB = JobSpec("tick", "* * * * * *", "work", 0.1)
@@ -42,3 +42,30 @@ def test_an_instant_no_round_ran_at_is_lost():
 
 def test_an_instant_a_late_round_overran_is_skipped_by_the_rules():
     assert violations([ran(0, ended_at=1.3), ran(2, ended_at=2.2)]) == []
+
+
+def test_a_process_that_starts_one_instant_twice_shows_two_rounds_and_a_violation() -> None:
+    """After a failover to a standby that lacked a claim, the same replica may run the
+    same instant again with the same attempt: both rounds are kept, and the second is
+    flagged."""
+    instant = T0.isoformat()
+
+    def event(ev: str, mono: float, **fields: object) -> dict[str, object]:
+        return {"ev": ev, "job": "tick", "instant": instant, "attempt": 1, "replica": "a",
+                "pid": 7, "mono": mono, "trigger": "schedule", **fields}  # fmt: skip
+
+    rounds = build_rounds(
+        [
+            event("start", 1.0),
+            event("end", 1.1, outcome="done"),
+            event("start", 5.0),
+            event("end", 5.1, outcome="done"),
+        ]
+    )
+    assert [(r.start, r.end) for r in rounds] == [(1.0, 1.1), (5.0, 5.1)]
+    report = check_invariants(rounds, {"tick": JOB})
+    assert report.violations == [
+        f"second run of an instant is not attempt 2: tick {instant} attempt 1 on pid 7 (done)",
+        f"re-run of a round that ran to its end (and on record): tick {instant} attempt 1 on "
+        f"pid 7 (done) after tick {instant} attempt 1 on pid 7 (done)",
+    ]

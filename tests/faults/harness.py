@@ -706,8 +706,9 @@ class Replica:
 
 
 class Scenario:
-    """One scenario: a lease table of its own on ``db`` (a key of :data:`DATABASES`), an
-    event log, replicas, faults.
+    """One scenario: a lease table of its own on ``db`` (a key of :data:`DATABASES`, or a
+    :class:`Database` of the test's own, such as a private server's), an event log,
+    replicas, faults.
 
     Use as a context manager: on exit every process still alive is killed, the proxies
     closed and the schema or database dropped (kept with ``FAULTS_KEEP=1``). The event
@@ -720,15 +721,15 @@ class Scenario:
         jobs: Sequence[JobSpec] = (),
         *,
         modules: Sequence[str] = (JOBS_MODULE,),
-        db: str = "postgres",
+        db: str | Database = "postgres",
     ) -> None:
         self.name = name
-        self.db = DATABASES[db]
+        self.db = DATABASES[db] if isinstance(db, str) else db
         self.jobs = list(jobs)
         self.modules = list(modules)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         token = uuid.uuid4().hex[:8]
-        self.dir = RUNS_DIR / f"{name}-{db}-{stamp}-{token}"
+        self.dir = RUNS_DIR / f"{name}-{self.db.kind}-{stamp}-{token}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "events.jsonl"
         self.log.touch()
@@ -912,7 +913,10 @@ class RoundRecord:
 def build_rounds(events: Iterable[dict[str, Any]]) -> list[RoundRecord]:
     """Rebuild the scheduled rounds from the log: start, end, cancellation, process exit
     (manual rounds, ``cronjob trigger``'s, are left to the scenario that asks for them)."""
-    rounds: dict[tuple[int, str, str, int], RoundRecord] = {}
+    # A process may start the same (job, instant, attempt) twice (a claim the database
+    # forgot, after a failover to a standby that lacked it): each start is a round, and
+    # an end or a cancellation belongs to the earliest start under its key not yet ended.
+    rounds: dict[tuple[int, str, str, int], list[RoundRecord]] = defaultdict(list)
     exits: dict[int, dict[str, Any]] = {}
     for e in events:
         ev = e["ev"]
@@ -923,16 +927,18 @@ def build_rounds(events: Iterable[dict[str, Any]]) -> list[RoundRecord]:
             continue  # a manual round runs off the schedule: the scenario checks its own
         key = (e["pid"], e["job"], e["instant"], e["attempt"])
         if ev == "start":
-            rounds[key] = RoundRecord(
-                job=e["job"],
-                instant=datetime.fromisoformat(e["instant"]),
-                attempt=e["attempt"],
-                replica=e["replica"],
-                pid=e["pid"],
-                start=e["mono"],
+            rounds[key].append(
+                RoundRecord(
+                    job=e["job"],
+                    instant=datetime.fromisoformat(e["instant"]),
+                    attempt=e["attempt"],
+                    replica=e["replica"],
+                    pid=e["pid"],
+                    start=e["mono"],
+                )
             )
             continue
-        record = rounds.get(key)
+        record = next((r for r in rounds.get(key, ()) if r.end is None), None)
         if record is None:
             continue
         if ev == "end":
@@ -942,12 +948,13 @@ def build_rounds(events: Iterable[dict[str, Any]]) -> list[RoundRecord]:
         else:
             record.cancelled_at = e["mono"]
             record.cause = e.get("cause", "")
-    for record in rounds.values():
+    every = [record for records in rounds.values() for record in records]
+    for record in every:
         if record.end is None and record.pid in exits:
             record.end = exits[record.pid]["mono"]
             record.outcome = "died"
             record.exit_rc = exits[record.pid]["rc"]
-    return sorted(rounds.values(), key=lambda r: r.start)
+    return sorted(every, key=lambda r: r.start)
 
 
 _UNRECORDED = re.compile(
