@@ -90,6 +90,40 @@ def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
+#: The lease table's access counters (``pg_stat_user_tables``) read over the window:
+#: whole-table reads (``seq_*``), index probes (``idx_*``), rows written.
+TABLE_COUNTERS = (
+    "seq_scan",
+    "seq_tup_read",
+    "idx_scan",
+    "idx_tup_fetch",
+    "n_tup_upd",
+    "n_tup_hot_upd",
+)
+
+
+def lease_table_counters() -> dict[str, int]:
+    """``cronjob_lease``'s counters in ``pg_stat_user_tables`` (empty if unreadable)."""
+    engine = sa.create_engine(_harness.bench_url(), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            row = (
+                conn.execute(
+                    sa.text(
+                        f"SELECT {', '.join(TABLE_COUNTERS)} FROM pg_stat_user_tables "
+                        "WHERE relname = 'cronjob_lease'"
+                    )
+                )
+                .mappings()
+                .first()
+            )
+    except sa.exc.SQLAlchemyError:
+        return {}
+    finally:
+        engine.dispose()
+    return {} if row is None else {key: int(value or 0) for key, value in row.items()}
+
+
 def _on_record() -> dict[int, float]:
     """Replicas on record (``cronjob_replica``), by process id, with when each was first
     seen there; empty while the table does not exist yet."""
@@ -199,6 +233,7 @@ def run_cell(
         cpu0 = [_harness._cpu_seconds(p.pid) for p in procs]
         pg0 = server_cpu(postmaster)
         counters0 = _harness.db_counters()
+        table0 = lease_table_counters()
         rss_max = [0.0] * replicas
         while time.time() < end:
             for index, proc in enumerate(procs):
@@ -210,6 +245,7 @@ def run_cell(
         row["loadavg_window_end"] = _harness._loadavg()
         time.sleep(1.2)  # the server flushes its counters about every second
         counters1 = _harness.db_counters()
+        table1 = lease_table_counters()
         _harness._sleep_until(end + grace)
         row["alive_at_end"] = sum(proc.poll() is None for proc in procs)
         row["exit_codes"] = _stop(procs, timeout=120)
@@ -231,6 +267,7 @@ def run_cell(
             server={
                 "counters": {k: counters1[k] - counters0[k] for k in counters1},
                 "cpu_s": round(cpu_between(pg0, pg1), 2) if postmaster else None,
+                "lease_table": {k: table1[k] - table0.get(k, 0) for k in table1},
             },
         )
     )

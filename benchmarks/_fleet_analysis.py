@@ -211,4 +211,13 @@ def analyse(
             else None,
             "counters": deltas,
         }
+        table = server.get("lease_table") or {}
+        if table:
+            # Rows of the lease table read per instant: whole-table reads, index probes.
+            result["server"]["lease_rows_read_per_instant"] = {
+                "seq": round(table.get("seq_tup_read", 0) / max(1, instants)),
+                "index": round(table.get("idx_tup_fetch", 0) / max(1, instants)),
+                "seq_scans_per_minute": round(table.get("seq_scan", 0) * 60 / seconds, 1),
+            }
+            result["server"]["lease_table"] = table
     return result
