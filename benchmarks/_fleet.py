@@ -195,6 +195,8 @@ def run_cell(
         "replicas": replicas,
         "jobs": jobs,
         "seconds": seconds,
+        "warmup_s": warmup,
+        "grace_s": grace,
         "logs": str(workdir),
         "loadavg_before": _harness._loadavg(),
     }
