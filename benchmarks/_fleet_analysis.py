@@ -219,5 +219,7 @@ def analyse(
                 "index": round(table.get("idx_tup_fetch", 0) / max(1, instants)),
                 "seq_scans_per_minute": round(table.get("seq_scan", 0) * 60 / seconds, 1),
             }
+            reads = result["server"]["lease_rows_read_per_instant"]
+            result["server"]["lease_rows_read"] = [reads["seq"], reads["index"]]
             result["server"]["lease_table"] = table
     return result

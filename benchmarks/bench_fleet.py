@@ -68,6 +68,7 @@ COLUMNS = [
     ("stmts/replica/instant", "statements.per_replica_instant"),
     ("claim KB/instant", "statements.kb_per_instant_by_kind.claim"),
     ("xact/s (server)", "server.xact_per_s"),
+    ("lease rows read/instant seq/index", "server.lease_rows_read"),
     ("PG CPU %", "server.cpu_pct"),
     ("PG CPU ms/1000 claimed", "server.cpu_ms_per_1000_claimed"),
     ("replica CPU s", "replica_cpu_s"),
