@@ -140,7 +140,11 @@ def test_analyse_counts_statements_per_kind_and_names_listed_per_instant() -> No
         jobs,
         start=START,
         end=END,
-        server={"counters": {"xact_commit": 240, "tup_fetched": 20}, "cpu_s": 0.6},
+        server={
+            "counters": {"xact_commit": 240, "tup_fetched": 20},
+            "cpu_s": 0.6,
+            "lease_table": {"seq_scan": 6, "seq_tup_read": 24, "idx_tup_fetch": 10},
+        },
     )
 
     assert (result["rounds_run"], result["missed"], result["duplicates"]) == (8, 0, 0)
@@ -158,6 +162,9 @@ def test_analyse_counts_statements_per_kind_and_names_listed_per_instant() -> No
     assert result["server"]["cpu_pct"] == 0.5
     # 0.6 s of the server's CPU for 8 rounds claimed: 75 ms per 1,000.
     assert result["server"]["cpu_ms_per_1000_claimed"] == 75_000.0
+    # Six whole-table reads of 4 rows in two minutes; two instants.
+    assert result["server"]["lease_rows_read"] == [12, 5]
+    assert result["server"]["lease_rows_read_per_instant"]["seq_scans_per_minute"] == 3.0
 
 
 @pytest.mark.parametrize(
