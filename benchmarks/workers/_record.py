@@ -26,6 +26,7 @@ import re
 import resource
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -48,6 +49,8 @@ STREAM = os.environ.get("BENCH_STREAM") == "1"
 _stream = open(OUT + ".rounds", "a", buffering=1) if STREAM and OUT else None  # noqa: SIM115
 
 _rounds: list[tuple[str, float, float]] = []
+#: More of the report: a worker adds ``key -> what to write`` here (called at dump).
+EXTRA: dict[str, Callable[[], Any]] = {}
 _statements: collections.Counter[tuple[int, str]] = collections.Counter()
 _checkouts: collections.Counter[int] = collections.Counter()
 _lock = threading.Lock()
@@ -178,6 +181,7 @@ def dump() -> None:
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "maxrss_kb": usage.ru_maxrss,
     }
+    document.update({key: make() for key, make in EXTRA.items()})
     tmp = OUT + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(document, handle)
