@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import _mix
 from benchmarks._fleet_analysis import analyse, claims_by_turn, percentile, rounds_outcome
-from benchmarks.workers._statements import kind, param_bytes
+from benchmarks.workers._statements import _listed_names, kind, param_bytes
 
 START, END = 1_800_000_000, 1_800_000_120  # two whole minutes (START is one: % 60 == 0)
 
@@ -208,3 +208,12 @@ def test_parameter_bytes_count_the_text_sent() -> None:
         len(names) + 10
     )
     assert param_bytes([{"a": "é"}, {"a": b"xy"}]) == 4
+
+
+def test_the_names_a_claim_lists_are_counted_in_each_of_its_forms() -> None:
+    listed = '["job-1", "job-2", "job-3"]'
+    assert _listed_names({"claim_names": listed, "claim_epoch": 1}) == 3
+    assert _listed_names({"claim_names": "[]"}) == 0
+    # Revision 0006: the names are the keys of each one's next instant.
+    assert _listed_names({"claim_due": '{"job-1": 60, "job-2": null}', "claim_epoch": 1}) == 2
+    assert _listed_names({"claim_names_1": "a", "claim_names_2": "b", "claim_epoch": 1}) == 2

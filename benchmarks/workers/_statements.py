@@ -26,6 +26,7 @@ none).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -91,13 +92,16 @@ def _claim_epoch(parameters: Any) -> int | None:
 
 
 def _listed_names(parameters: Any) -> int:
-    """How many names a claim lists: its JSON array of names (PostgreSQL) or its
-    expanded ``IN`` (one parameter per name)."""
+    """How many names a claim lists: its JSON array of names (PostgreSQL), its JSON map
+    of each name's next instant (``claim_due``, revision 0006: the names are its keys),
+    or its expanded ``IN`` (one parameter per name)."""
     if not isinstance(parameters, dict):
         return 0
     for key, value in parameters.items():
-        if "names" in key and isinstance(value, str):
-            return 0 if value in ("", "[]") else value.count('", "') + 1
+        if key.endswith("claim_due") and isinstance(value, str):
+            return len(json.loads(value))
+        if "names" in key and isinstance(value, str) and value.startswith("["):
+            return 0 if value == "[]" else value.count('", "') + 1
     return sum(1 for key in parameters if key.startswith("claim_names"))
 
 
