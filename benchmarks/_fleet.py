@@ -37,6 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from benchmarks import _fleet_analysis, _harness, _mix
+from tests._process import children
 
 
 def _status_kb(pid: int, field: str) -> float | None:
@@ -47,20 +48,6 @@ def _status_kb(pid: int, field: str) -> float | None:
     except OSError:
         return None
     return None
-
-
-def _children_of(parent: int) -> list[int]:
-    found = [parent]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-            found.append(int(entry.name))
-    return found
 
 
 def postmaster_pid() -> int | None:
@@ -80,7 +67,7 @@ def server_cpu(postmaster: int | None) -> dict[int, float]:
     """CPU seconds of the postmaster and each of its children, by process id."""
     if postmaster is None:
         return {}
-    cpu = {pid: _harness._cpu_seconds(pid) for pid in _children_of(postmaster)}
+    cpu = {pid: _harness._cpu_seconds(pid) for pid in [postmaster, *children(postmaster)]}
     return {pid: seconds for pid, seconds in cpu.items() if seconds is not None}
 
 

@@ -113,3 +113,18 @@ def lease_names(sqlite_file: Path) -> list[str]:
             return list(conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars())
     finally:
         engine.dispose()
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, read from ``/proc`` (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found

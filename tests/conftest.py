@@ -243,12 +243,16 @@ def replicas(
     db_url: str, clock: cronjob.testing.FakeClock
 ) -> Iterator[Callable[..., cronjob.Scheduler]]:
     """Start replicas (schedulers) on the test module's ``clock`` fixture and each
-    database: ``replicas(registry, "a", **options)``; whatever is left is stopped after."""
+    database: ``replicas(registry, "a", **options)`` (``database=`` another URL or
+    engine); whatever is left is stopped after."""
     started: list[cronjob.Scheduler] = []
 
-    def start(registry: cronjob.Registry, replica_id: str, **options: object) -> cronjob.Scheduler:
+    def start(
+        registry: cronjob.Registry, replica_id: str = "a", **options: object
+    ) -> cronjob.Scheduler:
+        database = options.pop("database", db_url)
         scheduler = cronjob.Scheduler(
-            db_url, registry=registry, clock=clock, replica_id=replica_id, **options
+            database, registry=registry, clock=clock, replica_id=replica_id, **options
         )
         scheduler.start()
         started.append(scheduler)

@@ -50,21 +50,9 @@ def url(db_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def replicas(url: str, clock: FakeClock) -> Iterator[Callable[..., Scheduler]]:
-    started: list[Scheduler] = []
-
-    def start(registry: Registry, replica_id: str = "a", **options) -> Scheduler:
-        database = options.pop("database", url)
-        scheduler = Scheduler(
-            database, registry=registry, clock=clock, replica_id=replica_id, **options
-        )
-        scheduler.start()
-        started.append(scheduler)
-        return scheduler
-
-    yield start
-    for scheduler in started:
-        scheduler.stop()
+def replicas(url: str, replicas: Callable[..., Scheduler]) -> Callable[..., Scheduler]:
+    """The suite's replicas, once this module's table is made (they stop before it goes)."""
+    return replicas
 
 
 @pytest.fixture

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from tests._process import children
+
 from .harness import Database, execute, wait_until
 
 
@@ -332,7 +334,7 @@ def _kill_server(postmaster: int, timeout: float) -> None:
     """Stop the postmaster (it forks nothing more), then each of its children, then kill
     them all; return once every one is gone."""
     os.kill(postmaster, signal.SIGSTOP)
-    doomed = [postmaster, *_children(postmaster)]
+    doomed = [postmaster, *children(postmaster)]
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for each in doomed:
             with contextlib.suppress(ProcessLookupError):
@@ -342,21 +344,6 @@ def _kill_server(postmaster: int, timeout: float) -> None:
         timeout,
         f"the server of postmaster {postmaster} to die",
     )
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from ``/proc``)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def _alive(pid: int) -> bool:
