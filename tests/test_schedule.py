@@ -7,6 +7,7 @@ import dataclasses
 import pickle
 import re
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -14,7 +15,7 @@ import pytest
 from croniter import CroniterBadCronError
 from croniter import croniter as croniter_class
 
-from cronjob import Schedule, ScheduleError, parse
+from cronjob import Schedule, ScheduleError, _schedule, parse
 
 #: Thursday 2026-01-01 00:00:00 UTC.
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -424,6 +425,26 @@ class TestValue:
         assert schedule.period is None
         assert schedule.fixed_time
 
+    def test_a_spec_parsed_again_is_the_same_schedule_and_a_refusal_is_never_kept(self):
+        """Specs' parts are kept (an application registers thousands of jobs on a few
+        specs): the schedules are equal and their instants the same; a spec refused
+        raises each time, and a ``str`` subclass is read as its text."""
+
+        class Spec(str):
+            def __hash__(self) -> int:
+                return 0
+
+            def __eq__(self, other: object) -> bool:
+                return True
+
+        first, again = parse("0 30 9 * * 1-5"), parse("0 30 9 * * 1-5")
+        assert first == again and first.next(NOW) == again.next(NOW)
+        assert parse(Spec("0 0 * * * *")).next(NOW) == at(2026, 1, 1, 1)
+        assert parse(Spec("0 30 9 * * 1-5")).next(NOW) == first.next(NOW)
+        for _ in range(2):
+            with pytest.raises(ScheduleError, match="minute"):
+                parse("0 61 * * * *")
+
     def test_a_spec_without_prefix_is_utc(self):
         assert parse("0 30 9 * * 1-5").zone is None
 
@@ -792,6 +813,14 @@ class TestRefusals:
 
 
 class TestCroniterBoundary:
+    @pytest.fixture(autouse=True)
+    def parsed_afresh(self) -> Iterator[None]:
+        """These tests make croniter fail: no spec's parts kept from before may hide it,
+        and none parsed against a failing croniter may outlive them."""
+        _schedule._kept_parts.cache_clear()
+        yield
+        _schedule._kept_parts.cache_clear()
+
     def test_a_croniter_error_becomes_a_schedule_error(self, monkeypatch):
         """The screen leaves croniter nothing to refuse; if it ever does, nothing leaks."""
 
