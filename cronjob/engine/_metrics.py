@@ -131,7 +131,7 @@ class Meters:
         of a series that does not exist.
         """
         job = JobMetrics(self, name)
-        self.rounds.add(0, job._by_outcome[Outcome.SUCCEEDED.value])
+        self.rounds.add(0, job.by_outcome(Outcome.SUCCEEDED.value))
         return job
 
 
@@ -148,15 +148,21 @@ class JobMetrics:
         self._meters = meters
         self._name = name
         self._job: Attributes = {"cronjob.job": name}
-        self._by_outcome: dict[str, Attributes] = {
-            outcome: {"cronjob.job": name, "cronjob.outcome": outcome}
-            for outcome in [*(o.value for o in Outcome), GIVEN_UP]
-        }
-        #: The attributes of a reason, made the first time it is seen (a round's start).
+        #: The attributes of an outcome and of a reason, each made the first time it is
+        #: seen: most jobs see one or two of each (a replica of 100,000 jobs kept ~1.5 KB
+        #: per job of sets made up front and never used).
+        self._by_outcome: dict[str, Attributes] = {}
         self._by_reason: dict[str, Attributes] = {}
 
     def _with(self, key: str, value: str) -> Attributes:
         return {"cronjob.job": self._name, key: value}
+
+    def by_outcome(self, outcome: str) -> Attributes:
+        """The attributes of a round of this job that ended with ``outcome``."""
+        attributes = self._by_outcome.get(outcome)
+        if attributes is None:
+            attributes = self._by_outcome[outcome] = self._with("cronjob.outcome", outcome)
+        return attributes
 
     def started(self, instant: datetime, now: datetime, reason: str) -> None:
         """A round of ``instant`` started at ``now`` (clock time), for ``reason``."""
@@ -176,7 +182,7 @@ class JobMetrics:
         """
         self._meters.active.add(-1, self._job)
         value = GIVEN_UP if given_up and outcome is Outcome.CUT_SHORT else outcome.text
-        attributes = self._by_outcome[value]
+        attributes = self.by_outcome(value)
         self._meters.duration.record(max(0.0, seconds), attributes)
         kind = _error_type(outcome, error)
         if kind is not None:
@@ -186,7 +192,7 @@ class JobMetrics:
     def missed_deadline(self) -> None:
         """A round was not started: it could not start within its job's start deadline
         (counted in ``cronjob.rounds`` as ``missed_deadline``; it has no duration)."""
-        self._meters.rounds.add(1, self._by_outcome[Outcome.MISSED_DEADLINE.text])
+        self._meters.rounds.add(1, self.by_outcome(Outcome.MISSED_DEADLINE.text))
 
     def rerun(self) -> None:
         """A second run of a round cut short starts."""
