@@ -143,7 +143,7 @@ def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
                 f" but the head is {head}; run lease.migrate() or allow auto_migrate"
             )
         pooled = behind_transaction_pooler(engine)
-        with _migration_lock(engine, conn):
+        with _migration_lock(engine, conn, pooled=pooled):
             current = _current(conn)
             # End the transaction that read the revision: alembic then begins and
             # commits its own, instead of leaving the upgrade to an outer one. Behind
@@ -220,9 +220,9 @@ def _check_known(script: ScriptDirectory, current: str | None, head: str) -> Non
 
 
 @contextlib.contextmanager
-def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
+def _migration_lock(engine: Engine, conn: Connection, *, pooled: bool) -> Iterator[None]:
     dialect = engine.dialect.name
-    if behind_transaction_pooler(engine):
+    if pooled:
         # A session lock would stay on whichever server connection the pooler lent,
         # held for no one, and the unlock would go to another: lock the transaction.
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})

@@ -172,7 +172,7 @@ class TestMigrationLock:
         barrier = spawn.Barrier(1)
         results = spawn.Queue()
         worker = spawn.Process(target=_migrate_in_process, args=(db_url, barrier, results))
-        with engine.connect() as conn, _migrate._migration_lock(engine, conn):
+        with engine.connect() as conn, _migrate._migration_lock(engine, conn, pooled=False):
             worker.start()
             assert results.get(timeout=60) == "started"
             with pytest.raises(queue.Empty):
