@@ -270,6 +270,7 @@ class TestCommand:
     def test_the_command_waits_for_the_round_and_exits_0_on_success(self, db_url, replicas, clock):
         job = Job(seconds=3)
         cluster(replicas, HOURLY, report=job)
+        clock.advance(0)  # started: each replica swept once, so on record as live
         out, code = io.StringIO(), []
         args = _parse(["trigger", "report", "--wait", "--by", "ops", "--database-url", db_url])
         waiter = threading.Thread(target=lambda: code.append(run_trigger(args, out, clock=clock)))
