@@ -4,10 +4,12 @@ prune, the cut-short rounds and the survey each replica reads on its pass."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from ._claims import _is_free
 from ._core import _IN_LIST_LIMIT, _h, _p, _q, _StoreCore, _t, logger
@@ -61,11 +63,31 @@ class _History(_StoreCore):
             rows = conn.execute(stmt).mappings().all()
         return [round_from(row) for row in rows]
 
-    def replicas(self, *, seen_since_ms: int) -> list[ReplicaRow]:
-        """The holders on record last seen at or after ``seen_since_ms`` (lease clock)."""
+    def replicas(
+        self, *, seen_since_ms: int, holders: Collection[str] | None = None
+    ) -> list[ReplicaRow]:
+        """The holders on record last seen at or after ``seen_since_ms`` (lease clock),
+        whole (each one's jobs too: ~50 bytes a job); with ``holders``, only those."""
         stmt = sa.select(_p).where(_p.c.seen_ms >= seen_since_ms).order_by(_p.c.holder)
+        if holders is not None:
+            stmt = stmt.where(_p.c.holder.in_(sorted(holders)))
         with translate_errors("read replicas"), self._transaction(read=True) as conn:
             return [replica_from(row) for row in conn.execute(stmt).mappings()]
+
+    def replica_starts(self, *, seen_since_ms: int) -> dict[str, datetime]:
+        """The holders on record last seen at or after ``seen_since_ms`` (lease clock),
+        each with its record's ``started``, and nothing of their jobs: a few bytes a
+        replica. One query.
+
+        A record's jobs and policies are written whole only with the ``started`` of the
+        replica that writes them (see :meth:`survey`'s ``refresh``): a reader that keeps
+        what it learnt of a record by ``(holder, started)`` reads the jobs again (with
+        :meth:`replicas` and ``holders``) only for a pair it has not seen, a replica
+        that started since."""
+        stmt = sa.select(_p.c.holder, _p.c.started_ms).where(_p.c.seen_ms >= seen_since_ms)
+        with translate_errors("read replicas"), self._transaction(read=True) as conn:
+            rows = conn.execute(stmt).all()
+        return {holder: _EPOCH + int(started) * _MS for holder, started in rows}
 
     def record_replica(self, replica: ReplicaRow) -> None:
         """Put ``replica`` on record as seen now (lease clock; its ``seen`` is ignored):
@@ -73,6 +95,17 @@ class _History(_StoreCore):
         stmt = self._replica_upsert(replica)
         with translate_errors("record a replica"), self._transaction() as conn:
             conn.execute(stmt)
+
+    def _put_on_record(self, conn: Connection, replica: ReplicaRow, *, refresh: bool) -> None:
+        """Put ``replica`` on record in ``conn``'s transaction: with ``refresh``, its
+        ``seen`` only (one UPDATE), and the whole record (one more) if that found none."""
+        if refresh and conn.execute(self._replica_refresh(replica.holder)).rowcount:
+            return
+        conn.execute(self._replica_upsert(replica))
+
+    def _replica_refresh(self, holder: str) -> sa.Update:
+        """``seen_ms`` of ``holder``'s record brought to now, nothing else written."""
+        return _p.update().where(_p.c.holder == check_holder(holder)).values(seen_ms=self._now())
 
     def _replica_upsert(self, replica: ReplicaRow) -> sa.Insert:
         check_holder(replica.holder)
@@ -140,34 +173,49 @@ class _History(_StoreCore):
         """
         return self.survey(names).cut_short
 
-    def survey(self, names: Iterable[str], *, replica: ReplicaRow | None = None) -> Survey:
+    def survey(
+        self, names: Iterable[str], *, replica: ReplicaRow | None = None, refresh: bool = False
+    ) -> Survey:
         """:meth:`find_cut_short`, and the earliest expiry of a first round's lease still
         held (the next moment a round of ``names`` may be found cut short without any
         write before it). One query, whatever the number of names.
 
         With ``replica``, the replica is put on record as seen now too (as
         :meth:`record_replica`), in the same statement on PostgreSQL (a data-modifying
-        ``WITH``), in the same transaction elsewhere (two statements)."""
+        ``WITH``), in the same transaction elsewhere (two statements).
+
+        With ``refresh`` too, only the record's ``seen`` is brought to now (an UPDATE of
+        one column, in place of the upsert of every job's spec): for a replica whose
+        record an earlier survey wrote whole since it started. A record the refresh
+        finds missing (pruned as gone, deleted by hand, a database restored) is written
+        whole again, in the same transaction (one more statement, that time only)."""
         wanted = _names(names)
         if not wanted:
             if replica is not None:
-                self.record_replica(replica)
+                with translate_errors("record a replica"), self._transaction() as conn:
+                    self._put_on_record(conn, replica, refresh=refresh)
             return Survey(cut_short=[], next_expiry=None)
         now = self._now()
-        stmt = sa.select(
+        select = sa.select(
             _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
         ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _t.c.paused_ms.is_(None))
         if len(wanted) <= _IN_LIST_LIMIT:
-            stmt = stmt.where(_t.c.name.in_(wanted))
-        upsert = None if replica is None else self._replica_upsert(replica)
-        if upsert is not None and self._postgres:
-            stmt = stmt.add_cte(upsert.returning(_p.c.holder).cte("seen"))
-            upsert = None
+            select = select.where(_t.c.name.in_(wanted))
+        stmt: sa.Select[Any] | sa.CompoundSelect[Any] = select
+        folded = replica is not None and self._postgres  # into the survey's statement
+        if replica is not None and folded and refresh:
+            # A row of NULLs after the survey's rows, there if the refresh found the record.
+            seen = self._replica_refresh(replica.holder).returning(_p.c.holder).cte("seen")
+            stmt = sa.union_all(select, sa.select(*[sa.null()] * 5).select_from(seen))
+        elif replica is not None and folded:
+            stmt = select.add_cte(self._replica_upsert(replica).returning(_p.c.holder).cte("seen"))
         read = replica is None
         with translate_errors("find rounds cut short"), self._transaction(read=read) as conn:
-            if upsert is not None:
-                conn.execute(upsert)
+            if replica is not None and not folded:
+                self._put_on_record(conn, replica, refresh=refresh)
             rows = conn.execute(stmt).all()
+            if replica is not None and folded and refresh and None not in (r[0] for r in rows):
+                conn.execute(self._replica_upsert(replica))  # the refresh found no record
         wanted_set = set(wanted)
         found: list[CutShort] = []
         next_ms: int | None = None

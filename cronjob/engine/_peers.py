@@ -17,17 +17,23 @@ in one claim each, as before):
 Who is alive is learned from the lease table and the replicas' record: the replicas on
 record within :data:`RECORD_WITHIN` that run a job of ours (each one's sweep records it
 at start and every 15 s), and the holders of claims at instants within the last day
-(:meth:`lease.LeaseStore.holders`), plus this replica. One read (two queries) at start,
-then a few more while reads change the view (replicas starting together), the first
-:data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
+(:meth:`lease.LeaseStore.holders`), plus this replica. A read takes each recent record's
+``(holder, started)`` only (:meth:`lease.LeaseStore.replica_starts`), and the jobs of
+the records whose pair it has not seen yet: a record's jobs are written only with its
+replica's ``started`` (see :meth:`lease.LeaseStore.survey`), so a pair once read keeps
+its answer, and a replica that starts again (under the same id too, a millisecond or
+more later on its clock) is read anew. The jobs (~50 bytes each) are read once per
+replica start, not at every read. One read (two queries; three when a record is new) at
+start, then a few more while reads change the view (replicas starting together), the
+first :data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
 :data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
-every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only
-the replicas that won some row lately: views would take many reads to agree. A replica of the
-view that claimed nothing at such an instant is *suspected* (dead, draining, saturated)
-and left out until it is seen claiming a later instant. Views that disagree for a while
-(a replica that just joined, one just gone) cost nothing but spreading: a job nobody's
-share covered is claimed after the grace, and two claims of one job are settled by the
-lease, as always.
+every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only the
+replicas that won some row lately: views would take many reads to agree. A replica of
+the view that claimed nothing at such an instant is *suspected* (dead, draining,
+saturated) and left out until it is seen claiming a later instant. Views that disagree
+for a while (a replica that just joined, one just gone) cost nothing but spreading: a
+job nobody's share covered is claimed after the grace, and two claims of one job are
+settled by the lease, as always.
 
 Dispatcher thread only; the read runs on the control thread.
 """
@@ -76,6 +82,10 @@ RECORD_WITHIN = timedelta(seconds=60)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
 
+#: A read of the live replicas: the holders (the latest instant each claimed), and each
+#: recent record's (holder -> started, whether it leases a job of ours).
+_Read = tuple[dict[str, datetime], dict[str, tuple[datetime, bool]]]
+
 _GRACE = timedelta(seconds=GRACE)
 #: The most a live replica's claim goes out ahead of its instant (see _lead).
 _AHEAD = timedelta(seconds=LEAD_MAX + LEAD)
@@ -107,6 +117,9 @@ class Peers:
         #: Replicas put on record (the sweep's record) within RECORD_WITHIN, with a job of
         #: ours: counted alive before they claim anything (replicas starting together).
         self._recorded: set[str] = set()
+        #: What the last read learnt of each record: holder -> (started, leases a job of
+        #: ours). A record whose ``started`` is still the same is not read again.
+        self._records: dict[str, tuple[datetime, bool]] = {}
         #: Replicas that claimed nothing at an instant, with it: left out until seen later.
         self._suspected: dict[str, datetime] = {}
         #: When to read next, on the wall clock (like instants, exact to the microsecond).
@@ -152,19 +165,20 @@ class Peers:
         check, self._check = self._check, None
 
         recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
-        names = self._rank.keys()
+        names, store, me, known = self._rank.keys(), self._store, self._replica_id, self._records
 
-        def read() -> tuple[dict[str, datetime], set[str]]:
-            holders = self._store.holders(since)
-            records = self._store.replicas(seen_since_ms=recorded_since)
+        def read() -> _Read:
+            holders = store.holders(since)
             # Replicas on record that lease some job of ours: at start, before any claim.
-            return holders, {
-                r.holder
-                for r in records
-                if any(leased and n in names for n, (_spec, leased) in r.jobs.items())
-            }
+            starts = store.replica_starts(seen_since_ms=recorded_since)
+            records = {h: known[h] for h, at in starts.items() if h in known and known[h][0] == at}
+            new = [holder for holder in starts if holder not in records and holder != me]
+            for r in store.replicas(seen_since_ms=recorded_since, holders=new) if new else ():
+                ours = any(leased and n in names for n, (_spec, leased) in r.jobs.items())
+                records[r.holder] = (r.started, ours)
+            return holders, records
 
-        def done(result: tuple[dict[str, datetime], set[str]] | BaseException) -> None:
+        def done(result: _Read | BaseException) -> None:
             self._reading = False
             # Read again only for a check (one asked for while this read ran: at once),
             # while reads still change the view (replicas starting together: a few reads
@@ -173,7 +187,8 @@ class Peers:
             if isinstance(result, BaseException):
                 log.warning("reading the live replicas failed: %s", result)
                 return
-            holders, self._recorded = result
+            holders, self._records = result
+            self._recorded = {holder for holder, (_, ours) in self._records.items() if ours}
             self._merge(holders, since, check)
             if self._gap < CHECK_GAP and self._read_at is None and self._may_share:
                 self._read_at = _after_claims(self._clock.now() + self._gap)

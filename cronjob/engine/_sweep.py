@@ -4,10 +4,10 @@
   cut short that run a second time (attempt 2): not run to its end, or its end not on
   record; not run a second time already; no later instant claimed since. Each is
   claimed with its own statement, so two replicas never both run it.
-- **Replica record**: each sweep also puts this replica on record as seen now
-  (``cronjob_replica``: host, pid, version, start, the jobs it registered), in the
-  sweep's own statement on PostgreSQL, in its transaction elsewhere (see
-  :meth:`lease.LeaseStore.survey`); ``cronjob status`` lists the replicas seen lately.
+- **Replica record**: each sweep puts this replica on record as seen now, in its own
+  statement on PostgreSQL, its transaction elsewhere (:meth:`lease.LeaseStore.survey`):
+  whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only
+  (whole again if it is gone); ``cronjob status`` lists the replicas seen lately.
 - **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
   the lease table, written by ``cronjob pause``) with each sweep, and skips their
   instants while paused: a pause reaches every replica within one sweep.
@@ -92,6 +92,8 @@ class Sweeper:
     ) -> None:
         self._clock = clock
         self._replica = replica
+        #: A sweep put the whole record on record: later ones refresh its ``seen`` only.
+        self._recorded = False
         self._store = store
         self._control = control
         self._dispatcher = dispatcher
@@ -165,6 +167,7 @@ class Sweeper:
             if isinstance(found, BaseException):
                 log.warning("sweep for rounds cut short failed: %s", found)
                 return
+            self._recorded = True
             result, requests = found
             self._take_requests(requests)
             for cut in result.cut_short:
@@ -176,11 +179,11 @@ class Sweeper:
                 self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
                 self._suspend(given_back)
 
-        replica = self._replica  # on record as seen, by the same statement (PostgreSQL)
+        replica, refresh = self._replica, self._recorded  # by the same statement (PostgreSQL)
         store, triggers, local = self._store, self._triggers, self._local
 
         def read() -> tuple[lease.Survey, list[lease.TriggerRow]]:
-            survey = store.survey(names, replica=replica)
+            survey = store.survey(names, replica=replica, refresh=refresh)
             if local:  # per-instance jobs' pauses: their rows exist only once paused
                 paused = {row.name for row in store.read(local).values() if row.paused}
                 self._post(lambda: self._set_paused(paused))

@@ -1,0 +1,279 @@
+"""The replicas' record (``cronjob_replica``) at scale (issue #31): its ``jobs`` column
+holds every job's spec (~50 bytes a job), so it is written whole once per replica start
+and then only its ``seen`` is refreshed (``lease/_history.py``, ``engine/_sweep.py``),
+and the peers read a record's jobs once per replica start (``engine/_peers.py``).
+
+Statements are counted on real databases, with a ``before_cursor_execute`` listener.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from conftest import MONDAY, ManualClock
+
+import cronjob
+import lease
+from cronjob import Registry, admin
+from cronjob.testing import FakeClock
+
+JOBS = 40
+
+
+class SweepingClock(FakeClock):
+    """A fake clock on which the sweep runs every 15 s, as on the system clock: a
+    fake clock otherwise skips the sweeps that nothing could have changed, the
+    refresh of the record with them (see ``engine/_sweep.py``)."""
+
+    @property
+    def in_process(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return SweepingClock(MONDAY)
+
+
+def quiet(ctx: cronjob.Round) -> None:
+    """A job that does nothing."""
+
+
+def registry(prefix: str, count: int = JOBS) -> Registry:
+    """``count`` jobs named ``prefix-NN``, at minute 30 of the hour: none falls due in a
+    test's few minutes from :data:`MONDAY` (9:00), so no lease is claimed."""
+    jobs = Registry()
+    for i in range(count):
+        jobs.register(quiet, "0 30 * * * *", f"{prefix}-{i:02d}")
+    return jobs
+
+
+class Sent:
+    """The statements sent on an engine while watched, with their parameters."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, list[Any]]] = []
+        self._lock = threading.Lock()
+
+    def before(self, conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        if statement.lstrip().upper().startswith(("SET", "BEGIN")) or "set_config" in statement:
+            return  # a transaction's or a session's set-up, not the store's statement
+        values = list(parameters.values() if isinstance(parameters, dict) else parameters or ())
+        with self._lock:
+            self.statements.append((statement, values))
+
+    def writes_of_the_record(self) -> list[tuple[str, list[Any]]]:
+        return [
+            (s, p)
+            for s, p in self.statements
+            if "cronjob_replica" in s and ("INSERT" in s or "UPDATE" in s)
+        ]
+
+    def reads_of_jobs(self) -> list[tuple[str, list[Any]]]:
+        """The reads of records' jobs (the peers' fetch; the status's read)."""
+        return [
+            (s, p)
+            for s, p in self.statements
+            if s.lstrip().startswith("SELECT") and "cronjob_replica.jobs" in s
+        ]
+
+    def reads_of_starts(self) -> list[str]:
+        return [s for s, _ in self.statements if "cronjob_replica.started_ms" in s.split("FROM")[0]]
+
+
+@contextmanager
+def watching(engine: sa.Engine) -> Iterator[Sent]:
+    sent = Sent()
+    sa.event.listen(engine, "before_cursor_execute", sent.before)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", sent.before)
+
+
+def replica_status(url: str, clock: FakeClock, replica: str) -> admin.ReplicaStatus:
+    [found] = [r for r in admin.status(url, now=clock.now()).replicas if r.id == replica]
+    return found
+
+
+def delete_records(url: str) -> None:
+    engine = lease.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM cronjob_replica"))
+    finally:
+        engine.dispose()
+
+
+class TestTheStore:
+    @staticmethod
+    def replica(now: Any, jobs: int = 300) -> lease.ReplicaRow:
+        return lease.ReplicaRow(
+            holder="r1",
+            host="h",
+            pid=1,
+            version="v",
+            started=now,
+            seen=now,
+            jobs={f"job-{i:03d}": ("0 30 * * * *", True) for i in range(jobs)},
+        )
+
+    def test_a_refresh_writes_only_seen_in_as_many_statements_and_a_gone_record_whole(
+        self, migrated_engine, manual_clock: ManualClock
+    ):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        store.ensure(["job-000"])
+        replica = self.replica(manual_clock.now())
+        with watching(migrated_engine) as whole:
+            store.survey(["job-000"], replica=replica)
+        manual_clock.advance(15)
+        with watching(migrated_engine) as refreshed:
+            store.survey(["job-000"], replica=replica, refresh=True)
+        [row] = store.replicas(seen_since_ms=0)
+        assert (row.started, row.seen) == (replica.started, manual_clock.now())
+        assert row.jobs == replica.jobs
+        # As many statements as the whole upsert (PostgreSQL: 1, in the survey's), none
+        # carrying the jobs (the survey names job-000 only).
+        assert len(refreshed.statements) == len(whole.statements)
+        assert [s for s in whole.statements if "job-299" in repr(s)]  # it can see them
+        assert not [s for s in refreshed.statements if "job-299" in repr(s) or "spec" in repr(s)]
+        if migrated_engine.dialect.name == "postgresql":
+            [(statement, _)] = refreshed.statements
+            assert "UPDATE cronjob_replica" in statement and "cronjob_lease" in statement
+
+        delete_records(migrated_engine.url.render_as_string(hide_password=False))
+        manual_clock.advance(15)
+        with watching(migrated_engine) as rewritten:
+            store.survey(["job-000"], replica=replica, refresh=True)
+        [row] = store.replicas(seen_since_ms=0)
+        assert (row.started, row.seen, row.jobs) == (
+            replica.started,
+            manual_clock.now(),
+            replica.jobs,
+        )
+        assert len(rewritten.statements) == len(whole.statements) + 1
+
+    def test_a_refresh_without_names_refreshes_and_rewrites_alike(
+        self, migrated_engine, manual_clock: ManualClock
+    ):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        replica = self.replica(manual_clock.now(), jobs=3)
+        store.survey([], replica=replica, refresh=True)  # none on record: written whole
+        manual_clock.advance(15)
+        with watching(migrated_engine) as refreshed:
+            store.survey([], replica=replica, refresh=True)
+        [row] = store.replicas(seen_since_ms=0)
+        assert (row.seen, row.jobs) == (manual_clock.now(), replica.jobs)
+        assert len(refreshed.statements) == 1
+        assert "job-" not in repr(refreshed.statements)
+
+    def test_the_starts_read_no_jobs_and_a_read_of_some_holders_reads_only_theirs(
+        self, migrated_engine, manual_clock: ManualClock
+    ):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        now = manual_clock.now()
+        for holder in ("a", "b", "c"):
+            store.record_replica(
+                lease.ReplicaRow(
+                    holder=holder,
+                    host="h",
+                    pid=1,
+                    version="v",
+                    started=now + timedelta(seconds=ord(holder)),
+                    seen=now,
+                    jobs={f"{holder}-job": ("0 30 * * * *", True)},
+                )
+            )
+        since = int(now.timestamp() * 1000)
+        with watching(migrated_engine) as sent:
+            starts = store.replica_starts(seen_since_ms=since)
+        assert starts == {h: now + timedelta(seconds=ord(h)) for h in ("a", "b", "c")}
+        assert not sent.reads_of_jobs()
+        assert [r.holder for r in store.replicas(seen_since_ms=since, holders=["c", "a"])] == [
+            "a",
+            "c",
+        ]
+        assert store.replica_starts(seen_since_ms=since + 1) == {}
+
+
+class TestTheSweep:
+    def test_later_sweeps_refresh_only_seen_and_send_no_job(self, db_url, replicas, clock):
+        with watching(engine := lease.create_engine(db_url)) as sent:
+            replicas(registry("job"), "a", database=engine)
+            clock.advance(46)  # the sweeps at 0, 15, 30, 45 s
+        engine.dispose()
+        writes = sent.writes_of_the_record()
+        assert len(writes) == 4, writes
+        first, *later = writes
+        assert '"spec":"0 30 * * * *"' in repr(first)  # the first sweep writes it whole
+        for statement, parameters in later:
+            assert '"spec"' not in repr(parameters) and "INSERT" not in statement
+            assert "UPDATE cronjob_replica SET seen_ms" in statement
+            if db_url.startswith("postgresql"):  # still in the survey's statement
+                assert "cronjob_lease" in statement
+        status = replica_status(db_url, clock, "a")
+        assert status.last_seen == clock.now() - timedelta(seconds=1)
+        assert status.started == MONDAY
+        assert len(status.jobs) == JOBS
+
+    def test_a_record_deleted_by_hand_is_written_back_whole_at_the_next_sweep(
+        self, db_url, replicas, clock
+    ):
+        replicas(registry("job"), "a")
+        clock.advance(16)  # two sweeps: the record written whole, then refreshed
+        delete_records(db_url)
+        assert admin.status(db_url, now=clock.now()).replicas == ()
+        clock.advance(15)
+        status = replica_status(db_url, clock, "a")
+        assert status.jobs == tuple(f"job-{i:02d}" for i in range(JOBS))
+        assert (status.started, status.last_seen) == (MONDAY, clock.now() - timedelta(seconds=1))
+        clock.advance(15)  # refreshed again
+        assert replica_status(db_url, clock, "a").last_seen == clock.now() - timedelta(seconds=1)
+
+    def test_the_status_shows_each_replicas_jobs_while_their_records_are_refreshed(
+        self, db_url, replicas, clock
+    ):
+        replicas(registry("x", 5), "a")
+        replicas(registry("y", 7), "b")
+        clock.advance(61)  # more than a minute: only the refreshes keep them live
+        status = admin.status(db_url, now=clock.now())
+        assert {r.id: r.jobs for r in status.replicas} == {
+            "a": tuple(f"x-{i:02d}" for i in range(5)),
+            "b": tuple(f"y-{i:02d}" for i in range(7)),
+        }
+        assert {r.last_seen for r in status.replicas} == {clock.now() - timedelta(seconds=1)}
+
+
+class TestThePeers:
+    def test_repeated_reads_fetch_each_replicas_jobs_once(self, db_url, replicas, clock):
+        jobs = registry("job")
+        with watching(engine := lease.create_engine(db_url)) as sent:
+            replicas(jobs, "a", database=engine)
+            replicas(jobs, "b")
+            replicas(jobs, "c")
+            clock.advance(20)  # reads while the views settle
+        engine.dispose()
+        assert len(sent.reads_of_starts()) >= 3
+        fetched = [v for _, values in sent.reads_of_jobs() for v in values if v in ("a", "b", "c")]
+        assert sorted(fetched) == ["b", "c"]  # each once; its own never
+
+    def test_a_replica_started_again_with_other_jobs_is_seen_with_them(
+        self, db_url, replicas, clock
+    ):
+        b = replicas(registry("y"), "b")
+        clock.advance(0)  # b is on record, with jobs that are not a's
+        a = replicas(registry("x"), "a")
+        clock.advance(0.5)
+        peers = a._dispatcher.peers
+        assert peers.view == ("a",)
+        b.stop()
+        clock.advance(0.5)
+        replicas(registry("x"), "b")  # the same id, a's jobs: on record at 9:00:01
+        clock.advance(2)  # a reads again (2.1 s after its first read): b is read anew
+        assert peers.view == ("a", "b")
