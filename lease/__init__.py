@@ -65,6 +65,7 @@ from ._store import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
 from ._store import DEFAULT_STATEMENT_TIMEOUT as DEFAULT_STATEMENT_TIMEOUT
 from ._store import DEFAULT_TTL as DEFAULT_TTL
 from ._store import UNCLAIMED_LIMIT as UNCLAIMED_LIMIT
+from ._store import UNCLAIMED_WITHIN as UNCLAIMED_WITHIN
 from ._store import Claim as Claim
 from ._store import ClaimBatch as ClaimBatch
 from ._store import CutShort as CutShort
@@ -117,6 +118,7 @@ __all__ = [
     "TriggerState",
     "Triggers",
     "UNCLAIMED_LIMIT",
+    "UNCLAIMED_WITHIN",
     "UnsupportedDatabase",
     "VERSION_TABLE",
     "WriteKind",

@@ -49,6 +49,10 @@ _CLAIM_COLUMNS: Final = (
 #: caller cannot tell it found them all (a replica of a large deployment died): it claims
 #: the rest by name instead, as before the due column.
 UNCLAIMED_LIMIT: Final = 5000
+#: How far back (seconds) :meth:`_Claims.unclaimed` looks: a row due longer ago than this
+#: belongs to a job no replica has claimed for a day — most often one a deploy removed,
+#: whose row would otherwise be read at every instant of every replica for ever.
+UNCLAIMED_WITHIN: Final = 86_400
 
 #: MariaDB/MySQL: writes each claimed row's next instant after the claim (see _claim).
 #: A multi-table UPDATE there does not promise to assign left to right, which the claim's
@@ -194,7 +198,9 @@ class _Claims(_StoreCore):
         reads only such rows (normally none, once every share of the instant is claimed).
 
         A row whose ``due_s`` is NULL (an older release wrote it, and no replica of this
-        one has registered or claimed it since) is never returned. At most ``limit``
+        one has registered or claimed it since) is never returned, nor one due more than
+        :data:`UNCLAIMED_WITHIN` before ``instant`` (no claim in a day: a removed job's
+        row; a start's :meth:`ensure` moves a registered job's due on). At most ``limit``
         names, lowest ``due_s`` first: a result of ``limit`` names may have left some out.
 
         Raises:
@@ -205,7 +211,11 @@ class _Claims(_StoreCore):
         if not _is_int(limit) or limit < 1:
             raise ValueError(f"limit must be a positive whole number, not {limit!r}")
         now_ms = self._clock_ms()
-        params: dict[str, Any] = {"check_epoch": epoch, "check_limit": limit}
+        params: dict[str, Any] = {
+            "check_epoch": epoch,
+            "check_since": epoch - UNCLAIMED_WITHIN,
+            "check_limit": limit,
+        }
         if now_ms is not None:
             params["check_now"] = now_ms
         stmt = self._unclaimed_statement(given_clock=now_ms is not None)
@@ -225,10 +235,12 @@ class _Claims(_StoreCore):
             sa.bindparam("check_now", type_=sa.BigInteger()) if given_clock else _db_now_ms()
         )
         epoch = sa.bindparam("check_epoch", type_=sa.BigInteger())
+        since = sa.bindparam("check_since", type_=sa.BigInteger())
         stmt = (
             sa.select(_t.c.name)
             .where(
                 _t.c.due_s <= epoch,
+                _t.c.due_s >= since,
                 _t.c.instant < epoch,
                 _is_free(now),
                 _t.c.paused_ms.is_(None),

@@ -229,6 +229,20 @@ class _StoreCore:
         rows = _json_rows("pairs", records, _t.c.name, _t.c.token)
         return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
 
+    def _history_cte(self, records: list[dict[str, Any]]) -> sa.CTE | None:
+        """On PostgreSQL, the INSERT of history rows (as :meth:`_insert_history`) as a
+        data-modifying ``WITH`` that a write of the same transaction carries, saving a
+        statement; ``None`` elsewhere or with no rows. PostgreSQL runs such a ``WITH``
+        once, whether or not the statement reads it."""
+        if self._engine.dialect.name != "postgresql" or not records:
+            return None
+        columns = [_h.c[column] for column in records[0]]
+        rows = _json_rows("history", records, *columns)
+        insert = _h.insert().from_select(
+            [column.name for column in columns], sa.select(*(rows.c[c.name] for c in columns))
+        )
+        return insert.cte("recorded")
+
     def _insert_history(self, conn: Connection, records: list[dict[str, Any]]) -> None:
         """Insert history rows (:func:`round_values`): on PostgreSQL, many as one
         ``INSERT ... SELECT`` from the rows of one JSON parameter (see :func:`_json_rows`;

@@ -21,6 +21,11 @@ def _plain_where(stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
     return stmt.where(where)
 
 
+def _carrying(stmt: sa.Update, cte: sa.CTE | None) -> sa.Update:
+    """``stmt``, carrying the data-modifying ``cte`` if there is one."""
+    return stmt if cte is None else stmt.add_cte(cte)
+
+
 class _Ends(_StoreCore):
     """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
 
@@ -29,7 +34,7 @@ class _Ends(_StoreCore):
 
         On record, the round ended ``'cut short'`` — or ``'given up'`` for a second run,
         which counts as one more failure in a row. ``record``, if given, is added to the
-        history in the same transaction.
+        history in the same transaction (in the same statement on PostgreSQL).
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
@@ -51,10 +56,12 @@ class _Ends(_StoreCore):
                 ),
             )
         )
+        records = [] if record is None else [round_values(record)]
+        carried = self._history_cte(records)  # PostgreSQL: one statement
         with translate_errors("give back a lease"), self._transaction() as conn:
-            given = conn.execute(stmt).rowcount == 1
-            if record is not None:
-                conn.execute(_h.insert(), [round_values(record)])
+            given = conn.execute(_carrying(stmt, carried)).rowcount == 1
+            if records and carried is None:
+                conn.execute(_h.insert(), records)
         if given:  # after the commit: a sweep it wakes must find it
             self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=((wanted, token),)))
         return given
@@ -78,7 +85,7 @@ class _Ends(_StoreCore):
         with ``error``, bounded; a :class:`Ending`'s ``outcome`` word, see
         :data:`~lease.COUNTED_FAILURES`), the end and the last success on the lease
         clock, the failures in a row; and ``record``, if given, is added to the history, all in
-        the same transaction.
+        the same transaction (one statement on PostgreSQL).
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
@@ -99,8 +106,10 @@ class _Ends(_StoreCore):
         ``(name, token, ended)`` triples for rounds that succeeded without a record.
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
-        one), each with the same conditions as :meth:`finish`, then one INSERT of every
-        history row given; with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first
+        one), each with the same conditions as :meth:`finish`, and one INSERT of every
+        history row given (on PostgreSQL carried by the first UPDATE, as a
+        data-modifying ``WITH``: a batch of one group is one statement); with more than
+        one UPDATE, a ``SELECT ... FOR UPDATE`` first
         locks the batch's rows in name order, the order a renewal locks them in. None
         for an empty ``ends``. An end with ``retrying`` (an
         attempt followed by another, see :class:`Ending`) keeps its lease: the row stays
@@ -142,6 +151,10 @@ class _Ends(_StoreCore):
         released: set[tuple[str, int]] = set()
         now = self._now()
         in_order = self._in_name_order
+        # PostgreSQL: the history rows ride on the batch's first UPDATE (one statement
+        # fewer per batch); elsewhere they are inserted after the UPDATEs.
+        recorded_cte = self._history_cte(records)
+        carried = recorded_cte is not None  # every batch has an UPDATE to carry them
         with translate_errors(action), self._transaction() as conn:
             if len(groups) > 1:
                 # Several UPDATEs whose names interleave: every row of the batch locked
@@ -158,6 +171,7 @@ class _Ends(_StoreCore):
                     # The lease stays held (the keeper renews it through the backoff);
                     # only the attempt moves on, so a cut from now on is given up.
                     stmt = in_order(_t.update(), sa.and_(mine, _is_running()))
+                    stmt, recorded_cte = _carrying(stmt, recorded_cte), None
                     if conn.execute(stmt.values(attempt=2)).rowcount == len(unique):
                         recorded |= unique
                         continue
@@ -189,6 +203,7 @@ class _Ends(_StoreCore):
                     last_end_ms=now,
                     **outcome,
                 )
+                stmt, recorded_cte = _carrying(stmt, recorded_cte), None
                 # Every row written (the common case, and the rowcount says so): no row
                 # to send back and parse. Otherwise, read which: a token is drawn per
                 # claim and ends once, so a row with one of these tokens that is now
@@ -205,7 +220,7 @@ class _Ends(_StoreCore):
                 finished = {(name, int(token)) for name, token in conn.execute(done)}
                 recorded |= finished
                 released |= finished
-            if records:
+            if records and not carried:
                 self._insert_history(conn, records)
         if released and self._watched():
             self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(released)))

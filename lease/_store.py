@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from ._claims import UNCLAIMED_LIMIT as UNCLAIMED_LIMIT
+from ._claims import UNCLAIMED_WITHIN as UNCLAIMED_WITHIN
 from ._claims import _Claims, _due_seconds
 from ._core import _IN_LIST_LIMIT, _WATCH_LOCK, _WATCHERS, _h, _p, _t, logger
 from ._core import CLAIM_AHEAD_LIMIT as CLAIM_AHEAD_LIMIT
@@ -66,6 +67,7 @@ __all__ = [
     "DEFAULT_TTL",
     "SUPPORTED_DIALECTS",
     "UNCLAIMED_LIMIT",
+    "UNCLAIMED_WITHIN",
     "Claim",
     "CutShort",
     "LeaseRow",

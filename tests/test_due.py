@@ -132,6 +132,13 @@ class TestUnclaimed:
         with pytest.raises(ValueError, match=r"^limit must be a positive whole number, not 0$"):
             store.unclaimed(T2, limit=0)
 
+    def test_a_row_due_more_than_a_day_before_the_instant_is_not_found(self, store):
+        # A job a deploy removed: its row keeps the due of its last claim for ever.
+        day = timedelta(seconds=lease.UNCLAIMED_WITHIN)
+        store.ensure(["removed", "edge"], due={"removed": T0 - day, "edge": T1 - day})
+        assert store.unclaimed(T1) == ["edge"]  # exactly a day: still found
+        assert store.unclaimed(T1 + timedelta(seconds=1)) == []
+
     def test_the_query_carries_no_name_whatever_the_number_of_rows(self, store):
         names = [f"job-{i:04d}" for i in range(300)]
         store.ensure(names, due=dict.fromkeys(names, T1))

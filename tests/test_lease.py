@@ -488,6 +488,72 @@ class TestGiveBackAndFinish:
         updates = [s for s in statements if re.search(r"(?i)\bUPDATE\s+cronjob_lease\b", s)]
         assert len(updates) == 2  # one per distinct end second, not one per round
 
+    def test_a_batch_of_ends_with_their_history_is_one_statement_on_postgres(
+        self, store, migrated_engine
+    ):
+        names = ["a", "b", "c"]
+        store.ensure(names)
+        claims = store.claim(names, T0, "r1")
+        ends = [
+            lease.Ending(
+                name=c.name,
+                token=c.token,
+                ended=T1,
+                succeeded=c.name != "b",
+                error=None if c.name != "b" else "Boom: b",
+                record=lease.RoundRow(
+                    name=c.name,
+                    instant=T0,
+                    attempt=1,
+                    holder="r1",
+                    why="schedule",
+                    started=T0,
+                    ended=T1,
+                    outcome="succeeded" if c.name != "b" else "failed",
+                    error=None if c.name != "b" else "Boom: b",
+                ),
+            )
+            for c in claims
+        ]
+        with statements(migrated_engine, keep=lambda s: "cronjob_" in s) as sent:
+            assert store.finish_many(ends) == {(c.name, c.token) for c in claims}
+        # Two groups (succeeded, failed): one UPDATE each, after the batch's lock of its
+        # rows in name order (not on SQLite), and the history's INSERT: on PostgreSQL
+        # carried by the first UPDATE, elsewhere a statement of its own.
+        dialect = migrated_engine.dialect.name
+        assert len(sent) == {"postgresql": 3, "sqlite": 3, "mysql": 4}[dialect]
+        inserts = [s for s in sent if "INSERT INTO cronjob_round" in s]
+        assert len(inserts) == 1
+        assert ("UPDATE cronjob_lease" in inserts[0]) == (dialect == "postgresql")
+        for name in names:
+            [round_] = store.rounds(name, limit=5)
+            assert (round_.instant, round_.ended, round_.holder) == (T0, T1, "r1")
+            assert round_.outcome == ("failed" if name == "b" else "succeeded")
+        rows = store.read(names)
+        assert [rows[n].state for n in names] == [lease.LeaseState.DONE] * 3
+        assert rows["b"].failures == 1 and rows["a"].failures == 0
+
+    def test_a_single_end_with_its_history_is_one_statement_on_postgres(
+        self, store, migrated_engine
+    ):
+        store.ensure(["a"])
+        [claim] = store.claim(["a"], T0, "r1")
+        record = lease.RoundRow(
+            name="a",
+            instant=T0,
+            attempt=1,
+            holder="r1",
+            why="schedule",
+            started=T0,
+            ended=T1,
+            outcome="succeeded",
+        )
+        with statements(migrated_engine, keep=lambda s: "cronjob_" in s) as sent:
+            assert store.finish("a", claim.token, ended=T1, record=record) is True
+        assert len(sent) == (1 if migrated_engine.dialect.name == "postgresql" else 2)
+        [round_] = store.rounds("a", limit=5)
+        assert (round_.instant, round_.outcome) == (T0, "succeeded")
+
     def test_finish_many_of_nothing_runs_no_statement(self, store, migrated_engine):
         with lease_statements(migrated_engine) as statements:
             assert store.finish_many([]) == set()

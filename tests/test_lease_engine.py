@@ -245,6 +245,7 @@ class TestSurface:
             "TriggerState",
             "Triggers",
             "UNCLAIMED_LIMIT",
+            "UNCLAIMED_WITHIN",
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "WriteKind",
