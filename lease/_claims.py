@@ -245,8 +245,8 @@ class _Claims(_StoreCore):
 
         The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
         can use (it starts with whitespace) — and, with ``create``, made when missing
-        (one more statement). Its lease is never finished: it expires, and the next
-        instant is claimed as usual.
+        (one more query, and an insert when it is missing: see :meth:`ensure`). Its
+        lease is never finished: it expires, and the next instant is claimed as usual.
         """
         epoch = _instant_seconds(instant)
         check_holder(holder)
