@@ -168,8 +168,16 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
     ) -> None:
         seconds = None if due is None else _due_seconds(due)
         changed = self._to_write(wanted, specs, seconds)
-        if not changed:
-            return
+        if changed:
+            self._upsert(changed, specs, seconds)
+
+    def _upsert(
+        self,
+        changed: list[str],
+        specs: Mapping[str, str] | None,
+        seconds: Mapping[str, int] | None,
+    ) -> None:
+        """:meth:`ensure`'s write, without its read: one statement for ``changed``."""
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
