@@ -126,11 +126,11 @@ class _Claims(_StoreCore):
 
     if TYPE_CHECKING:
 
-        def _ensure(
+        def _upsert(
             self,
-            wanted: list[str],
+            changed: list[str],
             specs: Mapping[str, str] | None,
-            due: Mapping[str, datetime | None] | None = None,
+            seconds: Mapping[str, int] | None,
         ) -> None:
             """Defined by :class:`~lease.LeaseStore` (the rows, in ``lease/_store.py``)."""
 
@@ -257,8 +257,9 @@ class _Claims(_StoreCore):
 
         The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
         can use (it starts with whitespace) — and, with ``create``, made when missing
-        (one more statement). Its lease is never finished: it expires, and the next
-        instant is claimed as usual.
+        (one more statement: :meth:`ensure`'s write without its read, the row written
+        only when missing, or without a deployment). Its lease is never finished: it
+        expires, and the next instant is claimed as usual.
         """
         epoch = _instant_seconds(instant)
         check_holder(holder)
@@ -266,7 +267,7 @@ class _Claims(_StoreCore):
         if not 1 < len(name) <= NAME_LENGTH or name != f" {chore.strip()}":
             raise ValueError(f"a chore is a name without whitespace at its ends, not {chore!r}")
         if create:
-            self._ensure([name], None)
+            self._upsert([name], None, None)
         return bool(self._claim([name], epoch, holder).names)
 
     def _claim(

@@ -136,13 +136,22 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         one (what the caller registered under the name, shown by status tools): the
         latest caller's spec wins; and for a ``deployed_ms`` left NULL (a row written
         before revision 0005, or by an older release's replica since), which becomes now:
-        the name is deployed by then for sure. A deployment on record never moves. One
-        statement (run once per batch of parameters), whatever the number of names.
+        the name is deployed by then for sure. A deployment on record never moves.
 
         ``due`` gives, by name, the name's next instant (a schedule's next, as the caller
         registered it): a row's ``due_s`` becomes it when it is NULL or later (a new
         schedule that comes sooner), and is never raised; a name ``due`` leaves out, or
         maps to ``None``, keeps its value (NULL on a new row). See :meth:`unclaimed`.
+
+        Its cost: one query reading the rows' spec, due and deployment (by names; the
+        whole table beyond 500 names, as :meth:`read`), then one write statement (run
+        once per batch of parameters) for only the names it would change — missing, of
+        another spec, of a due to lower, of no deployment — and no write at all when
+        there are none (a replica starting where its rows are already on record writes
+        nothing). The read only picks the names: the write's
+        own conditions still decide each row, so a row changed by someone else after the
+        read is never made worse (a due lowered meanwhile is not raised back), and the
+        outcome is that of this ensure before or after the other writer's.
 
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
@@ -159,6 +168,18 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         specs: Mapping[str, str] | None,
         due: Mapping[str, datetime | None] | None = None,
     ) -> None:
+        seconds = None if due is None else _due_seconds(due)
+        changed = self._to_write(wanted, specs, seconds)
+        if changed:
+            self._upsert(changed, specs, seconds)
+
+    def _upsert(
+        self,
+        changed: list[str],
+        specs: Mapping[str, str] | None,
+        seconds: Mapping[str, int] | None,
+    ) -> None:
+        """:meth:`ensure`'s write, without its read: one statement for ``changed``."""
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
@@ -167,14 +188,13 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             # One now for the whole statement (the database's, or the given clock's).
             "deployed_ms": self._now(),
         }
-        params: list[dict[str, Any]] = [{"name": name} for name in wanted]
+        params: list[dict[str, Any]] = [{"name": name} for name in changed]
         if specs is not None:
             defaults["spec"] = sa.bindparam("spec")
             for param in params:
                 param["spec"] = specs.get(param["name"])
-        if due is not None:
+        if seconds is not None:
             defaults["due_s"] = sa.bindparam("due_s", type_=sa.BigInteger())
-            seconds = _due_seconds(due)
             for param in params:
                 param["due_s"] = seconds.get(param["name"])
         dialect = self._engine.dialect.name
@@ -183,7 +203,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_t)
             insert = insert.values(defaults)
             deployed = sa.func.coalesce(_t.c.deployed_ms, insert.excluded.deployed_ms)
-            if due is not None:
+            if seconds is not None:
                 set_: dict[str, Any] = {
                     "deployed_ms": deployed,
                     "due_s": _lowered(insert.excluded.due_s),
@@ -212,11 +232,41 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             }
             if specs is not None:
                 updates["spec"] = my.inserted.spec
-            if due is not None:
+            if seconds is not None:
                 updates["due_s"] = _lowered(my.inserted.due_s)
             stmt = my.on_duplicate_key_update(updates)
         with translate_errors("ensure leases"), self._transaction() as conn:
             conn.execute(stmt, params)
+
+    def _to_write(
+        self,
+        wanted: list[str],
+        specs: Mapping[str, str] | None,
+        seconds: Mapping[str, int] | None,
+    ) -> list[str]:
+        """The names among ``wanted`` whose row :meth:`_ensure`'s upsert would change, as
+        one query reads them: no row, no deployment, another spec than ``specs`` gives
+        (when given), a due NULL or later than ``seconds`` gives. A value this package
+        never writes (a hand edit) counts as a change: the upsert's conditions decide."""
+        stmt = sa.select(_t.c.name, _t.c.spec, _t.c.due_s, _t.c.deployed_ms)
+        if len(wanted) <= _IN_LIST_LIMIT:
+            stmt = stmt.where(_t.c.name.in_(wanted))
+        with translate_errors("ensure leases"), self._transaction(read=True) as conn:
+            rows = conn.execute(stmt).all()
+        wanted_set = set(wanted)
+        # Names whose row is on record and would stay as it is.
+        kept: set[str] = set()
+        for name, spec, due_s, deployed_ms in rows:
+            if name not in wanted_set or deployed_ms is None:
+                continue
+            if specs is not None and specs.get(name) != spec:
+                continue
+            if seconds is not None:
+                given = seconds.get(name)
+                if given is not None and not (_is_int(due_s) and due_s <= given):
+                    continue
+            kept.add(name)
+        return [name for name in wanted if name not in kept]
 
     def missing(self, names: Iterable[str]) -> list[str]:
         """Return the names, among ``names``, that have no row (in the order given).

@@ -67,7 +67,8 @@ class TestSqliteEngine:
                 store.read(["a"])
         finally:
             engine.dispose()
-        assert seen == ["BEGIN IMMEDIATE", "BEGIN DEFERRED"]
+        # ensure reads which rows it would change, then writes them; read only reads.
+        assert seen == ["BEGIN DEFERRED", "BEGIN IMMEDIATE", "BEGIN DEFERRED"]
 
     def test_the_connection_can_be_used_from_any_thread(self, sqlite_url):
         engine = lease.create_engine(sqlite_url)

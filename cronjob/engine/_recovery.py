@@ -114,6 +114,8 @@ class Recovery:
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
         self._probing = False
+        # The latest probe read the rows, and no claim was written since.
+        self._probe_read = False
 
     # -- reaching the database --------------------------------------------------------------
 
@@ -214,8 +216,21 @@ class Recovery:
         """A claim found the database unreachable: its instant is owed; probe until it answers.
 
         Idempotent while the outage lasts.
+
+        A probe only reads (its ``ensure`` writes nothing when the rows are on record), so
+        a database that answers reads but not writes (a lock held on the rows, a SQLite
+        file locked by another process) passes it; the catch-up's claim that then fails
+        counts as the probe failing: the probes go on backing off instead of starting
+        over every second.
         """
         if self._probe_at is not None or self._probing or not self.db_ready:
+            return
+        if self._probe_read:
+            self._probe_read = False
+            pause = self._probe_pause
+            self._probe_pause = min(pause * 2, PROBE_LONGEST)
+            log.warning("database answers but takes no writes; next probe in %gs", pause)
+            self._probe_at = self._clock.monotonic() + pause
             return
         log.warning(
             "database unreachable: the instants it misses are owed and caught up "
@@ -226,6 +241,7 @@ class Recovery:
 
     def database_answered(self) -> None:
         """A statement succeeded: if an outage is pending, probe (and catch up) at once."""
+        self._probe_read = False  # a claim was written: the outage is over
         if self._probe_at is not None:
             self._probe_at = self._clock.monotonic()
 
@@ -246,6 +262,7 @@ class Recovery:
                 self._probe_at = self._clock.monotonic() + pause
                 return
             log.info("database answers again: catching up what the outage owes")
+            self._probe_read = True
             self._catch_up(self._leased, result, now, reason=Reason.OUTAGE)
 
         self._control.run(self._read_rows, done)
