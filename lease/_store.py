@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -80,12 +80,37 @@ __all__ = [
 ]
 
 
-def _lowered(given: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+#: :meth:`LeaseStore.ensure` writes its rows in transactions of at most this many names,
+#: in name order: replicas that start together on a new table (each inserting every
+#: row) take the rows' locks in one order, and each waits at most for one batch of
+#: another's, not for its whole write (ten replicas of 100,000 rows: statements queued
+#: past their bound on each other's uncommitted rows).
+ENSURE_BATCH: Final = 1000
+#: A due at least this long past (ms, lease clock) is stale: the instant went by with no
+#: claim of the row (every replica was down, or the job was removed and registered
+#: again); :meth:`LeaseStore.ensure` moves it on to the due it is given. A due just past
+#: may still be the rest of an instant being claimed right now: it is left alone.
+STALE_DUE_MS: Final = 60_000
+# As SQL text, not bind parameters: PyMySQL's executemany sends the conflict clause of an
+# INSERT unformatted.
+_STALE_DUE = sa.literal_column(str(STALE_DUE_MS), sa.BigInteger())
+_MS_PER_S = sa.literal_column("1000", sa.BigInteger())
+
+
+def _lowered(
+    given: sa.ColumnElement[Any], stale_before_ms: sa.ColumnElement[int]
+) -> sa.ColumnElement[Any]:
     """A row's ``due_s`` after :meth:`LeaseStore.ensure` gave ``given``: the earlier of the
-    two, the row's own when ``given`` is NULL (a due is lowered, never raised)."""
+    two, the row's own when ``given`` is NULL (a due is lowered, never raised), or
+    ``given`` when the row's is stale (before ``stale_before_ms``, see :data:`STALE_DUE_MS`)."""
     return sa.case(
         (given.is_(None), _t.c.due_s),
-        (sa.or_(_t.c.due_s.is_(None), _t.c.due_s > given), given),
+        (
+            sa.or_(
+                _t.c.due_s.is_(None), _t.c.due_s > given, _t.c.due_s * _MS_PER_S < stale_before_ms
+            ),
+            given,
+        ),
         else_=_t.c.due_s,
     )
 
@@ -140,15 +165,20 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
 
         ``due`` gives, by name, the name's next instant (a schedule's next, as the caller
         registered it): a row's ``due_s`` becomes it when it is NULL or later (a new
-        schedule that comes sooner), and is never raised; a name ``due`` leaves out, or
-        maps to ``None``, keeps its value (NULL on a new row). See :meth:`unclaimed`.
+        schedule that comes sooner), and is never raised but when stale (a minute or more
+        past, :data:`STALE_DUE_MS`: an instant that went by unclaimed); a name ``due``
+        leaves out, or maps to ``None``, keeps its value (NULL on a new row). See
+        :meth:`unclaimed`.
 
         Its cost: one query reading the rows' spec, due and deployment (by names; the
         whole table beyond 500 names, as :meth:`read`), then one write statement (run
         once per batch of parameters) for only the names it would change — missing, of
-        another spec, of a due to lower, of no deployment — and no write at all when
-        there are none (a replica starting where its rows are already on record writes
-        nothing). The read only picks the names: the write's
+        another spec, of a due to lower or a stale one, of no deployment — and no write
+        at all when there are none (a replica starting where its rows are already on
+        record writes nothing). The write goes in name order, in transactions of at most
+        :data:`ENSURE_BATCH` names (one statement each): a failure may leave the earlier
+        batches written, which is harmless (an ensure is idempotent; the next start or
+        the minute check writes the rest). The read only picks the names: the write's
         own conditions still decide each row, so a row changed by someone else after the
         read is never made worse (a due lowered meanwhile is not raised back), and the
         outcome is that of this ensure before or after the other writer's.
@@ -179,7 +209,8 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         specs: Mapping[str, str] | None,
         seconds: Mapping[str, int] | None,
     ) -> None:
-        """:meth:`ensure`'s write, without its read: one statement for ``changed``."""
+        """:meth:`ensure`'s write, without its read: ``changed`` in name order, one
+        statement and transaction per :data:`ENSURE_BATCH` of them."""
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
@@ -188,7 +219,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             # One now for the whole statement (the database's, or the given clock's).
             "deployed_ms": self._now(),
         }
-        params: list[dict[str, Any]] = [{"name": name} for name in changed]
+        params: list[dict[str, Any]] = [{"name": name} for name in sorted(changed)]
         if specs is not None:
             defaults["spec"] = sa.bindparam("spec")
             for param in params:
@@ -204,9 +235,11 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             insert = insert.values(defaults)
             deployed = sa.func.coalesce(_t.c.deployed_ms, insert.excluded.deployed_ms)
             if seconds is not None:
+                # The statement's now: the new row's deployment.
+                stale_before = insert.excluded.deployed_ms - _STALE_DUE
                 set_: dict[str, Any] = {
                     "deployed_ms": deployed,
-                    "due_s": _lowered(insert.excluded.due_s),
+                    "due_s": _lowered(insert.excluded.due_s, stale_before),
                 }
                 if specs is not None:
                     set_["spec"] = insert.excluded.spec
@@ -233,10 +266,12 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             if specs is not None:
                 updates["spec"] = my.inserted.spec
             if seconds is not None:
-                updates["due_s"] = _lowered(my.inserted.due_s)
+                stale_before = my.inserted.deployed_ms - _STALE_DUE
+                updates["due_s"] = _lowered(my.inserted.due_s, stale_before)
             stmt = my.on_duplicate_key_update(updates)
-        with translate_errors("ensure leases"), self._transaction() as conn:
-            conn.execute(stmt, params)
+        for start in range(0, len(params), ENSURE_BATCH):
+            with translate_errors("ensure leases"), self._transaction() as conn:
+                conn.execute(stmt, params[start : start + ENSURE_BATCH])
 
     def _to_write(
         self,
@@ -246,9 +281,11 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
     ) -> list[str]:
         """The names among ``wanted`` whose row :meth:`_ensure`'s upsert would change, as
         one query reads them: no row, no deployment, another spec than ``specs`` gives
-        (when given), a due NULL or later than ``seconds`` gives. A value this package
-        never writes (a hand edit) counts as a change: the upsert's conditions decide."""
-        stmt = sa.select(_t.c.name, _t.c.spec, _t.c.due_s, _t.c.deployed_ms)
+        (when given), a due NULL, stale or later than ``seconds`` gives. A value this
+        package never writes (a hand edit) counts as a change: the upsert's conditions
+        decide."""
+        stale = (_t.c.due_s * _MS_PER_S < self._now() - _STALE_DUE).label("stale")
+        stmt = sa.select(_t.c.name, _t.c.spec, _t.c.due_s, _t.c.deployed_ms, stale)
         if len(wanted) <= _IN_LIST_LIMIT:
             stmt = stmt.where(_t.c.name.in_(wanted))
         with translate_errors("ensure leases"), self._transaction(read=True) as conn:
@@ -256,14 +293,14 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         wanted_set = set(wanted)
         # Names whose row is on record and would stay as it is.
         kept: set[str] = set()
-        for name, spec, due_s, deployed_ms in rows:
+        for name, spec, due_s, deployed_ms, stale_due in rows:
             if name not in wanted_set or deployed_ms is None:
                 continue
             if specs is not None and specs.get(name) != spec:
                 continue
             if seconds is not None:
                 given = seconds.get(name)
-                if given is not None and not (_is_int(due_s) and due_s <= given):
+                if given is not None and (stale_due or not (_is_int(due_s) and due_s <= given)):
                     continue
             kept.add(name)
         return [name for name in wanted if name not in kept]

@@ -18,6 +18,7 @@ from conftest import START, ManualClock
 from sqlalchemy import event
 
 import lease
+import lease._store as lease_store
 from lease._core import _IN_LIST_LIMIT
 from tests._helpers import statements
 
@@ -138,6 +139,60 @@ class TestOnlyWhatChanges:
         with written(store.engine) as names_written:
             store.ensure(["a"], due={"a": T1})
         assert names_written == ["a"]
+
+
+class TestBatches:
+    def test_many_names_are_written_in_name_order_one_transaction_per_batch(self, store):
+        """Replicas that start together on a new table take the rows' locks in one order
+        and each holds them for one batch: no deadlock, no wait past the bound."""
+        names = [f"job-{i:05d}" for i in range(2 * lease_store.ENSURE_BATCH + 500)][::-1]
+        batches: list[list[str]] = []
+        begins: list[object] = []
+
+        def before(conn: Any, clause: Any, multiparams: Any, params: Any, options: Any) -> None:
+            if isinstance(clause, sa.Insert) and clause.table is _t:
+                batches.append([row["name"] for row in multiparams or [params]])
+
+        def begin(conn: Any) -> None:
+            begins.append(conn)
+
+        event.listen(store.engine, "before_execute", before)
+        event.listen(store.engine, "begin", begin)
+        try:
+            store.ensure(names)
+        finally:
+            event.remove(store.engine, "before_execute", before)
+            event.remove(store.engine, "begin", begin)
+        assert [len(batch) for batch in batches] == [1000, 1000, 500]
+        assert [name for batch in batches for name in batch] == sorted(names)
+        assert len(begins) == 1 + 3  # the read, then a transaction per batch
+        assert len(store.read(names)) == len(names)
+
+
+class TestStaleDue:
+    def test_a_due_a_minute_or_more_past_is_moved_on_and_one_just_past_is_kept(
+        self, store, manual_clock
+    ):
+        """A due left in the past (the instant went by unclaimed: every replica down) is
+        moved on at the next start; one just past may be an instant being claimed now."""
+        store.ensure(["stale", "recent"], due={"stale": T0, "recent": T0})
+        set_column(store.engine, "recent", due_s=int((T0 + timedelta(seconds=60)).timestamp()))
+        manual_clock.set(T0 + timedelta(seconds=90))
+        with written(store.engine) as names_written:
+            store.ensure(["stale", "recent"], due={"stale": T2, "recent": T2})
+        assert names_written == ["stale"]
+        rows = store.read(["stale", "recent"])
+        assert (rows["stale"].due, rows["recent"].due) == (T2, T0 + timedelta(seconds=60))
+        assert store.unclaimed(T1) == ["recent"]  # the stale row is no longer in the query
+
+    def test_the_write_moves_a_stale_due_even_after_a_read_that_found_it_fresh(
+        self, store, manual_clock
+    ):
+        """The upsert decides on its own: a due that went stale is moved on by it."""
+        store.ensure(["a"], due={"a": T0})
+        manual_clock.set(T0 + timedelta(minutes=5))
+        store._upsert(["a"], None, {"a": int(T2.timestamp()) + 600})
+        assert store.read(["a"])["a"].due == T2 + timedelta(seconds=600)
 
 
 class TestStaleRead:
