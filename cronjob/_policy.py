@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._records import RoundRecord
 
 __all__ = [
+    "DEFAULT_POLICY",
     "DEFAULT_RETRY_BACKOFF",
     "RETRY_BACKOFF_CAP",
     "FailureHook",
@@ -120,6 +121,11 @@ class Policy:
         return described
 
 
+#: The policy of a job registered without options: the seed's behaviour. Every such job
+#: shares this one (it is immutable).
+DEFAULT_POLICY: Final = Policy()
+
+
 def policy_text(described: Mapping[str, object]) -> str:
     """One line for people of a :meth:`Policy.describe` mapping (as on record):
     ``timeout 30s, retries 3 (backoff 10s), start deadline 1m, pause after 3 failures,
@@ -189,6 +195,17 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
     hook = options.get("on_failure")
     if hook is not None and not callable(hook):
         raise RegistrationError(f"job {name!r}: on_failure must be callable, got {hook!r}")
+    if (
+        timeout is None
+        and start_deadline is None
+        and backoff is None
+        and not retries
+        and pause is None
+        and hook is None
+    ):
+        # No option: the one default policy, shared (a replica of 100,000 jobs would
+        # otherwise keep 100,000 equal ones, ~120 bytes each).
+        return DEFAULT_POLICY
     return Policy(
         timeout=timeout,
         retries=retries,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 import lease
 
 from ._exceptions import RegistrationError, ScheduleError
-from ._policy import FailureHook, Policy, PolicyOptions, check_hook, make_policy
+from ._policy import DEFAULT_POLICY, FailureHook, Policy, PolicyOptions, check_hook, make_policy
 from ._schedule import Schedule, parse
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ __all__ = [
     "register_per_instance",
 ]
 
-#: The policy of a job registered without options: the seed's behaviour.
-DEFAULT_POLICY = Policy()
 #: The longest job name: the name is the lease row's key.
 MAX_NAME_LENGTH = 200
 

@@ -447,3 +447,16 @@ class TestPolicyOptions:
         registry.register(job, "0 * * * * *", "p")
         [registered] = registry.jobs
         assert registered.policy.is_default and registered.policy == cronjob.Policy()
+
+    def test_jobs_without_options_share_one_policy_and_jobs_with_options_have_their_own(self):
+        """The default policy is immutable: the jobs without options share it (a replica
+        of 100,000 jobs kept 100,000 equal ones); options, even one, make a policy."""
+        registry = Registry()
+        registry.register(job, "0 * * * * *", "a")
+        registry.register_per_instance(job, "0 * * * * *", "b")
+        registry.register(job, "0 * * * * *", "c", retries=1)
+        registry.register(job, "0 * * * * *", "d", retry_backoff=10)
+        a, b, c, d = registry.jobs
+        assert a.policy is b.policy
+        assert c.policy is not a.policy and c.policy.retries == 1
+        assert d.policy is not a.policy and d.policy == a.policy

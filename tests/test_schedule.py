@@ -445,6 +445,18 @@ class TestValue:
             with pytest.raises(ScheduleError, match="minute"):
                 parse("0 61 * * * *")
 
+    def test_jobs_on_one_spec_share_one_schedule_but_a_str_subclass_gets_its_own(self):
+        """A schedule is immutable: the jobs of a spec share one (a replica of 100,000
+        jobs on a few specs kept 100,000 equal ones); a ``str`` subclass is not a key."""
+
+        class Spec(str):
+            pass
+
+        first = parse("0 15 * * * *")
+        assert parse("0 15 * * * *") is first
+        own = parse(Spec("0 15 * * * *"))
+        assert own is not first and own == first and type(own.spec) is Spec
+
     def test_a_spec_without_prefix_is_utc(self):
         assert parse("0 30 9 * * 1-5").zone is None
 
@@ -818,8 +830,10 @@ class TestCroniterBoundary:
         """These tests make croniter fail: no spec's parts kept from before may hide it,
         and none parsed against a failing croniter may outlive them."""
         _schedule._kept_parts.cache_clear()
+        _schedule._kept_schedule.cache_clear()
         yield
         _schedule._kept_parts.cache_clear()
+        _schedule._kept_schedule.cache_clear()
 
     def test_a_croniter_error_becomes_a_schedule_error(self, monkeypatch):
         """The screen leaves croniter nothing to refuse; if it ever does, nothing leaks."""

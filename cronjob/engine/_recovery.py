@@ -348,7 +348,13 @@ def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> le
     from .._version import __version__
 
     now = clock.now()
-    jobs = {s.job.name: (s.job.schedule.spec, s.job.leased) for s in dispatcher.states.values()}
+    # One (spec, leased) pair for the jobs that share it: the record lives as long as the
+    # replica, and 100,000 jobs on a few specs would keep 100,000 equal tuples.
+    pairs: dict[tuple[str, bool], tuple[str, bool]] = {}
+    jobs: dict[str, tuple[str, bool]] = {}
+    for state in dispatcher.states.values():
+        pair = (state.job.schedule.spec, state.job.leased)
+        jobs[state.job.name] = pairs.setdefault(pair, pair)
     # Each job's options, for the status and the page (which load no app module).
     policies = {
         s.job.name: described

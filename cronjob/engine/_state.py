@@ -57,9 +57,13 @@ class Reason(enum.Enum):
         self.why = _WHY.get(value, value)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class JobState:
-    """One registered job, as the dispatcher schedules it."""
+    """One registered job, as the dispatcher schedules it.
+
+    One per job for the replica's life: slotted (no ``__dict__``), ~150 bytes instead of
+    ~280 (a replica of 100,000 jobs keeps 100,000 of them).
+    """
 
     job: Job
     #: Bumped to invalidate the job's entries in the dispatcher's heap.
@@ -102,9 +106,10 @@ class JobState:
         return following
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Run:
-    """A round in flight on this replica."""
+    """A round in flight on this replica (slotted: an instant of 100,000 jobs at one
+    second has 100,000 in flight; a leased round's ``Round`` holds it by weak reference)."""
 
     state: JobState
     ctx: Round
