@@ -129,16 +129,18 @@ class TestOnlyWhatChanges:
         assert names_written == ["b"]
         assert store.read(["b"])["b"].spec is None
 
-    def test_a_due_on_record_that_is_not_a_number_is_written_over(self, store):
-        """A hand edit (SQLite keeps a text in an integer column): the read cannot compare
-        it, so the upsert's own conditions decide."""
-        if store.engine.dialect.name != "sqlite":
-            pytest.skip("only SQLite stores a text in an integer column")
+    def test_a_due_on_record_that_is_not_a_number_is_written_over(self, sqlite_url):
+        """A hand edit (SQLite alone keeps a text in an integer column): the read cannot
+        compare it, so the upsert's own conditions decide."""
+        engine = lease.create_engine(sqlite_url)
+        lease.migrate(engine)
+        store = lease.LeaseStore(engine, claim_ahead=None)
         store.ensure(["a"], due={"a": T1})
         set_column(store.engine, "a", due_s="soon")
         with written(store.engine) as names_written:
             store.ensure(["a"], due={"a": T1})
         assert names_written == ["a"]
+        engine.dispose()
 
 
 class TestBatches:
