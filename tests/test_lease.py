@@ -428,6 +428,21 @@ class TestRenew:
         assert statements == []
 
 
+def ended_round(name: str, outcome: str, error: str | None = None) -> lease.RoundRow:
+    """The history row of a first round of ``name`` at T0 by r1, ended at T1."""
+    return lease.RoundRow(
+        name=name,
+        instant=T0,
+        attempt=1,
+        holder="r1",
+        why="schedule",
+        started=T0,
+        ended=T1,
+        outcome=outcome,
+        error=None if outcome == "succeeded" else error,
+    )
+
+
 class TestGiveBackAndFinish:
     def test_give_back_frees_the_lease_and_marks_the_round_cut(self, store):
         store.ensure(["a"])
@@ -504,17 +519,7 @@ class TestGiveBackAndFinish:
                 ended=T1,
                 succeeded=c.name != "b",
                 error=None if c.name != "b" else "Boom: b",
-                record=lease.RoundRow(
-                    name=c.name,
-                    instant=T0,
-                    attempt=1,
-                    holder="r1",
-                    why="schedule",
-                    started=T0,
-                    ended=T1,
-                    outcome="succeeded" if c.name != "b" else "failed",
-                    error=None if c.name != "b" else "Boom: b",
-                ),
+                record=ended_round(c.name, "succeeded" if c.name != "b" else "failed", "Boom: b"),
             )
             for c in claims
         ]
@@ -541,16 +546,7 @@ class TestGiveBackAndFinish:
     ):
         store.ensure(["a"])
         [claim] = store.claim(["a"], T0, "r1")
-        record = lease.RoundRow(
-            name="a",
-            instant=T0,
-            attempt=1,
-            holder="r1",
-            why="schedule",
-            started=T0,
-            ended=T1,
-            outcome="succeeded",
-        )
+        record = ended_round("a", "succeeded")
         with statements(migrated_engine, keep=lambda s: "cronjob_" in s) as sent:
             assert store.finish("a", claim.token, ended=T1, record=record) is True
         assert len(sent) == (1 if migrated_engine.dialect.name == "postgresql" else 2)

@@ -197,6 +197,21 @@ class TestStaleDue:
         assert store.read(["a"])["a"].due == T2 + timedelta(seconds=600)
 
 
+def other_store_writes_after_the_read(
+    first: lease.LeaseStore, second: lease.LeaseStore, monkeypatch: Any
+) -> None:
+    """Make ``first``'s next ensure read, then let ``second`` lower ``a``'s due to T0 and
+    set its spec HOURLY, then write what its read chose."""
+    read = first._to_write
+
+    def read_then_other(*args: Any) -> list[str]:
+        names = read(*args)
+        second.ensure(["a"], specs={"a": HOURLY}, due={"a": T0})
+        return names
+
+    monkeypatch.setattr(first, "_to_write", read_then_other)
+
+
 class TestStaleRead:
     def test_a_due_lowered_after_the_read_is_not_raised_by_the_write(
         self, migrated_engine, manual_clock, monkeypatch
@@ -207,14 +222,7 @@ class TestStaleRead:
         first = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
         second = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
         first.ensure(["a", "b"], specs={"a": EVERY, "b": EVERY}, due={"a": T2, "b": T2})
-        read = first._to_write
-
-        def read_then_other(*args: Any) -> list[str]:
-            names = read(*args)
-            second.ensure(["a"], specs={"a": HOURLY}, due={"a": T0})
-            return names
-
-        monkeypatch.setattr(first, "_to_write", read_then_other)
+        other_store_writes_after_the_read(first, second, monkeypatch)
         with written(migrated_engine) as names_written:
             first.ensure(["a", "b"], specs={"a": EVERY, "b": EVERY}, due={"a": T1, "b": T1})
         assert names_written == ["a", "a", "b"]  # the second's, then the first's
@@ -231,14 +239,7 @@ class TestStaleRead:
         first = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
         second = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
         first.ensure(["a"], specs={"a": EVERY}, due={"a": T1})
-        read = first._to_write
-
-        def read_then_other(*args: Any) -> list[str]:
-            names = read(*args)
-            second.ensure(["a"], specs={"a": HOURLY}, due={"a": T0})
-            return names
-
-        monkeypatch.setattr(first, "_to_write", read_then_other)
+        other_store_writes_after_the_read(first, second, monkeypatch)
         first.ensure(["a"], specs={"a": EVERY}, due={"a": T1})
         row = first.read(["a"])["a"]
         assert (row.spec, row.due) == (HOURLY, T0)
