@@ -270,6 +270,53 @@ class TestSaturatedWorkers:
         assert (at(6), 1, "a") in rounds.of("tick")
 
 
+class TestShortRoundsQueued:
+    """A share larger than the pool is not saturation: short rounds queued behind each
+    other are through within the second (the design point, many jobs on few threads)."""
+
+    def test_an_instant_due_while_short_rounds_still_queue_is_claimed_and_runs(
+        self, db_url, replicas, clock, rounds, caplog
+    ):
+        def short(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+            ctx.wait(0.4)
+
+        registry = Registry()
+        for name in ("a", "b", "c"):  # 1.2 s of work at each even second, on one thread
+            registry.register(short, "*/2 * * * * *", name)
+        registry.register(rounds.record, "1/2 * * * * *", "odd")
+        replicas(registry, "a", max_workers=1)
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            clock.advance_to(at(0, 10) + timedelta(seconds=0.5))
+        # At each odd second "c" still runs (0.2 s in): "odd" is claimed, queued, run.
+        assert [i for i, _, _ in rounds.of("odd")] == [at(0, s) for s in (1, 3, 5, 7, 9)]
+        # (09:00 is the replica's start, not an instant it runs; "c" of 09:00:10 starts
+        # at 10.8 s.)
+        assert [i for i, _, _ in rounds.of("c")] == [at(0, s) for s in (2, 4, 6, 8)]
+        assert not [r for r in caplog.records if "busy" in r.getMessage()]
+
+    def test_rounds_waiting_a_second_for_a_thread_make_the_replica_saturated(
+        self, db_url, replicas, clock, rounds, caplog
+    ):
+        def short(ctx: cronjob.Round) -> None:
+            rounds.record(ctx)
+            ctx.wait(0.5)
+
+        registry = Registry()
+        for i in range(6):  # 3 s of rounds at each :x0, on one thread
+            registry.register(short, "*/10 * * * * *", f"q{i}")
+        registry.register(rounds.record, "2/10 * * * * *", "t")
+        replicas(registry, "a", max_workers=1)
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            clock.advance_to(at(0, 25))
+        # At :12 and :22 the rounds of :10 and :20 still queued have waited 2 s: "t" is
+        # left to others. (At :02 nothing queued: 09:00 was the replica's start.)
+        assert rounds.of("t") == [(at(0, 2), 1, "a")]
+        busy = [r.getMessage() for r in caplog.records if "busy" in r.getMessage()]
+        assert len(busy) == 2 and all("'t'" in message for message in busy)
+        assert [i for i, _, _ in rounds.of("q5")] == [at(0, 10), at(0, 20)]
+
+
 class TestCoroutineFromASyncJob:
     """Item 13: a sync callable that returns a coroutine fails loudly, never "ran"."""
 

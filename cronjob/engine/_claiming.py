@@ -37,7 +37,12 @@ from ._state import Flags, JobState, Reason
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
 
-__all__ = ["Claims"]
+__all__ = ["SATURATED_AFTER", "Claims"]
+
+#: Seconds a sync round may run, or wait for a worker thread, before the threads count
+#: as saturated (see :meth:`Claims.workers_saturated`): a saturated replica claims no
+#: sync job of an instant, which another replica then takes.
+SATURATED_AFTER = 1.0
 
 log = logging.getLogger("cronjob")
 
@@ -109,8 +114,6 @@ class Claims:
         self._held: list[_Held] = []
         #: How long this replica's claims take: they go out that much ahead of an instant.
         self.claim_lead = ClaimLead()
-        #: Sync leased jobs in claims not answered yet (they take worker threads soon).
-        self._claiming_sync = 0
 
     def lead(self) -> float:
         """Seconds ahead of an instant its share's claim goes out: as long as claims take
@@ -252,16 +255,28 @@ class Claims:
     # -- worker threads -------------------------------------------------------------------
 
     def workers_saturated(self) -> bool:
-        """Whether every worker thread is taken by a sync round in flight (or being claimed).
+        """Whether the worker threads are saturated: each held by a sync round that has
+        run for :data:`SATURATED_AFTER` or more (jobs that run long or hang), or some sync
+        round has waited that long for a thread (more work than the threads get through).
 
         A sync round holds a thread from its start until its end, leased or per-instance;
-        async rounds run on the loop and take none.
+        async rounds run on the loop and take none. Short rounds queued behind each other
+        are not saturation: an instant's share larger than the pool (10,000 jobs on 8
+        threads) is through within the second, and refusing the next instant while it
+        is would skip instants a free pool runs at once.
         """
         dispatcher = self._dispatcher
-        in_flight = sum(
-            1 for run in dispatcher.runs if not run.ended and not run.state.job.is_async
-        )
-        return in_flight + self._claiming_sync >= dispatcher.runner.max_workers
+        now = self._clock.monotonic()
+        held = 0
+        for run in dispatcher.runs:
+            if run.ended or run.state.job.is_async:
+                continue
+            if run.started_at is None:  # waiting for a thread
+                if now - run.queued_mono >= SATURATED_AFTER:
+                    return True
+            elif now - run.started_mono >= SATURATED_AFTER:
+                held += 1
+        return held >= dispatcher.runner.max_workers
 
     def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
         """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
@@ -315,11 +330,8 @@ class Claims:
         names = [state.job.name for state in states]
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
         catch_up = reason is not Reason.SCHEDULE
-        sync = sum(1 for state in states if not state.job.is_async)
-        self._claiming_sync += sync
 
         def done(result: lease.ClaimBatch | BaseException) -> None:
-            self._claiming_sync -= sync
             won: set[str] = set()
             if isinstance(result, BaseException):
                 log.error(

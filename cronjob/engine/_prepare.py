@@ -96,6 +96,7 @@ class RoundMaker:
             reason=reason,
             renewed_at=claimed_at,
             request=request,
+            queued_mono=self._clock.monotonic(),
         )
         # A leased round's Round knows its Run weakly: no cycle, so the pair is freed as
         # soon as the round is over, not by the cyclic garbage collector (thousands of

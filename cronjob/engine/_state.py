@@ -133,6 +133,8 @@ class Run:
     #: Clock time and monotonic time the job began, set by its worker.
     started_at: datetime | None = None
     started_mono: float = 0.0
+    #: Monotonic clock time the round was made, to wait for a worker thread.
+    queued_mono: float = 0.0
     #: The request a manual round runs for (:attr:`Reason.MANUAL`); ``None`` otherwise.
     request: lease.TriggerRow | None = None
     #: How the job ended, once it did (set by its worker; counted in the summary line).
