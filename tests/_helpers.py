@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 import cronjob
+import lease
 from cronjob import web
 from cronjob.testing import FakeClock
 
@@ -122,3 +123,17 @@ def wsgi_call(
     body = b"".join(app(environ, lambda status, headers: started.extend([status, headers])))
     status, headers = started
     return status, headers, body.decode()
+
+
+def replica_row(now: Any, jobs: int, spec: str = "0 * * * * *") -> lease.ReplicaRow:
+    """Replica ``r1`` as its sweep puts it on record at ``now``, with ``jobs`` leased jobs
+    of ``spec`` named ``job-00000``, ``job-00001``…"""
+    return lease.ReplicaRow(
+        holder="r1",
+        host="h",
+        pid=1,
+        version="v",
+        started=now,
+        seen=now,
+        jobs={f"job-{i:05}": (spec, True) for i in range(jobs)},
+    )

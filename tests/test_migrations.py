@@ -23,6 +23,7 @@ from alembic.runtime.migration import MigrationContext
 
 import lease
 from lease import _migrate
+from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "0007"
@@ -665,15 +666,7 @@ class TestUpgradeTo0007:
 
     @staticmethod
     def replica(jobs: int, now: datetime) -> lease.ReplicaRow:
-        return lease.ReplicaRow(
-            holder="r1",
-            host="h",
-            pid=1,
-            version="v",
-            started=now,
-            seen=now,
-            jobs={f"job-{i:05}": ("0 * * * * *", True) for i in range(jobs)},
-        )
+        return replica_row(now, jobs)
 
     def test_a_replica_of_ten_thousand_jobs_is_on_record_after_the_upgrade(
         self, db_engine, manual_clock

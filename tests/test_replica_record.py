@@ -22,6 +22,7 @@ import cronjob
 import lease
 from cronjob import Registry, admin
 from cronjob.testing import FakeClock
+from tests._helpers import replica_row
 
 JOBS = 40
 
@@ -114,35 +115,27 @@ def delete_records(url: str) -> None:
 class TestTheStore:
     @staticmethod
     def replica(now: Any, jobs: int = 300) -> lease.ReplicaRow:
-        return lease.ReplicaRow(
-            holder="r1",
-            host="h",
-            pid=1,
-            version="v",
-            started=now,
-            seen=now,
-            jobs={f"job-{i:03d}": ("0 30 * * * *", True) for i in range(jobs)},
-        )
+        return replica_row(now, jobs, "0 30 * * * *")
 
     def test_a_refresh_writes_only_seen_in_as_many_statements_and_a_gone_record_whole(
         self, migrated_engine, manual_clock: ManualClock
     ):
         store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
-        store.ensure(["job-000"])
+        store.ensure(["job-00000"])
         replica = self.replica(manual_clock.now())
         with watching(migrated_engine) as whole:
-            store.survey(["job-000"], replica=replica)
+            store.survey(["job-00000"], replica=replica)
         manual_clock.advance(15)
         with watching(migrated_engine) as refreshed:
-            store.survey(["job-000"], replica=replica, refresh=True)
+            store.survey(["job-00000"], replica=replica, refresh=True)
         [row] = store.replicas(seen_since_ms=0)
         assert (row.started, row.seen) == (replica.started, manual_clock.now())
         assert row.jobs == replica.jobs
         # As many statements as the whole upsert (PostgreSQL: 1, in the survey's), none
-        # carrying the jobs (the survey names job-000 only).
+        # carrying the jobs (the survey names job-00000 only).
         assert len(refreshed.statements) == len(whole.statements)
-        assert [s for s in whole.statements if "job-299" in repr(s)]  # it can see them
-        assert not [s for s in refreshed.statements if "job-299" in repr(s) or "spec" in repr(s)]
+        assert [s for s in whole.statements if "job-00299" in repr(s)]  # it can see them
+        assert not [s for s in refreshed.statements if "job-00299" in repr(s) or "spec" in repr(s)]
         if migrated_engine.dialect.name == "postgresql":
             [(statement, _)] = refreshed.statements
             assert "UPDATE cronjob_replica" in statement and "cronjob_lease" in statement
@@ -150,7 +143,7 @@ class TestTheStore:
         delete_records(migrated_engine.url.render_as_string(hide_password=False))
         manual_clock.advance(15)
         with watching(migrated_engine) as rewritten:
-            store.survey(["job-000"], replica=replica, refresh=True)
+            store.survey(["job-00000"], replica=replica, refresh=True)
         [row] = store.replicas(seen_since_ms=0)
         assert (row.started, row.seen, row.jobs) == (
             replica.started,
