@@ -230,11 +230,14 @@ class _StoreCore:
         return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
 
     def _history_cte(self, records: list[dict[str, Any]]) -> sa.CTE | None:
-        """On PostgreSQL, the INSERT of history rows (as :meth:`_insert_history`) as a
+        """On PostgreSQL, the INSERT of history rows (:func:`round_values`) as a
         data-modifying ``WITH`` that a write of the same transaction carries, saving a
-        statement; ``None`` elsewhere or with no rows. PostgreSQL runs such a ``WITH``
-        once, whether or not the statement reads it."""
-        if self._engine.dialect.name != "postgresql" or not records:
+        statement; ``None`` elsewhere (the caller inserts them with the driver's
+        ``executemany``) or with no rows. PostgreSQL runs such a ``WITH`` once, whether or
+        not the statement reads it. The rows come from one JSON parameter (see
+        :func:`_json_rows`): an ``executemany`` would bind and send every row on its own,
+        thousands when an instant's rounds end together."""
+        if not self._postgres or not records:
             return None
         columns = [_h.c[column] for column in records[0]]
         rows = _json_rows("history", records, *columns)
@@ -242,23 +245,6 @@ class _StoreCore:
             [column.name for column in columns], sa.select(*(rows.c[c.name] for c in columns))
         )
         return insert.cte("recorded")
-
-    def _insert_history(self, conn: Connection, records: list[dict[str, Any]]) -> None:
-        """Insert history rows (:func:`round_values`): on PostgreSQL, many as one
-        ``INSERT ... SELECT`` from the rows of one JSON parameter (see :func:`_json_rows`;
-        an ``executemany`` binds and sends every row on its own: thousands of rows when
-        an instant's rounds end together). Elsewhere the driver's ``executemany``.
-        """
-        if self._engine.dialect.name != "postgresql" or len(records) < 2:
-            conn.execute(_h.insert(), records)
-            return
-        columns = [_h.c[column] for column in records[0]]
-        rows = _json_rows("history", records, *columns)
-        conn.execute(
-            _h.insert().from_select(
-                [column.name for column in columns], sa.select(*(rows.c[c.name] for c in columns))
-            )
-        )
 
     def _in_name_order(self, stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
         """``stmt`` on the rows ``where`` selects, on PostgreSQL locked first in name order.

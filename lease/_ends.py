@@ -221,7 +221,7 @@ class _Ends(_StoreCore):
                 recorded |= finished
                 released |= finished
             if records and not carried:
-                self._insert_history(conn, records)
+                conn.execute(_h.insert(), records)
         if released and self._watched():
             self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(released)))
         return recorded

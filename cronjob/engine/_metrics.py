@@ -157,7 +157,7 @@ class JobMetrics:
 
     def by_outcome(self, outcome: str) -> Attributes:
         """The attributes of a round of this job that ended with ``outcome``."""
-        return {"cronjob.job": self._name, "cronjob.outcome": outcome}
+        return self._with("cronjob.outcome", outcome)
 
     def started(self, instant: datetime, now: datetime, reason: str) -> None:
         """A round of ``instant`` started at ``now`` (clock time), for ``reason``."""
