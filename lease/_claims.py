@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import RowMapping
 
 from ._core import _StoreCore, _t, logger
 from ._dialect import _db_now_ms
@@ -33,16 +32,6 @@ from ._text import check_holder
 
 #: What a claim reads back of each row it claimed (see :meth:`LeaseStore._claim`).
 _BATCH_COLUMNS: Final = (_t.c.name, _t.c.prev_instant, _t.c.prev_state, _t.c.prev_attempt)
-
-_CLAIM_COLUMNS: Final = (
-    _t.c.name,
-    _t.c.instant,
-    _t.c.attempt,
-    _t.c.token,
-    _t.c.prev_instant,
-    _t.c.prev_state,
-    _t.c.prev_attempt,
-)
 
 
 #: The most names :meth:`_Claims.unclaimed` returns unless told otherwise. Past it the
@@ -88,16 +77,6 @@ def _due_seconds(due: Mapping[str, datetime | None]) -> dict[str, int]:
             epoch = seconds[when] = _seconds_floor(when, "due")
         out[name] = epoch
     return out
-
-
-def _claim_from(row: RowMapping) -> Claim:
-    """The claim of a second run (it supersedes nothing: the round is the same one)."""
-    return Claim(
-        name=row["name"],
-        instant=_from_seconds(row["instant"]),
-        attempt=row["attempt"],
-        token=row["token"],
-    )
 
 
 def _previous_round(
@@ -415,16 +394,35 @@ class _Claims(_StoreCore):
             The claim, or ``None`` when the rule refuses it (another replica re-ran it
             first, it finished, a later instant was claimed, or its lease is held).
         """
-        (wanted,) = _names([name])
+        claims = self.claim_reruns([name], instant, holder).claims()
+        return claims[0] if claims else None
+
+    def claim_reruns(self, names: Iterable[str], instant: datetime, holder: str) -> ClaimBatch:
+        """:meth:`claim_rerun` for each of ``names``, rounds of one ``instant`` cut short:
+        one statement and one new token for all of them (the sweep finds them by the
+        thousand when a replica dies, or gives back an instant's claim that came back too
+        late). None for an empty ``names``.
+
+        Returns:
+            The second runs won (``attempt`` 2, nothing ``superseded``), in the order of
+            ``names``.
+
+        Raises:
+            ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
+                ``holder`` is empty or too long.
+        """
+        wanted = _names(names)
         epoch = _instant_seconds(instant)
         check_holder(holder)
+        if not wanted:
+            return ClaimBatch(instant=instant, token=0, names=(), superseded={}, attempt=2)
         token = _new_token()
         now_ms = self._clock_ms()
         now = self._now(now_ms)
         stmt = (
             _t.update()
             .where(
-                _t.c.name == wanted,
+                self._among(wanted),
                 _t.c.instant == epoch,
                 _t.c.attempt == 1,
                 _t.c.state.in_(_UNFINISHED),
@@ -445,10 +443,21 @@ class _Claims(_StoreCore):
         )
         with translate_errors("claim a second run"), self._transaction() as conn:
             rows = self._update_returning(
-                conn, stmt, _CLAIM_COLUMNS, lambda: (_t.c.token == token, _t.c.name == wanted)
+                conn,
+                stmt,
+                (_t.c.name,),
+                lambda: (_t.c.token == token, _t.c.name.in_(wanted)),
+                tuples=True,
             )
-            self._held([(wanted, token)] if rows else [], now_ms, epoch)
-        return _claim_from(rows[0]) if rows else None
+            self._held([(row[0], token) for row in rows], now_ms, epoch)
+        won = {row[0] for row in rows}
+        return ClaimBatch(
+            instant=_from_seconds(epoch),
+            token=token,
+            names=tuple(name for name in wanted if name in won),
+            superseded={},
+            attempt=2,
+        )
 
     def renew(self, held: Collection[tuple[str, int]], holder: str) -> set[str]:
         """Extend every lease in ``held`` (``(name, token)`` pairs) to ``now + ttl``.

@@ -4,6 +4,7 @@ the lease clock in SQL, bounded transactions, the fence check, the watchers of w
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import threading
@@ -219,6 +220,17 @@ class _StoreCore:
             array = sa.bindparam("names", names, type_=postgresql.ARRAY(sa.String()), unique=True)
             return _t.c.name == sa.any_(array)
         return _t.c.name.in_(names)
+
+    def _among(self, names: list[str]) -> sa.ColumnElement[bool]:
+        """``name IN names``; on PostgreSQL against one JSON text made an array once (see
+        :meth:`_claim_statement`), not a parameter per name."""
+        if not self._postgres:
+            return _t.c.name.in_(names)
+        listed = sa.cast(
+            sa.bindparam("among", json.dumps(names), type_=sa.Text()), postgresql.JSON()
+        )
+        elements = sa.select(sa.func.json_array_elements_text(listed)).scalar_subquery()
+        return _t.c.name == sa.any_(sa.func.array(elements))
 
     def _pair_in(self, pairs: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
         """``(name, token) IN pairs``; on PostgreSQL against the rows of one JSON

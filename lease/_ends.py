@@ -26,6 +26,11 @@ def _carrying(stmt: sa.Update, cte: sa.CTE | None) -> sa.Update:
     return stmt if cte is None else stmt.add_cte(cte)
 
 
+def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The rows whose round is still running under ``token``."""
+    return (_t.c.token == _check_token(token), _is_running())
+
+
 class _Ends(_StoreCore):
     """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
 
@@ -41,21 +46,7 @@ class _Ends(_StoreCore):
             when another claim replaced it (or the round already ended).
         """
         (wanted,) = _names([name])
-        second = _t.c.attempt == 2
-        now = self._now()
-        stmt = (
-            _t.update()
-            .where(_t.c.name == wanted, _t.c.token == _check_token(token), _is_running())
-            .values(
-                state=LeaseState.CUT.value,
-                expires_ms=None,
-                last_end_ms=now,
-                last_outcome=sa.case((second, "given up"), else_="cut short"),
-                failures=sa.case(
-                    (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
-                ),
-            )
-        )
+        stmt = _t.update().where(_t.c.name == wanted, *_running_under(token)).values(self._cut())
         records = [] if record is None else [round_values(record)]
         carried = self._history_cte(records)  # PostgreSQL: one statement
         with translate_errors("give back a lease"), self._transaction() as conn:
@@ -65,6 +56,40 @@ class _Ends(_StoreCore):
         if given:  # after the commit: a sweep it wakes must find it
             self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=((wanted, token),)))
         return given
+
+    def give_back_all(self, names: Collection[str], token: int) -> int:
+        """:meth:`give_back` for each of ``names``, leases of one claim (``token``) that
+        will not run here (the claim came back too late, or a drain began before their
+        instant): one statement for all of them, none for an empty ``names``.
+
+        Returns:
+            How many were given back (rows that still had ``token`` and were ``running``).
+        """
+        wanted = _names(names)
+        if not wanted:
+            return 0
+        held = sa.and_(self._among(wanted), *_running_under(token))
+        stmt = self._in_name_order(_t.update(), held).values(self._cut())
+        with translate_errors("give back leases"), self._transaction() as conn:
+            given = int(conn.execute(stmt).rowcount)
+        if given:  # after the commit: a sweep it wakes must find them
+            leases = tuple((name, token) for name in wanted)
+            self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=leases))
+        return given
+
+    def _cut(self) -> dict[sa.Column[Any], Any]:
+        """What a give-back writes: state ``cut``, the lease free, the outcome ``'cut
+        short'``, or ``'given up'`` for a second run (one more failure in a row)."""
+        second = _t.c.attempt == 2
+        return {
+            _t.c.state: LeaseState.CUT.value,
+            _t.c.expires_ms: None,
+            _t.c.last_end_ms: self._now(),
+            _t.c.last_outcome: sa.case((second, "given up"), else_="cut short"),
+            _t.c.failures: sa.case(
+                (second, sa.func.coalesce(_t.c.failures, 0) + 1), else_=_t.c.failures
+            ),
+        }
 
     def finish(
         self,

@@ -108,7 +108,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimBatch:
-    """What one :meth:`LeaseStore.claim_batch` won: first runs of one instant, all under
+    """What one :meth:`LeaseStore.claim_batch` (first runs) or
+    :meth:`LeaseStore.claim_reruns` (second runs) won: rounds of one instant, all under
     one new token (drawn once per call).
 
     Thousands of names are claimed together at scale: one value for all of them, not a
@@ -123,14 +124,16 @@ class ClaimBatch:
     #: The names whose row's previous round was unfinished (``running`` or ``cut``),
     #: each with the round the claim gave up, as ``(instant, attempt)``.
     superseded: Mapping[str, tuple[datetime, int]]
+    #: 1 for first runs, 2 for second runs.
+    attempt: int = 1
 
     def claims(self) -> list[Claim]:
-        """One :class:`Claim` (attempt 1) per name claimed, in order."""
+        """One :class:`Claim` per name claimed, in order."""
         return [
             Claim(
                 name=name,
                 instant=self.instant,
-                attempt=1,
+                attempt=self.attempt,
                 token=self.token,
                 superseded=self.superseded.get(name),
             )

@@ -709,6 +709,49 @@ class TestClaimRerun:
         assert store.claim_rerun("superseded", T0, "r3") is None
         assert store.claim_rerun("never", T0, "r3") is None
 
+    def test_many_are_claimed_in_one_statement_under_one_token(self, store):
+        names = ["done", "twice", "a", "b", "c", "other-instant"]
+        store.ensure(names)
+        claims = {c.name: c for c in store.claim(names[:-1], T0, "r1")}
+        store.claim(["other-instant"], T1, "r1")
+        store.finish("done", claims["done"].token, ended=T0)
+        cut_short_twice(store, claims["twice"])
+        store.give_back_all(["a", "b", "c"], claims["a"].token)
+        with lease_statements(store.engine) as seen:
+            batch = store.claim_reruns(["c", "done", "twice", "a", "other-instant"], T0, "r2")
+        assert len([s for s in seen if s.startswith("UPDATE")]) == 1
+        assert (batch.names, batch.attempt, batch.superseded) == (("c", "a"), 2, {})
+        assert [claim.attempt for claim in batch.claims()] == [2, 2]
+        rows = store.read(["a", "b", "c"])
+        assert {name: (row.attempt, row.state, row.holder) for name, row in rows.items()} == {
+            "a": (2, lease.LeaseState.RUNNING, "r2"),
+            "b": (1, lease.LeaseState.CUT, "r1"),
+            "c": (2, lease.LeaseState.RUNNING, "r2"),
+        }
+        assert {rows["a"].token, rows["c"].token} == {batch.token}
+        assert store.claim_reruns([], T0, "r2").names == ()
+
+
+class TestGiveBackAll:
+    def test_it_gives_back_the_running_rounds_of_the_token_in_one_statement(self, store):
+        store.ensure(["a", "b", "c", "d"])
+        first = {c.name: c for c in store.claim(["a", "b", "c"], T0, "r1")}
+        (other,) = store.claim(["d"], T0, "r2")
+        store.finish("c", first["c"].token, ended=T0)
+        with lease_statements(store.engine) as seen:
+            given = store.give_back_all(["a", "b", "c", "d"], first["a"].token)
+        assert len([s for s in seen if s.startswith(("UPDATE", "WITH"))]) == 1
+        assert given == 2  # c ended already; d is another claim's
+        rows = store.read(["a", "b", "c", "d"])
+        assert {name: row.state for name, row in rows.items()} == {
+            "a": lease.LeaseState.CUT,
+            "b": lease.LeaseState.CUT,
+            "c": lease.LeaseState.DONE,
+            "d": lease.LeaseState.RUNNING,
+        }
+        assert rows["a"].expires_ms is None and rows["d"].token == other.token
+        assert store.give_back_all([], first["a"].token) == 0
+
 
 class TestHolds:
     def test_it_tells_whether_the_token_still_holds_the_lease(self, store, manual_clock):
@@ -964,8 +1007,10 @@ class TestStatementBound:
         # what the row is set up as, and what the operation's error message starts with
         "claim": ("cut", "claim leases"),
         "claim_rerun": ("cut", "claim a second run"),
+        "claim_reruns": ("cut", "claim a second run"),
         "renew": ("running", "renew leases"),
         "give_back": ("running", "give back a lease"),
+        "give_back_all": ("running", "give back leases"),
         "finish": ("running", "finish a lease"),
         "finish_many": ("running", "finish leases"),
     }
@@ -976,8 +1021,10 @@ class TestStatementBound:
         return {
             "claim": lambda: store.claim(["a"], T1, "r1"),
             "claim_rerun": lambda: store.claim_rerun("a", T0, "r1"),
+            "claim_reruns": lambda: store.claim_reruns(["a"], T0, "r1"),
             "renew": lambda: store.renew([("a", token)], "r1"),
             "give_back": lambda: store.give_back("a", token),
+            "give_back_all": lambda: store.give_back_all(["a"], token),
             "finish": lambda: store.finish("a", token, ended=now),
             "finish_many": lambda: store.finish_many([("a", token, now)]),
             "ensure": lambda: store.ensure(["a"]),

@@ -23,7 +23,7 @@ import cronjob
 import lease
 from cronjob import Registry, Scheduler
 from cronjob.testing import FakeClock, crash
-from tests._helpers import JobBodies
+from tests._helpers import JobBodies, statements
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -491,6 +491,29 @@ class TestSecondRun:
         second = recorder.rounds[1]
         assert (second.instant, second.attempt, second.replica) == (at(hours=1), 2, "b")
         assert second.started - crashed_at <= timedelta(seconds=30)
+
+    def test_the_rounds_a_crashed_replica_left_run_again_in_one_claim_per_instant(
+        self, url, replicas, clock, recorder
+    ):
+        registry = Registry()
+        names = [f"job-{i:02d}" for i in range(40)]
+        for name in names:
+            registry.register(recorder.lasting(100), "0 0 * * * *", name)
+        a = replicas(registry, "a")
+        clock.advance(3600 + 5)  # a runs the 40 rounds of 10:00
+        engine = lease.create_engine(url)
+        second_runs = statements(
+            engine, keep=lambda s: s.startswith("UPDATE") and ".attempt = " in s
+        )
+        with second_runs as sent:
+            replicas(registry, "b", database=engine)
+            crash(a)
+            clock.advance(45)  # the leases expire; b's sweep finds the rounds cut short
+        engine.dispose()
+        again = [r for r in recorder.rounds if r.attempt == 2]
+        assert sorted(r.name for r in again) == names
+        assert {(r.instant, r.replica) for r in again} == {(at(hours=1), "b")}
+        assert len(sent) == 1, sent
 
     def test_a_round_cut_short_twice_is_given_up(self, url, replicas, clock, recorder, caplog):
         registry = Registry()

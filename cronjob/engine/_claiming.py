@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -211,10 +211,10 @@ class Claims:
         bisect.insort(self._held, _Held(instant, start, drop), key=lambda h: h.instant)
 
     def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
-        """Draining before the instant of rounds won ahead: hand each on, as a round cut
-        short (another replica's sweep runs it; see :meth:`hand_back`)."""
+        """Draining before the instant of rounds won ahead: hand them on, as rounds cut
+        short (another replica's sweep runs them; see :meth:`hand_back`)."""
+        self.hand_back([state.job.name for state in won], token)
         for state in won:
-            self.hand_back(state.job.name, token)
             self._dispatcher.schedule_after(state, instant)
 
     def start_held(self, now: datetime) -> None:
@@ -371,8 +371,8 @@ class Claims:
                 if late or dispatcher.draining or self._flags.stopped:
                     # The drain began meanwhile, or the claim came back too late: hand the
                     # instant on.
+                    self._hand_on(claimed, batch, claimed_at, late=late)
                     for state in claimed:
-                        self._hand_on(state, batch, claimed_at, late=late)
                         dispatcher.schedule_after(
                             state, max(instant, issued) if catch_up else instant
                         )
@@ -425,18 +425,18 @@ class Claims:
         self._control.run(work, done, self.give_back)
 
     def _hand_on(
-        self, state: JobState, batch: lease.ClaimBatch, claimed_at: float, *, late: bool
+        self, states: list[JobState], batch: lease.ClaimBatch, claimed_at: float, *, late: bool
     ) -> None:
-        """Give back the lease of a round just won that will not run here."""
+        """Give back the leases of rounds just won that will not run here."""
         if late:
             log.warning(
-                "job %r: the claim of %s came back %.1f s after it was sent, when its "
-                "lease may be lost already: given back, not run here",
-                state.job.name,
+                "the claim of %s came back %.1f s after it was sent, when its leases may be "
+                "lost already: given back, not run here: %s",
                 batch.instant.isoformat(),
                 self._clock.monotonic() - claimed_at,
+                ", ".join(repr(state.job.name) for state in states),
             )
-        self.hand_back(state.job.name, batch.token)
+        self.hand_back([state.job.name for state in states], batch.token)
 
     def _report_claimed(
         self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
@@ -464,18 +464,29 @@ class Claims:
                 " after the database outage" if reason is Reason.OUTAGE else "",
             )
 
-    def hand_back(self, name: str, token: int) -> None:
-        """Give back a lease won just as the scheduler began to drain."""
-        self._control.run(lambda: self._store.give_back(name, token), lambda _result: None)
+    def hand_back(self, names: list[str], token: int) -> None:
+        """Give back the leases of ``names`` won with ``token`` that will not run here (a
+        drain began, the claim came back too late): one statement; as rounds cut short,
+        another replica's sweep runs them a second time."""
+        self._control.run(lambda: self._store.give_back_all(names, token), lambda _result: None)
 
-    def give_back(self, claims: lease.ClaimBatch | lease.Claim | None) -> None:
+    def give_back(self, claims: lease.ClaimBatch | None) -> None:
         """Give back leases won after the dispatcher has gone (on the control thread)."""
-        if isinstance(claims, lease.ClaimBatch):
-            won = claims.claims()
-        else:
-            won = [claims] if claims else []
-        for claim in won:
-            try:
-                self._store.give_back(claim.name, claim.token)
-            except lease.LeaseError as exc:
-                log.warning("job %r: giving back a lease won at stop failed: %s", claim.name, exc)
+        if claims is None or not claims.names:
+            return
+        try:
+            self._store.give_back_all(claims.names, claims.token)
+        except lease.LeaseError as exc:
+            log.warning(
+                "giving back %d lease(s) won at stop failed (%s): %s",
+                len(claims.names),
+                _some(claims.names),
+                exc,
+            )
+
+
+def _some(names: Iterable[str], most: int = 5) -> str:
+    """The first ``most`` of ``names``, quoted, and how many more there are."""
+    listed = list(names)
+    shown = ", ".join(repr(name) for name in listed[:most])
+    return shown if len(listed) <= most else f"{shown} and {len(listed) - most} more"

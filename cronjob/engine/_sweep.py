@@ -2,8 +2,9 @@
 
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that run a second time (attempt 2): not run to its end, or its end not on
-  record; not run a second time already; no later instant claimed since. Each is
-  claimed with its own statement, so two replicas never both run it.
+  record; not run a second time already; no later instant claimed since. Those of one
+  instant are claimed in one statement (see :mod:`cronjob.engine._reruns`); the claim
+  lets one replica win each, so two replicas never both run it.
 - **Replica record**: each sweep puts this replica on record as seen now, in its own
   statement on PostgreSQL, its transaction elsewhere (:meth:`lease.LeaseStore.survey`):
   whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only
@@ -51,6 +52,7 @@ from .._clock import Clock
 from ._control import Control
 from ._keeper import too_late
 from ._listen import Listener
+from ._reruns import Reruns
 from ._state import JobState, Reason
 
 if TYPE_CHECKING:
@@ -118,6 +120,14 @@ class Sweeper:
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
         self._triggers = lease.Triggers(store)
+        #: Claims and starts the second runs of the rounds a sweep found cut short.
+        self._reruns = Reruns(
+            clock=clock,
+            store=store,
+            control=control,
+            dispatcher=dispatcher,
+            replica_id=replica_id,
+        )
         # PostgreSQL tells of a request at once (NOTIFY): sweep then, not 15 s later.
         self._listener = (
             Listener(store.engine, lambda: post(self.sweep_now))
@@ -170,11 +180,7 @@ class Sweeper:
             self._recorded = True
             result, requests = found
             self._take_requests(requests)
-            for cut in result.cut_short:
-                state = self._dispatcher.states.get(cut.name)
-                if state is None or state.busy or self._dispatcher.draining:
-                    continue
-                self._rerun(state, cut.instant, given_back=cut.given_back)
+            self._reruns.claim(result.cut_short)
             if self._unwatch is not None and not result.cut_short:
                 self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
                 self._suspend(given_back)
@@ -453,47 +459,3 @@ class Sweeper:
                 )
 
         self._control.run(check, done)
-
-    def _rerun(self, state: JobState, instant: datetime, *, given_back: bool) -> None:
-        dispatcher = self._dispatcher
-        dispatcher.take(state)
-        issued, claimed_at = self._clock.now(), self._clock.monotonic()
-
-        def done(result: lease.Claim | BaseException | None) -> None:
-            late = too_late(claimed_at, self._clock.monotonic())
-            if late and isinstance(result, lease.Claim):
-                log.warning(
-                    "job %r: the claim of its second run came back too late to keep: given back",
-                    state.job.name,
-                )
-            if isinstance(result, BaseException) or result is None or dispatcher.draining or late:
-                if isinstance(result, BaseException):
-                    log.error("job %r: claiming the second run failed: %s", state.job.name, result)
-                elif result is not None:
-                    dispatcher.claims.hand_back(result.name, result.token)
-                dispatcher.schedule_after(state, issued)
-                return
-            log.info(
-                "job %r: running the round of %s a second time (%s)",
-                state.job.name,
-                instant.isoformat(),
-                "it was cut short"
-                if given_back
-                else "its lease expired: the first round died with its process or lost "
-                "the database",
-            )
-            state.metrics.rerun()
-            dispatcher.start_round(
-                state,
-                instant,
-                attempt=2,
-                token=result.token,
-                claimed_at=claimed_at,
-                reason=Reason.RERUN,
-            )
-
-        self._control.run(
-            lambda: self._store.claim_rerun(state.job.name, instant, self._replica_id),
-            done,
-            dispatcher.claims.give_back,
-        )

@@ -965,9 +965,13 @@ _UNRECORDED = re.compile(
 
 #: A first round whose claim the library handed back before it ran (the claim came back
 #: after its loss deadline, or no thread could run it): the sweep runs it as attempt 2.
-_HANDED_BACK = re.compile(
-    r"job '(?P<job>[^']+)': (?:the claim of|the round of) (?P<instant>\S+) "
-    r"(?:came back .* given back, not run here|is not started: no worker thread)"
+_NOT_STARTED = re.compile(
+    r"job '(?P<job>[^']+)': the round of (?P<instant>\S+) is not started: no worker thread"
+)
+#: The same for every round of a claim that came back too late, in one line.
+_CLAIM_HANDED_BACK = re.compile(
+    r"the claim of (?P<instant>\S+) came back .* given back, not run here: (?P<jobs>.*)$",
+    re.MULTILINE,
 )
 
 
@@ -979,9 +983,12 @@ def unrecorded_ends(outputs: Iterable[str]) -> set[tuple[str, str, int]]:
         for m in _UNRECORDED.finditer(text):
             instant = datetime.fromisoformat(m["instant"]).isoformat()
             found.add((m["job"], instant, int(m["attempt"])))
-        for m in _HANDED_BACK.finditer(text):
+        for m in _NOT_STARTED.finditer(text):
             instant = datetime.fromisoformat(m["instant"]).isoformat()
             found.add((m["job"], instant, 1))
+        for m in _CLAIM_HANDED_BACK.finditer(text):
+            instant = datetime.fromisoformat(m["instant"]).isoformat()
+            found.update((job, instant, 1) for job in re.findall(r"'([^']+)'", m["jobs"]))
     return found
 
 

@@ -1,0 +1,126 @@
+"""Second runs: the rounds a sweep found cut short, claimed and started as attempt 2.
+
+The sweep (:mod:`cronjob.engine._sweep`) finds the rounds cut short among this replica's
+jobs; :meth:`Reruns.claim` claims the second run of those whose job is idle here, in one
+statement per instant (:meth:`lease.LeaseStore.claim_reruns`), and starts the rounds won.
+A replica that died with thousands of rounds in flight, or an instant's claim given back
+because it came back too late, costs one statement, not one per job: under load those
+are the statements that would keep the control thread behind.
+
+Dispatcher thread only; the claim runs on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._keeper import too_late
+from ._state import JobState, Reason
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["Reruns"]
+
+log = logging.getLogger("cronjob")
+
+#: A round cut short, and its job's state on this replica.
+_Cut = tuple[lease.CutShort, JobState]
+
+
+class Reruns:
+    """Claims and starts the second runs of rounds cut short, for the dispatcher."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        replica_id: str,
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._dispatcher = dispatcher
+        self._replica_id = replica_id
+
+    def claim(self, found: Sequence[lease.CutShort]) -> None:
+        """Claim the second run of each round ``found`` whose job is idle here (none while
+        draining), one statement per instant, and start the rounds won."""
+        dispatcher = self._dispatcher
+        if dispatcher.draining:
+            return
+        by_instant: dict[datetime, list[_Cut]] = {}
+        for cut in found:
+            state = dispatcher.states.get(cut.name)
+            if state is not None and not state.busy:
+                by_instant.setdefault(cut.instant, []).append((cut, state))
+        for instant, cuts in by_instant.items():
+            self._claim_instant(instant, cuts)
+
+    def _claim_instant(self, instant: datetime, cuts: list[_Cut]) -> None:
+        dispatcher = self._dispatcher
+        for _cut, state in cuts:
+            dispatcher.take(state)
+        issued, claimed_at = self._clock.now(), self._clock.monotonic()
+
+        def done(result: lease.ClaimBatch | BaseException) -> None:
+            won = self._kept(result, instant, claimed_at)
+            rounds: list[tuple[JobState, int | None]] = []
+            for cut, state in cuts:
+                if cut.name not in won:
+                    dispatcher.schedule_after(state, issued)
+                    continue
+                log.info(
+                    "job %r: running the round of %s a second time (%s)",
+                    cut.name,
+                    instant.isoformat(),
+                    "it was cut short"
+                    if cut.given_back
+                    else "its lease expired: the first round died with its process or lost "
+                    "the database",
+                )
+                state.metrics.rerun()
+                rounds.append((state, won[cut.name]))
+            if rounds:
+                dispatcher.start_rounds(
+                    rounds, instant, attempt=2, claimed_at=claimed_at, reason=Reason.RERUN
+                )
+
+        names = [cut.name for cut, _state in cuts]
+        store, holder = self._store, self._replica_id
+        self._control.run(
+            lambda: store.claim_reruns(names, instant, holder), done, dispatcher.claims.give_back
+        )
+
+    def _kept(
+        self, result: lease.ClaimBatch | BaseException, instant: datetime, claimed_at: float
+    ) -> dict[str, int]:
+        """The second runs to start, by name, with their token: those ``result`` won,
+        unless the claim failed, came back too late (their leases given back), or a drain
+        began meanwhile."""
+        dispatcher = self._dispatcher
+        if isinstance(result, BaseException):
+            log.error("claiming second runs of %s failed: %s", instant.isoformat(), result)
+            return {}
+        if not result.names:
+            return {}
+        if dispatcher.draining or too_late(claimed_at, self._clock.monotonic()):
+            if not dispatcher.draining:
+                log.warning(
+                    "the claim of %d second run(s) of %s came back too late to keep: given back",
+                    len(result.names),
+                    instant.isoformat(),
+                )
+            dispatcher.claims.hand_back(list(result.names), result.token)
+            return {}
+        return dict.fromkeys(result.names, result.token)
