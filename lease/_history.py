@@ -3,7 +3,7 @@ prune, the cut-short rounds and the survey each replica reads on its pass."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +17,9 @@ from ._exceptions import translate_errors
 from ._records import (
     ReplicaRow,
     RoundRow,
+    job_needles,
     jobs_json,
+    lists_one_of,
     prune_statement,
     replica_from,
     round_from,
@@ -73,6 +75,28 @@ class _History(_StoreCore):
             stmt = stmt.where(_p.c.holder.in_(sorted(holders)))
         with translate_errors("read replicas"), self._transaction(read=True) as conn:
             return [replica_from(row) for row in conn.execute(stmt).mappings()]
+
+    def leasing(
+        self, holders: Collection[str], jobs: Mapping[str, str], *, seen_since_ms: int
+    ) -> dict[str, tuple[datetime, bool]]:
+        """Of ``holders``, those on record last seen at or after ``seen_since_ms`` (lease
+        clock), each with its record's ``started`` and whether the record lists one of
+        ``jobs`` (name -> spec) as leased: what a replica's peers ask of a replica that
+        started, without the rest of its record (see :func:`lists_one_of`: a record of
+        the same deployment answers from its text, unparsed). One query; none for no
+        ``holders``."""
+        if not holders:
+            return {}
+        stmt = sa.select(_p.c.holder, _p.c.started_ms, _p.c.jobs).where(
+            _p.c.seen_ms >= seen_since_ms, _p.c.holder.in_(sorted(holders))
+        )
+        needles = job_needles(jobs)
+        found: dict[str, tuple[datetime, bool]] = {}
+        with translate_errors("read replicas"), self._transaction(read=True) as conn:
+            for holder, started_ms, text in conn.execute(stmt):
+                started = _EPOCH + int(started_ms) * _MS
+                found[holder] = (started, lists_one_of(text, jobs, needles))
+        return found
 
     def replica_starts(self, *, seen_since_ms: int) -> dict[str, datetime]:
         """The holders on record last seen at or after ``seen_since_ms`` (lease clock),

@@ -20,6 +20,7 @@ from conftest import MONDAY, ManualClock
 
 import cronjob
 import lease
+import lease._records as lease_records
 from cronjob import Registry, admin
 from cronjob.testing import FakeClock
 from tests._helpers import replica_row
@@ -193,6 +194,57 @@ class TestTheStore:
             "c",
         ]
         assert store.replica_starts(seen_since_ms=since + 1) == {}
+
+
+class TestLeasing:
+    """``LeaseStore.leasing``: which replicas that started run a job of the reader's,
+    the peers' one question about a record (``lease/_records.py`` ``lists_one_of``)."""
+
+    def test_it_tells_each_holder_whether_it_leases_one_of_the_jobs(
+        self, migrated_engine, manual_clock: ManualClock
+    ):
+        store = lease.LeaseStore(migrated_engine, clock=manual_clock.now)
+        now = manual_clock.now()
+        mine = {f"job-{i:05}": "0 * * * * *" for i in range(300)}
+        records = {
+            "same": {name: (spec, True) for name, spec in mine.items()},
+            "other-spec": {"job-00123": ("5 * * * * *", True), "x": ("0 * * * * *", True)},
+            "per-instance": {"job-00123": ("0 * * * * *", False)},
+            "others": {"x": ("0 * * * * *", True)},
+        }
+        for holder in ("stale", *records):  # "stale": seen 1 s before the others
+            jobs = records.get(holder, records["same"])
+            row = lease.ReplicaRow(
+                holder=holder, host="h", pid=1, version="v", started=now, seen=now, jobs=jobs
+            )
+            store.record_replica(row)
+            if holder == "stale":
+                manual_clock.advance(1)
+        since = int(manual_clock.now().timestamp() * 1000)
+        with watching(migrated_engine) as sent:
+            found = store.leasing(["stale", *records], mine, seen_since_ms=since)
+        assert len(sent.statements) == 1
+        assert found == {
+            "same": (now, True),
+            "other-spec": (now, True),  # parsed: the same job on another spec
+            "per-instance": (now, False),
+            "others": (now, False),
+        }
+        assert store.leasing([], mine, seen_since_ms=since) == {}
+
+    def test_a_record_of_the_same_deployment_is_answered_from_its_text(self):
+        mine = {f"job-{i:05}": "0 * * * * *" for i in range(300)}
+        policies = {"job-00000": {"timeout": 5.0}}
+        text = lease_records.jobs_json({n: (spec, True) for n, spec in mine.items()}, policies)
+        needles = lease_records.job_needles(mine)
+        assert 1 < len(needles) <= 8
+        assert all(needle in text for needle in needles)
+        assert lease_records.lists_one_of(text, mine, needles)
+        # A needle within a string value (its quotes escaped there) is not an entry.
+        hidden = lease_records.jobs_json({"x": (needles[0], True)})
+        assert not lease_records.lists_one_of(hidden, mine, needles)
+        assert not lease_records.lists_one_of(None, mine, needles)
+        assert not lease_records.lists_one_of("not json", mine, needles)
 
 
 class TestTheSweep:

@@ -95,7 +95,9 @@ class Dispatcher:
             store=store,
             control=control,
             replica_id=replica_id,
-            names=[name for name, state in states.items() if state.job.leased],
+            jobs={
+                name: state.job.schedule.spec for name, state in states.items() if state.job.leased
+            },
         )
         #: The claims of instants (this replica's share, the rest, the rounds held).
         self.claims = Claims(

@@ -23,7 +23,9 @@ the records whose pair it has not seen yet: a record's jobs are written only wit
 replica's ``started`` (see :meth:`lease.LeaseStore.survey`), so a pair once read keeps
 its answer, and a replica that starts again (under the same id too, a millisecond or
 more later on its clock) is read anew. The jobs (~50 bytes each) are read once per
-replica start, not at every read. One read (two queries; three when a record is new) at
+replica start, not at every read, and only to ask whether one of ours is among them
+(:meth:`lease.LeaseStore.leasing`: a replica of the same deployment answers from the
+record's text, which is not parsed). One read (two queries; three when a record is new) at
 start, then a few more while reads change the view (replicas starting together), the
 first :data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
 :data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
@@ -41,7 +43,7 @@ Dispatcher thread only; the read runs on the control thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import lease
@@ -102,14 +104,16 @@ class Peers:
         store: lease.LeaseStore,
         control: Control,
         replica_id: str,
-        names: Iterable[str],
+        jobs: Mapping[str, str],
     ) -> None:
         self._clock = clock
         self._store = store
         self._control = control
         self._replica_id = replica_id
+        #: This replica's leased jobs (name -> spec), to tell a replica running some.
+        self._jobs = jobs
         #: Every replica deals the jobs in this order: their names'.
-        self._rank = {name: i for i, name in enumerate(sorted(names))}
+        self._rank = {name: i for i, name in enumerate(sorted(jobs))}
         #: The live replicas, sorted; this one is always among them.
         self.view: tuple[str, ...] = (replica_id,)
         #: The latest instant each replica was seen claiming.
@@ -165,7 +169,7 @@ class Peers:
         check, self._check = self._check, None
 
         recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
-        names, store, me, known = self._rank.keys(), self._store, self._replica_id, self._records
+        jobs, store, me, known = self._jobs, self._store, self._replica_id, self._records
 
         def read() -> _Read:
             holders = store.holders(since)
@@ -173,9 +177,7 @@ class Peers:
             starts = store.replica_starts(seen_since_ms=recorded_since)
             records = {h: known[h] for h, at in starts.items() if h in known and known[h][0] == at}
             new = [holder for holder in starts if holder not in records and holder != me]
-            for r in store.replicas(seen_since_ms=recorded_since, holders=new) if new else ():
-                ours = any(leased and n in names for n, (_spec, leased) in r.jobs.items())
-                records[r.holder] = (r.started, ours)
+            records |= store.leasing(new, jobs, seen_since_ms=recorded_since)
             return holders, records
 
         def done(result: _Read | BaseException) -> None:
