@@ -32,6 +32,8 @@ from ._grammar import SpecParts, parse_spec
 __all__ = ["DstMark", "Schedule", "parse"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Epoch seconds no datetime has (year 1 is about -6.2e10): the memo's "nothing asked yet".
+_NO_SECOND = -(1 << 62)
 
 # Wall values are searched up to the end of year 10000: with a positive offset, a wall
 # time early in year 10000 is still an instant of year 9999.
@@ -135,6 +137,12 @@ class Schedule:
     # 1..31 that match both day fields under the OR/AND rule. Finding the next day is
     # then one mask operation, whatever the weekday of the 1st.
     _day_masks: tuple[int, ...] = field(init=False)
+    # The last question asked of next() and of prev(), with its answer, as one tuple
+    # (replaced whole: safe to read from any thread). A schedule is shared by every job
+    # on its spec (see parse), and the jobs due at one instant ask it the same question:
+    # 1,667 jobs of a spec due at one second compute their next instant once.
+    _last_next: tuple[int, datetime | None] = field(init=False)
+    _last_prev: tuple[int, datetime | None] = field(init=False)
 
     def __post_init__(self) -> None:
         spec = self.spec
@@ -149,6 +157,8 @@ class Schedule:
         assign(self, "_hours", parts.hours)
         assign(self, "_months", parts.months)
         assign(self, "_day_masks", parts.day_masks)
+        assign(self, "_last_next", (_NO_SECOND, None))
+        assign(self, "_last_prev", (_NO_SECOND, None))
 
     def __repr__(self) -> str:
         return f"Schedule({self.spec!r})"
@@ -179,8 +189,14 @@ class Schedule:
             TypeError: ``after`` is not a datetime.
             ValueError: ``after`` is naive.
         """
-        found = self._first_at_or_after(_floor_seconds(after, "after") + 1)
-        return None if found is None else _EPOCH + timedelta(seconds=found)
+        start = _floor_seconds(after, "after") + 1
+        last = self._last_next
+        if last[0] == start:
+            return last[1]
+        found = self._first_at_or_after(start)
+        instant = None if found is None else _EPOCH + timedelta(seconds=found)
+        object.__setattr__(self, "_last_next", (start, instant))  # frozen: the memo only
+        return instant
 
     def prev(self, before: datetime) -> datetime | None:
         """Return the last instant strictly before ``before``.
@@ -202,8 +218,14 @@ class Schedule:
         """
         floor, fraction = _split_seconds(before, "before")
         # The last whole second strictly before `before`.
-        found = self._last_at_or_before(floor if fraction else floor - 1)
-        return None if found is None else _EPOCH + timedelta(seconds=found)
+        limit = floor if fraction else floor - 1
+        last = self._last_prev
+        if last[0] == limit:
+            return last[1]
+        found = self._last_at_or_before(limit)
+        instant = None if found is None else _EPOCH + timedelta(seconds=found)
+        object.__setattr__(self, "_last_prev", (limit, instant))  # frozen: the memo only
+        return instant
 
     def on_transition(self, instant: datetime) -> bool:
         """Return whether ``instant`` falls on a daylight-saving transition of the zone.

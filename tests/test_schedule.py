@@ -416,6 +416,37 @@ class TestInstants:
             parse("0 * * * * *").next("2026-01-01")  # type: ignore[arg-type]
 
 
+class TestLastAnswerKept:
+    """A schedule keeps its last answer to ``next`` and to ``prev`` (the jobs of one spec
+    due at one instant ask it the same question): an answer never comes from another
+    question's."""
+
+    def test_next_and_prev_answer_each_question_as_a_fresh_schedule_does(self):
+        kept = parse("7 */2 * * * *")
+        t = datetime(2026, 12, 3, 16, 0, 7, tzinfo=UTC)
+        questions = [
+            t,
+            t,  # asked again: the kept answer
+            t + timedelta(microseconds=500_000),  # the same second: the same answer
+            t - timedelta(seconds=1),
+            t + timedelta(minutes=3),
+            t,
+            t.astimezone(ZoneInfo("Asia/Kolkata")),  # the same instant in another zone
+        ]
+        for when in questions:
+            fresh = Schedule("7 */2 * * * *")
+            assert kept.next(when) == fresh.next(when)
+            assert kept.prev(when) == fresh.prev(when)
+            assert kept.prev(when) < when < kept.next(when)  # type: ignore[operator]
+
+    def test_prev_tells_a_whole_second_from_one_a_fraction_later(self):
+        schedule = parse("7 * * * * *")
+        t = datetime(2026, 12, 3, 16, 0, 7, tzinfo=UTC)
+        assert schedule.prev(t) == t - timedelta(minutes=1)
+        assert schedule.prev(t + timedelta(microseconds=1)) == t
+        assert schedule.prev(t) == t - timedelta(minutes=1)
+
+
 class TestValue:
     def test_the_attributes_describe_the_spec(self):
         schedule = parse("CRON_TZ=Europe/Berlin 0 30 9 * * 1-5")
