@@ -39,6 +39,11 @@ from ._rows import (
 from ._text import check_holder
 
 
+def _jobs_of(replica: ReplicaRow) -> dict[str, str]:
+    """The execution parameter of :meth:`_History._replica_upsert`: the record's jobs."""
+    return {"replica_jobs": jobs_json(replica.jobs, replica.policies)}
+
+
 class _History(_StoreCore):
     """The history, the replicas, the prune, the survey: a part of :class:`~lease.LeaseStore`."""
 
@@ -118,14 +123,14 @@ class _History(_StoreCore):
         insert, or refresh. One statement. :meth:`survey` can do it on its way."""
         stmt = self._replica_upsert(replica)
         with translate_errors("record a replica"), self._transaction() as conn:
-            conn.execute(stmt)
+            conn.execute(stmt, _jobs_of(replica))
 
     def _put_on_record(self, conn: Connection, replica: ReplicaRow, *, refresh: bool) -> None:
         """Put ``replica`` on record in ``conn``'s transaction: with ``refresh``, its
         ``seen`` only (one UPDATE), and the whole record (one more) if that found none."""
         if refresh and conn.execute(self._replica_refresh(replica.holder)).rowcount:
             return
-        conn.execute(self._replica_upsert(replica))
+        conn.execute(self._replica_upsert(replica), _jobs_of(replica))
 
     def _replica_refresh(self, holder: str) -> sa.Update:
         """``seen_ms`` of ``holder``'s record brought to now, nothing else written."""
@@ -140,7 +145,10 @@ class _History(_StoreCore):
             "version": replica.version[:64],
             "started_ms": _to_ms(replica.started),
             "seen_ms": self._now(),
-            "jobs": jobs_json(replica.jobs, replica.policies),
+            # Bound at execution (see _jobs_of), not in the statement: SQLAlchemy's cache
+            # of compiled statements keeps the values of the first statement of a shape,
+            # and this one is ~5 MB at 100,000 jobs.
+            "jobs": sa.bindparam("replica_jobs", type_=sa.Text()),
         }
         changed = ("host", "pid", "version", "started_ms", "seen_ms", "jobs")
         dialect = self._engine.dialect.name
@@ -237,9 +245,11 @@ class _History(_StoreCore):
         with translate_errors("find rounds cut short"), self._transaction(read=read) as conn:
             if replica is not None and not folded:
                 self._put_on_record(conn, replica, refresh=refresh)
-            rows = conn.execute(stmt).all()
+            whole = replica is not None and folded and not refresh
+            rows = conn.execute(stmt, _jobs_of(replica) if replica and whole else {}).all()
             if replica is not None and folded and refresh and None not in (r[0] for r in rows):
-                conn.execute(self._replica_upsert(replica))  # the refresh found no record
+                # The refresh found no record.
+                conn.execute(self._replica_upsert(replica), _jobs_of(replica))
         wanted_set = set(wanted)
         found: list[CutShort] = []
         next_ms: int | None = None

@@ -112,8 +112,6 @@ class Peers:
         self._replica_id = replica_id
         #: This replica's leased jobs (name -> spec), to tell a replica running some.
         self._jobs = jobs
-        #: Every replica deals the jobs in this order: their names'.
-        self._rank = {name: i for i, name in enumerate(sorted(jobs))}
         #: The live replicas, sorted; this one is always among them.
         self.view: tuple[str, ...] = (replica_id,)
         #: The latest instant each replica was seen claiming.
@@ -139,7 +137,7 @@ class Peers:
         self._check: datetime | None = None
         #: Some instant may be shared (enough leased jobs): only then do views matter
         #: enough for the reads while they settle.
-        self._may_share = len(self._rank) >= SPREAD_FROM * 2
+        self._may_share = len(jobs) >= SPREAD_FROM * 2
         #: The last claim of this replica's share won none of it.
         self._unseen = False
 
@@ -157,7 +155,7 @@ class Peers:
 
     def tick(self, now: datetime) -> None:
         """Read the live replicas if it is time (the first time: now)."""
-        if self._reading or not self._rank:
+        if self._reading or not self._jobs:
             return
         if self._last_read is None:
             self._read_at = now
@@ -259,8 +257,8 @@ class Peers:
         # learns the others only by claiming a share that they take part of.
         if len(states) < SPREAD_FROM * max(2, len(view)):
             return None
-        rank = self._rank
-        ordered = sorted(states, key=lambda state: rank.get(state.job.name, -1))
+        # Every replica deals the jobs in this order: their names'.
+        ordered = sorted(states, key=_name)
         count = len(view)
         first = int(instant.timestamp()) % count
         me = view.index(self._replica_id)
@@ -316,3 +314,7 @@ def _after_claims(when: datetime) -> datetime:
     """
     at = when.replace(microsecond=0) + _GRACE
     return at if at >= when else at + _SECOND
+
+
+def _name(state: JobState) -> str:
+    return state.job.name

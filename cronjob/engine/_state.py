@@ -84,9 +84,6 @@ class JobState:
     timeout: float | None = field(init=False, default=None)
     #: Its policy's start deadline, ``None``: none.
     start_deadline: timedelta | None = field(init=False, default=None)
-    #: The latest ``(instant, its schedule's next instant)`` asked of :meth:`next_after`:
-    #: a claim asks it (the row's ``due_s``), the round's end asks it again.
-    _next: tuple[datetime, datetime | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         policy = self.job.policy
@@ -95,15 +92,12 @@ class JobState:
         self.policed = policy.acts_on_rounds
 
     def next_after(self, instant: datetime) -> datetime | None:
-        """The job's first instant strictly after ``instant`` (``None``: none), computed
-        once per instant: the claim of ``instant`` writes it on the lease row, and the
-        end of its round schedules it. The dispatcher's thread only."""
-        known = self._next
-        if known is not None and known[0] == instant:
-            return known[1]
-        following = self.job.schedule.next(instant)
-        self._next = (instant, following)
-        return following
+        """The job's first instant strictly after ``instant`` (``None``: none): the claim
+        of ``instant`` writes it on the lease row, and the end of its round schedules it.
+        Asked of the job's schedule, which every job on its spec shares and which keeps
+        its last answer (see :class:`cronjob.Schedule`): the jobs due at one instant
+        compute it once."""
+        return self.job.schedule.next(instant)
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -110,7 +110,8 @@ class Sweeper:
         # (name -> (token, expires_ms)), give-backs seen, whether the sweep waits for
         # one of those, and the earliest expiry the last sweep read.
         self._post = post
-        self._wanted = set(names)
+        # Only watched on an in-process clock: a set of 100,000 names is 4 MB.
+        self._wanted: Collection[str] = set(names) if clock.in_process else ()
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, int | None]] = {}
         self._claimed: dict[str, int] = {}  # name -> latest instant claimed (epoch s)
