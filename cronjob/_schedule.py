@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import functools
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -190,13 +191,7 @@ class Schedule:
             ValueError: ``after`` is naive.
         """
         start = _floor_seconds(after, "after") + 1
-        last = self._last_next
-        if last[0] == start:
-            return last[1]
-        found = self._first_at_or_after(start)
-        instant = None if found is None else _EPOCH + timedelta(seconds=found)
-        object.__setattr__(self, "_last_next", (start, instant))  # frozen: the memo only
-        return instant
+        return self._answer("_last_next", start, self._first_at_or_after)
 
     def prev(self, before: datetime) -> datetime | None:
         """Return the last instant strictly before ``before``.
@@ -219,13 +214,7 @@ class Schedule:
         floor, fraction = _split_seconds(before, "before")
         # The last whole second strictly before `before`.
         limit = floor if fraction else floor - 1
-        last = self._last_prev
-        if last[0] == limit:
-            return last[1]
-        found = self._last_at_or_before(limit)
-        instant = None if found is None else _EPOCH + timedelta(seconds=found)
-        object.__setattr__(self, "_last_prev", (limit, instant))  # frozen: the memo only
-        return instant
+        return self._answer("_last_prev", limit, self._last_at_or_before)
 
     def on_transition(self, instant: datetime) -> bool:
         """Return whether ``instant`` falls on a daylight-saving transition of the zone.
@@ -242,6 +231,17 @@ class Schedule:
         return self._dst_mark(instant) is not None
 
     # -- evaluation ------------------------------------------------------------------
+
+    def _answer(self, memo: str, second: int, find: Callable[[int], int | None]) -> datetime | None:
+        """``find(second)`` as an instant, kept in the attribute ``memo`` with ``second``
+        (the last question asked): asked again, the kept answer."""
+        last: tuple[int, datetime | None] = getattr(self, memo)
+        if last[0] == second:
+            return last[1]
+        found = find(second)
+        instant = None if found is None else _EPOCH + timedelta(seconds=found)
+        object.__setattr__(self, memo, (second, instant))  # frozen: the memo only
+        return instant
 
     def _first_at_or_after(self, start: int) -> int | None:
         """Return the first instant at or after ``start`` (epoch seconds), or None."""
