@@ -153,6 +153,16 @@ def replicas(clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
         yield start
 
 
+def run_sql(url: str, *statements: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
 def run_day_one(outage: Outage, registry: cronjob.Registry, clock: FakeClock) -> None:
     """Run the daily job's first instant, then leave the database alone until 08:59:30 the
     next day (no day of sweeps to wait)."""
@@ -217,6 +227,40 @@ class TestOutage:
         assert rounds.seen[0].started <= NINE + timedelta(seconds=16 + 8)  # next probe
         clock.advance(60)
         assert rounds.instants() == [NINE]
+
+    @pytest.mark.parametrize(
+        "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+    )
+    def test_an_instant_owed_at_start_is_caught_up_when_start_ups_write_failed(
+        self, outage, replicas, clock, db_url
+    ):
+        """Restarted across 09:00, a replica whose start-up write fails (a new job's row;
+        the migration passed) owes 09:00 as an outage would: caught up once the database
+        takes the write. The write fails as a cancelled statement does (SQLSTATE 57014, a
+        statement past its bound), raised by a trigger of the test's own on PostgreSQL."""
+        rounds = Rounds(clock)
+        day_one, deployed = cronjob.Registry(), cronjob.Registry()
+        for registry in (day_one, deployed):
+            registry.register(rounds.job, "0 0 9 * * *", "digest")
+        deployed.register(rounds.job, "0 0 3 * * *", "fresh")  # its row: a write at start
+        run_day_one(outage, day_one, clock)
+        clock.advance_to(NINE + DAY + timedelta(seconds=30))
+        refuse = (
+            "CREATE FUNCTION refuse_fresh() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.name = 'fresh' THEN RAISE EXCEPTION 'refused' USING ERRCODE = '57014'; "
+            "END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_fresh BEFORE INSERT ON cronjob_lease "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_fresh()",
+        )
+        run_sql(db_url, *refuse)
+        replicas(outage.database(), deployed, "a")
+        clock.advance(5)
+        assert rounds.instants() == [NINE]
+        run_sql(db_url, "DROP TRIGGER refuse_fresh ON cronjob_lease")
+        clock.advance(10)
+        assert rounds.instants() == [NINE, NINE + DAY]
+        clock.advance(60)
+        assert rounds.instants() == [NINE, NINE + DAY]
 
     def test_a_job_every_10_s_catches_up_once_then_resumes(self, outage, replicas, clock):
         rounds = Rounds(clock)

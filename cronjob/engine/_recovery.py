@@ -192,7 +192,12 @@ class Recovery:
 
         def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
             self.catch_up_pending = False
-            if isinstance(result, BaseException):
+            if isinstance(result, lease.DatabaseUnavailable):
+                # What start-up owes is then owed as an outage's: the probes read the
+                # rows until the database answers, and catch up the latest instant.
+                log.warning("reading the lease table for catch-up failed: %s", result)
+                self.database_lost()
+            elif isinstance(result, BaseException):
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
