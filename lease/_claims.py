@@ -419,10 +419,11 @@ class _Claims(_StoreCore):
         token = _new_token()
         now_ms = self._clock_ms()
         now = self._now(now_ms)
+        among, params = self._among(wanted)
         stmt = (
             _t.update()
             .where(
-                self._among(wanted),
+                among,
                 _t.c.instant == epoch,
                 _t.c.attempt == 1,
                 _t.c.state.in_(_UNFINISHED),
@@ -448,6 +449,7 @@ class _Claims(_StoreCore):
                 (_t.c.name,),
                 lambda: (_t.c.token == token, _t.c.name.in_(wanted)),
                 tuples=True,
+                **params,
             )
             self._held([(row[0], token) for row in rows], now_ms, epoch)
         won = {row[0] for row in rows}

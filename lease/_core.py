@@ -221,16 +221,17 @@ class _StoreCore:
             return _t.c.name == sa.any_(array)
         return _t.c.name.in_(names)
 
-    def _among(self, names: list[str]) -> sa.ColumnElement[bool]:
-        """``name IN names``; on PostgreSQL against one JSON text made an array once (see
-        :meth:`_claim_statement`), not a parameter per name."""
+    def _among(self, names: list[str]) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
+        """``name IN names``, and the execution parameter (``among``) that carries the
+        names: bound when the statement runs, not kept in it (SQLAlchemy's cache of
+        compiled statements keeps the values of the first statement of each shape). On
+        PostgreSQL one JSON text, made an array once (see ``_Claims._claim_statement``),
+        not a parameter per name."""
         if not self._postgres:
-            return _t.c.name.in_(names)
-        listed = sa.cast(
-            sa.bindparam("among", json.dumps(names), type_=sa.Text()), postgresql.JSON()
-        )
+            return _t.c.name.in_(sa.bindparam("among", expanding=True)), {"among": names}
+        listed = sa.cast(sa.bindparam("among", type_=sa.Text()), postgresql.JSON())
         elements = sa.select(sa.func.json_array_elements_text(listed)).scalar_subquery()
-        return _t.c.name == sa.any_(sa.func.array(elements))
+        return _t.c.name == sa.any_(sa.func.array(elements)), {"among": json.dumps(names)}
 
     def _pair_in(self, pairs: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
         """``(name, token) IN pairs``; on PostgreSQL against the rows of one JSON

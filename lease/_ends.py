@@ -59,8 +59,9 @@ class _Ends(_StoreCore):
 
     def give_back_all(self, names: Collection[str], token: int) -> int:
         """:meth:`give_back` for each of ``names``, leases of one claim (``token``) that
-        will not run here (the claim came back too late, or a drain began before their
-        instant): one statement for all of them, none for an empty ``names``.
+        will not run here (the claim came back too late, no thread could run them, a
+        drain began before their instant): one statement for all of them, none for an
+        empty ``names``.
 
         Returns:
             How many were given back (rows that still had ``token`` and were ``running``).
@@ -68,14 +69,25 @@ class _Ends(_StoreCore):
         wanted = _names(names)
         if not wanted:
             return 0
-        held = sa.and_(self._among(wanted), *_running_under(token))
-        stmt = self._in_name_order(_t.update(), held).values(self._cut())
+        among, params = self._among(wanted)
+        stmt = self._in_name_order(_t.update(), sa.and_(among, *_running_under(token)))
+        stmt = stmt.values(self._cut())
+        cut = _t.c.state == LeaseState.CUT.value
         with translate_errors("give back leases"), self._transaction() as conn:
-            given = int(conn.execute(stmt).rowcount)
+            # Without RETURNING (MariaDB), the rows of the token now cut: a row this token
+            # had cut before is counted too, and nothing is harmed by hearing it again.
+            given = self._update_returning(
+                conn,
+                stmt,
+                (_t.c.name,),
+                lambda: (_t.c.token == token, _t.c.name.in_(wanted), cut),
+                tuples=True,
+                **params,
+            )
         if given:  # after the commit: a sweep it wakes must find them
-            leases = tuple((name, token) for name in wanted)
+            leases = tuple((row[0], token) for row in given)
             self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=leases))
-        return given
+        return len(given)
 
     def _cut(self) -> dict[sa.Column[Any], Any]:
         """What a give-back writes: state ``cut``, the lease free, the outcome ``'cut

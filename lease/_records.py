@@ -227,15 +227,16 @@ _SAMPLES: Final = 8
 
 def job_needles(jobs: Mapping[str, str]) -> list[str]:
     """What :func:`lists_one_of` looks for: for a few of ``jobs`` (name -> spec, spread
-    over their names' order), the start of the entry :func:`jobs_json` writes for the
-    job leased on that spec."""
+    over their names' order), the entry :func:`jobs_json` writes for the job leased on
+    that spec, as it starts after the ``{`` or ``,`` before it."""
     names = sorted(jobs)
     step = max(1, len(names) // _SAMPLES)
-    return [
+    entries = [
         f"{json.dumps(name)}:{{{json.dumps('spec')}:{json.dumps(jobs[name])},"
         f"{json.dumps('leased')}:true"
         for name in names[::step][:_SAMPLES]
     ]
+    return [before + entry for entry in entries for before in "{,"]
 
 
 def lists_one_of(text: object, jobs: Mapping[str, str], needles: Iterable[str]) -> bool:
@@ -245,8 +246,11 @@ def lists_one_of(text: object, jobs: Mapping[str, str], needles: Iterable[str]) 
     one of ``needles`` (:func:`job_needles`) is in its text, found without parsing it
     (the text of 100,000 jobs is ~5 MB, parsed ~40 MB and a tenth of a second). Any other
     record is parsed and its leased names compared with ``jobs``. A needle cannot match
-    inside a value: within a JSON string its quotes would be escaped.
+    inside a value (within a JSON string its quotes would be escaped), nor the end of
+    another key (it starts with the ``{`` or ``,`` that comes before a key).
     """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
         return False
     if any(needle in text for needle in needles):

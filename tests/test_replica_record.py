@@ -237,12 +237,17 @@ class TestLeasing:
         policies = {"job-00000": {"timeout": 5.0}}
         text = lease_records.jobs_json({n: (spec, True) for n, spec in mine.items()}, policies)
         needles = lease_records.job_needles(mine)
-        assert 1 < len(needles) <= 8
-        assert all(needle in text for needle in needles)
+        assert 1 < len(needles) <= 16
+        assert all(needle[1:] in text for needle in needles)
+        assert any(needle in text for needle in needles)
         assert lease_records.lists_one_of(text, mine, needles)
         # A needle within a string value (its quotes escaped there) is not an entry.
         hidden = lease_records.jobs_json({"x": (needles[0], True)})
         assert not lease_records.lists_one_of(hidden, mine, needles)
+        # Nor the end of another key: job 'x"job-00000' is not job-00000.
+        tail = lease_records.jobs_json({f'x"{name}': (spec, True) for name, spec in mine.items()})
+        assert not lease_records.lists_one_of(tail, mine, needles)
+        assert lease_records.lists_one_of(text.encode(), mine, needles)
         assert not lease_records.lists_one_of(None, mine, needles)
         assert not lease_records.lists_one_of("not json", mine, needles)
 

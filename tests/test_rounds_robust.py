@@ -26,7 +26,7 @@ import cronjob
 import lease
 from cronjob import Registry
 from cronjob.testing import FakeClock
-from tests._helpers import refuse_thread_starts
+from tests._helpers import refuse_thread_starts, statements
 
 #: A Monday, on the hour: the first every-minute instant is 09:01:00.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -98,6 +98,25 @@ class TestNoThreadForARound:
         no_round_threads(False)
         clock.advance_to(at(2, 5))  # the sweep (every ~15 s) re-runs it; then 09:02 runs
         assert rounds.of("tick") == [(at(1), 2, "a"), (at(2), 1, "a")]
+
+    def test_the_rounds_of_a_claim_no_thread_can_run_are_given_back_in_one_statement(
+        self, db_url, replicas, clock, rounds, no_round_threads
+    ):
+        registry = Registry()
+        names = [f"tick-{i}" for i in range(6)]
+        for name in names:
+            registry.register(rounds.record, "0 * * * * *", name)
+        engine = lease.create_engine(db_url)
+        give_backs = statements(engine, keep=lambda s: "last_outcome=CASE" in s)
+        replicas(registry, "a", database=engine)
+        no_round_threads(True)
+        with give_backs as sent:
+            clock.advance_to(at(1))
+        engine.dispose()
+        assert all(rounds.of(name) == [] for name in names)
+        for name in names:
+            assert lease_row(db_url, name).state is lease.LeaseState.CUT
+        assert len(sent) == 1, sent  # a give-back: state cut, "cut short" or "given up"
 
     def test_a_round_without_a_new_thread_waits_for_a_busy_one_with_its_lease_renewed(
         self, db_url, replicas, clock, rounds, no_round_threads, caplog

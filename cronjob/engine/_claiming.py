@@ -46,6 +46,9 @@ SATURATED_AFTER = 1.0
 
 log = logging.getLogger("cronjob")
 
+#: The most job names one log line lists.
+_NAMES_PER_LINE = 100
+
 _GRACE = timedelta(seconds=GRACE)
 
 
@@ -429,13 +432,17 @@ class Claims:
     ) -> None:
         """Give back the leases of rounds just won that will not run here."""
         if late:
-            log.warning(
-                "the claim of %s came back %.1f s after it was sent, when its leases may be "
-                "lost already: given back, not run here: %s",
-                batch.instant.isoformat(),
-                self._clock.monotonic() - claimed_at,
-                ", ".join(repr(state.job.name) for state in states),
-            )
+            took = self._clock.monotonic() - claimed_at
+            # A hundred names a line: a late share of 10,000 jobs in one line would be
+            # split by log collectors (Docker's lines are 16 KB), losing names.
+            for first in range(0, len(states), _NAMES_PER_LINE):
+                log.warning(
+                    "the claim of %s came back %.1f s after it was sent, when its leases may "
+                    "be lost already: given back, not run here: %s",
+                    batch.instant.isoformat(),
+                    took,
+                    ", ".join(repr(s.job.name) for s in states[first : first + _NAMES_PER_LINE]),
+                )
         self.hand_back([state.job.name for state in states], batch.token)
 
     def _report_claimed(
@@ -466,8 +473,8 @@ class Claims:
 
     def hand_back(self, names: list[str], token: int) -> None:
         """Give back the leases of ``names`` won with ``token`` that will not run here (a
-        drain began, the claim came back too late): one statement; as rounds cut short,
-        another replica's sweep runs them a second time."""
+        drain began, the claim came back too late, no thread could run them): one
+        statement; as rounds cut short, another replica's sweep runs them again."""
         self._control.run(lambda: self._store.give_back_all(names, token), lambda _result: None)
 
     def give_back(self, claims: lease.ClaimBatch | None) -> None:

@@ -335,6 +335,7 @@ class Dispatcher:
         per batch, and the first rounds run while the next are built."""
         for first in range(0, len(rounds), START_BATCH):
             runs: list[Run] = []
+            unstarted: list[Run] = []
             for state, token in rounds[first : first + START_BATCH]:
                 run = self.runner.prepare(
                     state,
@@ -357,18 +358,23 @@ class Dispatcher:
                 run.ended = True  # it never runs
                 self._forget(run)
                 if started is Start.NO_THREAD:  # it will never run: hand it on
-                    self._not_started(run, instant)
+                    unstarted.append(run)
+            if unstarted:
+                self._not_started(unstarted, instant)
 
-    def _not_started(self, run: Run, instant: datetime) -> None:
-        """Hand on a round no thread could run: its lease back, its schedule kept."""
-        state, token = run.state, run.token
-        if state.run is run:
-            state.run = None
-        if token is not None:
-            self._control.run(
-                lambda: self._store.give_back(state.job.name, token), lambda _result: None
-            )
-        self.schedule_after(state, instant)
+    def _not_started(self, runs: list[Run], instant: datetime) -> None:
+        """Hand on rounds no thread could run: their leases back (one statement per
+        token), their schedule kept."""
+        given: dict[int, list[str]] = {}
+        for run in runs:
+            state = run.state
+            if state.run is run:
+                state.run = None
+            if run.token is not None:
+                given.setdefault(run.token, []).append(state.job.name)
+            self.schedule_after(state, instant)
+        for token, names in given.items():
+            self.claims.hand_back(names, token)
 
     def start_manual(
         self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float
