@@ -12,6 +12,7 @@ from wsgiref.util import setup_testing_defaults
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.pool import NullPool
 
 import cronjob
 import lease
@@ -137,3 +138,15 @@ def replica_row(now: Any, jobs: int, spec: str = "0 * * * * *") -> lease.Replica
         seen=now,
         jobs={f"job-{i:05}": (spec, True) for i in range(jobs)},
     )
+
+
+def run_sql(url: str, *sql: str) -> None:
+    """Run ``sql`` (statements of the test's own: a grant, a trigger) in one transaction on
+    a short-lived engine."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for statement in sql:
+                conn.execute(sa.text(statement))
+    finally:
+        engine.dispose()

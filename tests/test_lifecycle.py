@@ -17,11 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
 import cronjob
 import lease
 from cronjob.testing import FakeClock
+from tests._helpers import run_sql
 from tests._process import run_module, run_until_started
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -303,16 +303,6 @@ def _with_user(url: str, user: str, password: str | None = None) -> str:
     )
 
 
-def _admin(url: str, *statements: str) -> None:
-    engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.begin() as conn:
-            for statement in statements:
-                conn.execute(sa.text(statement))
-    finally:
-        engine.dispose()
-
-
 def _start_refused(url: str) -> lease.DatabaseRefused:
     """Start a scheduler with one leased job on ``url``; return what start() raised."""
     registry = cronjob.Registry()
@@ -407,11 +397,11 @@ class TestDatabaseRefused:
     @pytest.mark.parametrize("server", REFUSING)
     def test_a_user_without_create_rights(self, request, server):
         url = request.getfixturevalue(server.fixture)
-        _admin(url, *server.grant(sa.make_url(url)))
+        run_sql(url, *server.grant(sa.make_url(url)))
         try:
             error = _start_refused(_with_user(url, "cronjob_noperm"))
         finally:
-            _admin(url, server.revoke(sa.make_url(url)))
+            run_sql(url, server.revoke(sa.make_url(url)))
         assert str(error).startswith("migrate the lease tables: a permission is missing: ")
         assert server.denied in str(error)
 

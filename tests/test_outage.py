@@ -32,6 +32,7 @@ from sqlalchemy import event
 import cronjob
 import lease
 from cronjob.testing import FakeClock
+from tests._helpers import run_sql
 from tests.faults.harness import JobSpec, Proxy, Scenario, wait_until, wall_now
 
 #: 08:59:00 on a Monday; the daily job's instant is 09:00:00.
@@ -151,16 +152,6 @@ def replicas(clock: FakeClock) -> Iterator[Callable[..., cronjob.Scheduler]]:
             return stack.enter_context(scheduler)
 
         yield start
-
-
-def run_sql(url: str, *statements: str) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.begin() as conn:
-            for statement in statements:
-                conn.execute(sa.text(statement))
-    finally:
-        engine.dispose()
 
 
 def run_day_one(outage: Outage, registry: cronjob.Registry, clock: FakeClock) -> None:
