@@ -6,7 +6,13 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from tests.faults.harness import JobSpec, RoundRecord, build_rounds, check_invariants
+from tests.faults.harness import (
+    JobSpec,
+    RoundRecord,
+    build_rounds,
+    check_invariants,
+    unrecorded_ends,
+)
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 JOB = JobSpec("tick", "* * * * * *", "work", 0.1)
@@ -69,3 +75,30 @@ def test_a_process_that_starts_one_instant_twice_shows_two_rounds_and_a_violatio
         f"re-run of a round that ran to its end (and on record): tick {instant} attempt 1 on "
         f"pid 7 (done) after tick {instant} attempt 1 on pid 7 (done)",
     ]
+
+
+def test_the_first_runs_a_replica_handed_back_unrun_are_read_from_its_log() -> None:
+    """The library's lines for first runs given back before they ran (a claim too late,
+    a drain before their instant, no thread): each names its jobs, and the checker lets
+    their second runs stand without a first."""
+    names = ", ".join(repr(f"job-{i}") for i in range(100))
+    output = "\n".join(
+        [
+            "2026-03-02 09:00:01,000 WARNING cronjob: the claim of 2026-03-02T09:00:01+00:00 "
+            "came back 12.0 s after it was sent, when its leases may be lost already: "
+            f"given back, not run here: {names}",
+            "2026-03-02 09:00:01,500 INFO    cronjob: the claim of 2026-03-02T09:00:02+00:00 "
+            "was won ahead of its instant, then a drain began: given back, not run here: 'tick'",
+            "2026-03-02 09:00:03,000 ERROR   cronjob: job 'late' : x",
+            "2026-03-02 09:00:03,000 ERROR   cronjob: job 'solo': the round of "
+            "2026-03-02T09:00:03+00:00 is not started: no worker thread could be started (x)",
+            "2026-03-02 09:00:04,000 WARNING cronjob: the claim of 2 second run(s) of "
+            "2026-03-02T09:00:04+00:00 came back too late to keep: given back",
+        ]
+    )
+    found = unrecorded_ends([output])
+    first = (T0 + timedelta(seconds=1)).isoformat()
+    assert {(f"job-{i}", first, 1) for i in range(100)} <= found
+    assert ("tick", (T0 + timedelta(seconds=2)).isoformat(), 1) in found
+    assert ("solo", (T0 + timedelta(seconds=3)).isoformat(), 1) in found
+    assert len(found) == 102

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -216,7 +216,8 @@ class Claims:
     def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
         """Draining before the instant of rounds won ahead: hand them on, as rounds cut
         short (another replica's sweep runs them; see :meth:`hand_back`)."""
-        self.hand_back([state.job.name for state in won], token)
+        why = "was won ahead of its instant, then a drain began"
+        self.hand_back(won, token, instant, why, logging.INFO)
         for state in won:
             self._dispatcher.schedule_after(state, instant)
 
@@ -431,19 +432,12 @@ class Claims:
         self, states: list[JobState], batch: lease.ClaimBatch, claimed_at: float, *, late: bool
     ) -> None:
         """Give back the leases of rounds just won that will not run here."""
+        took = self._clock.monotonic() - claimed_at
+        why = f"came back {took:.1f} s after it was sent, when its leases may be lost already"
         if late:
-            took = self._clock.monotonic() - claimed_at
-            # A hundred names a line: a late share of 10,000 jobs in one line would be
-            # split by log collectors (Docker's lines are 16 KB), losing names.
-            for first in range(0, len(states), _NAMES_PER_LINE):
-                log.warning(
-                    "the claim of %s came back %.1f s after it was sent, when its leases may "
-                    "be lost already: given back, not run here: %s",
-                    batch.instant.isoformat(),
-                    took,
-                    ", ".join(repr(s.job.name) for s in states[first : first + _NAMES_PER_LINE]),
-                )
-        self.hand_back([state.job.name for state in states], batch.token)
+            self.hand_back(states, batch.token, batch.instant, why, logging.WARNING)
+        else:
+            self.hand_back(states, batch.token, batch.instant, "met a drain", logging.INFO)
 
     def _report_claimed(
         self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
@@ -471,10 +465,27 @@ class Claims:
                 " after the database outage" if reason is Reason.OUTAGE else "",
             )
 
-    def hand_back(self, names: list[str], token: int) -> None:
-        """Give back the leases of ``names`` won with ``token`` that will not run here (a
-        drain began, the claim came back too late, no thread could run them): one
-        statement; as rounds cut short, another replica's sweep runs them again."""
+    def hand_back(
+        self, states: list[JobState], token: int, instant: datetime, why: str, level: int
+    ) -> None:
+        """Give back the leases of first runs of ``instant`` won with ``token`` that will
+        not run here (``why``: a drain began, the claim came back too late, no thread
+        could run them), in one statement; as rounds cut short, another replica's sweep
+        runs them again. Logged with every name, a hundred a line (one line of 10,000
+        would be split by log collectors): the fault suite's check reads them."""
+        names = [state.job.name for state in states]
+        for first in range(0, len(names), _NAMES_PER_LINE):
+            log.log(
+                level,
+                "the claim of %s %s: given back, not run here: %s",
+                instant.isoformat(),
+                why,
+                ", ".join(repr(name) for name in names[first : first + _NAMES_PER_LINE]),
+            )
+        self.give_back_names(names, token)
+
+    def give_back_names(self, names: list[str], token: int) -> None:
+        """Give back the leases of ``names`` won with ``token``, in one statement."""
         self._control.run(lambda: self._store.give_back_all(names, token), lambda _result: None)
 
     def give_back(self, claims: lease.ClaimBatch | None) -> None:
@@ -484,16 +495,4 @@ class Claims:
         try:
             self._store.give_back_all(claims.names, claims.token)
         except lease.LeaseError as exc:
-            log.warning(
-                "giving back %d lease(s) won at stop failed (%s): %s",
-                len(claims.names),
-                _some(claims.names),
-                exc,
-            )
-
-
-def _some(names: Iterable[str], most: int = 5) -> str:
-    """The first ``most`` of ``names``, quoted, and how many more there are."""
-    listed = list(names)
-    shown = ", ".join(repr(name) for name in listed[:most])
-    return shown if len(listed) <= most else f"{shown} and {len(listed) - most} more"
+            log.warning("giving back %d lease(s) won at stop failed: %s", len(claims.names), exc)

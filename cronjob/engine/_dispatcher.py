@@ -374,7 +374,7 @@ class Dispatcher:
                 given.setdefault(run.token, []).append(state.job.name)
             self.schedule_after(state, instant)
         for token, names in given.items():
-            self.claims.hand_back(names, token)
+            self.claims.give_back_names(names, token)
 
     def start_manual(
         self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float

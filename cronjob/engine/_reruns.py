@@ -121,6 +121,6 @@ class Reruns:
                     len(result.names),
                     instant.isoformat(),
                 )
-            dispatcher.claims.hand_back(list(result.names), result.token)
+            dispatcher.claims.give_back_names(list(result.names), result.token)
             return {}
         return dict.fromkeys(result.names, result.token)

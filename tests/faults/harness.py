@@ -968,9 +968,10 @@ _UNRECORDED = re.compile(
 _NOT_STARTED = re.compile(
     r"job '(?P<job>[^']+)': the round of (?P<instant>\S+) is not started: no worker thread"
 )
-#: The same for every round of a claim that came back too late, in one line.
+#: The same for the rounds of a claim given back unrun (it came back too late, or a drain
+#: began before their instant), a hundred names a line.
 _CLAIM_HANDED_BACK = re.compile(
-    r"the claim of (?P<instant>\S+) came back .* given back, not run here: (?P<jobs>.*)$",
+    r"the claim of (?P<instant>\S+) .*: given back, not run here: (?P<jobs>.*)$",
     re.MULTILINE,
 )
 
