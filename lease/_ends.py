@@ -21,11 +21,6 @@ def _plain_where(stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
     return stmt.where(where)
 
 
-def _carrying(stmt: sa.Update, cte: sa.CTE | None) -> sa.Update:
-    """``stmt``, carrying the data-modifying ``cte`` if there is one."""
-    return stmt if cte is None else stmt.add_cte(cte)
-
-
 def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
     """The rows whose round is still running under ``token``."""
     return (_t.c.token == _check_token(token), _is_running())
@@ -39,7 +34,8 @@ class _Ends(_StoreCore):
 
         On record, the round ended ``'cut short'`` — or ``'given up'`` for a second run,
         which counts as one more failure in a row. ``record``, if given, is added to the
-        history in the same transaction (in the same statement on PostgreSQL).
+        history in the same transaction (in the same statement on PostgreSQL), only if
+        the lease is given back: a history row is on record exactly when its end is.
 
         Returns:
             ``True`` when the row still had ``token`` and was ``running``; ``False``
@@ -48,20 +44,22 @@ class _Ends(_StoreCore):
         (wanted,) = _names([name])
         stmt = _t.update().where(_t.c.name == wanted, *_running_under(token)).values(self._cut())
         records = [] if record is None else [round_values(record)]
-        carried = self._history_cte(records)  # PostgreSQL: one statement
         with translate_errors("give back a lease"), self._transaction() as conn:
-            given = conn.execute(_carrying(stmt, carried)).rowcount == 1
-            if records and carried is None:
-                conn.execute(_h.insert(), records)
+            given = bool(self._ending(conn, stmt, {(wanted, token)}, records, set))
         if given:  # after the commit: a sweep it wakes must find it
             self._tell(LeaseWrite(kind=WriteKind.GIVEN_BACK, leases=((wanted, token),)))
         return given
 
     def give_back_all(self, names: Collection[str], token: int) -> int:
-        """:meth:`give_back` for each of ``names``, leases of one claim (``token``) that
-        will not run here (the claim came back too late, no thread could run them, a
-        drain began before their instant): one statement for all of them, none for an
-        empty ``names``.
+        """Give back the leases of ``names``, rounds of one claim (``token``) that never
+        started and will not run here (the claim came back too late, no thread could run
+        them, a drain began before they started): one statement for all of them, none for
+        an empty ``names``.
+
+        Each is left owed as a round cut short at its first attempt (state ``cut``,
+        attempt 1, ``'cut short'``, the failures in a row as they were), whatever the
+        claim was: a first run, or a second run (:meth:`claim_reruns`) handed back unrun,
+        which a sweep then claims again as a second run instead of giving it up.
 
         Returns:
             How many were given back (rows that still had ``token`` and were ``running``).
@@ -71,7 +69,13 @@ class _Ends(_StoreCore):
             return 0
         among, params = self._among(wanted)
         stmt = self._in_name_order(_t.update(), sa.and_(among, *_running_under(token)))
-        stmt = stmt.values(self._cut())
+        stmt = stmt.values(
+            state=LeaseState.CUT.value,
+            expires_ms=None,
+            last_end_ms=self._now(),
+            last_outcome="cut short",
+            attempt=1,
+        )
         cut = _t.c.state == LeaseState.CUT.value
         with translate_errors("give back leases"), self._transaction() as conn:
             # Without RETURNING (MariaDB), the rows of the token now cut: a row this token
@@ -143,14 +147,16 @@ class _Ends(_StoreCore):
         ``(name, token, ended)`` triples for rounds that succeeded without a record.
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
-        one), each with the same conditions as :meth:`finish`, and one INSERT of every
-        history row given (on PostgreSQL carried by the first UPDATE, as a
-        data-modifying ``WITH``: a batch of one group is one statement); with more than
-        one UPDATE, a ``SELECT ... FOR UPDATE`` first
-        locks the batch's rows in name order, the order a renewal locks them in. None
-        for an empty ``ends``. An end with ``retrying`` (an
-        attempt followed by another, see :class:`Ending`) keeps its lease: the row stays
-        ``running``, its attempt becomes 2, and its history row is added.
+        one), each with the same conditions as :meth:`finish`, and the history rows of
+        the ends it wrote, and of no other (on PostgreSQL in the UPDATE's statement, see
+        ``_ending``: a batch of one group is one statement; elsewhere one INSERT after
+        it); with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first locks the
+        batch's rows in name order, the order a renewal locks them in. None for an empty
+        ``ends``. An end with ``retrying`` (an attempt followed by another, see
+        [Ending][lease.Ending]) keeps its lease: the row stays ``running``, its attempt
+        becomes 2, and its history row is added. An end with ``holding`` (a round whose
+        job outlived its timeout, recorded before its process ends) is written as any
+        end, but the row stays ``running`` and held, its attempt 2.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its
@@ -161,9 +167,8 @@ class _Ends(_StoreCore):
     def _finish(
         self, ends: Collection[tuple[str, int, datetime] | Ending], action: str
     ) -> set[tuple[str, int]]:
-        # Grouped by (ended second, outcome word, retrying).
-        groups: dict[tuple[int, str, bool], list[Ending]] = {}
-        records: list[dict[str, Any]] = []
+        # Grouped by (ended second, outcome word, retrying, holding).
+        groups: dict[tuple[int, str, bool, bool], list[Ending]] = {}
         endings: list[Ending] = []
         for end in ends:
             if not isinstance(end, Ending):
@@ -171,27 +176,22 @@ class _Ends(_StoreCore):
                 end = Ending(name=name, token=token, ended=ended)
             endings.append(end)
         _names([end.name for end in endings])  # the batch's names checked in one call
-        last: tuple[int, str, bool] | None = None
+        last: tuple[int, str, bool, bool] | None = None
         group: list[Ending] = []
         for end in endings:
             _check_token(end.token)
-            key = (_seconds_floor(end.ended, "ended"), end.word, end.retrying)
+            key = (_seconds_floor(end.ended, "ended"), end.word, end.retrying, end.holding)
             if key != last:  # ends of a batch come mostly in runs of one second and outcome
                 group = groups.setdefault(key, [])
                 last = key
             group.append(end)
-            if end.record is not None:
-                records.append(round_values(end.record))
         if not groups:
             return set()
         recorded: set[tuple[str, int]] = set()
         released: set[tuple[str, int]] = set()
         now = self._now()
         in_order = self._in_name_order
-        # PostgreSQL: the history rows ride on the batch's first UPDATE (one statement
-        # fewer per batch); elsewhere they are inserted after the UPDATEs.
-        recorded_cte = self._history_cte(records)
-        carried = recorded_cte is not None  # every batch has an UPDATE to carry them
+        later: list[dict[str, Any]] = []  # the history rows to insert (not on PostgreSQL)
         with translate_errors(action), self._transaction() as conn:
             if len(groups) > 1:
                 # Several UPDATEs whose names interleave: every row of the batch locked
@@ -200,20 +200,23 @@ class _Ends(_StoreCore):
                 batch = [(end.name, end.token) for end in endings]
                 self._lock_in_name_order(conn, sa.and_(self._pair_in(batch), _is_running()))
                 in_order = _plain_where
-            for (ended_s, word, retrying), group in groups.items():
+            for (ended_s, word, retrying, holding), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)
-                unique = set(pairs)
+                records = [round_values(end.record) for end in group if end.record is not None]
+                stmt = in_order(_t.update(), sa.and_(mine, _is_running()))
+
+                def still_running(mine: sa.ColumnElement[bool] = mine) -> set[tuple[str, int]]:
+                    # Rows these ends left running and held: a token is drawn per claim,
+                    # so a running row with one of them is one written here.
+                    again = sa.select(_t.c.name, _t.c.token).where(mine, _is_running())
+                    return {(name, int(token)) for name, token in conn.execute(again)}
+
                 if retrying:
                     # The lease stays held (the keeper renews it through the backoff);
                     # only the attempt moves on, so a cut from now on is given up.
-                    stmt = in_order(_t.update(), sa.and_(mine, _is_running()))
-                    stmt, recorded_cte = _carrying(stmt, recorded_cte), None
-                    if conn.execute(stmt.values(attempt=2)).rowcount == len(unique):
-                        recorded |= unique
-                        continue
-                    again = sa.select(_t.c.name, _t.c.token).where(mine, _is_running())
-                    recorded.update((name, int(token)) for name, token in conn.execute(again))
+                    stmt = stmt.values(attempt=2)
+                    recorded |= self._ending(conn, stmt, set(pairs), records, still_running, later)
                     continue
                 outcome: dict[str, Any]
                 if word == "succeeded":
@@ -233,32 +236,40 @@ class _Ends(_StoreCore):
                         outcome["last_error"] = sa.func.coalesce(error, _t.c.last_error)
                     else:
                         outcome["failures"] = sa.func.coalesce(_t.c.failures, 0) + 1
-                stmt = in_order(_t.update(), sa.and_(mine, _is_running())).values(
+                if holding:
+                    # The round is on record, but its job still runs: the lease stays
+                    # held until it expires with the process, and attempt 2 keeps the
+                    # round from a second run.
+                    stmt = stmt.values(
+                        attempt=2, skipped_through=ended_s, last_end_ms=now, **outcome
+                    )
+                    recorded |= self._ending(conn, stmt, set(pairs), records, still_running, later)
+                    continue
+                stmt = stmt.values(
                     state=LeaseState.DONE.value,
                     expires_ms=None,
                     skipped_through=ended_s,
                     last_end_ms=now,
                     **outcome,
                 )
-                stmt, recorded_cte = _carrying(stmt, recorded_cte), None
-                # Every row written (the common case, and the rowcount says so): no row
-                # to send back and parse. Otherwise, read which: a token is drawn per
-                # claim and ends once, so a row with one of these tokens that is now
-                # done was finished here.
-                if conn.execute(stmt).rowcount == len(unique):
-                    recorded |= unique
-                    released |= unique
-                    continue
-                done = sa.select(_t.c.name, _t.c.token).where(
-                    mine,
-                    _t.c.state == LeaseState.DONE.value,
-                    _t.c.skipped_through == ended_s,
-                )
-                finished = {(name, int(token)) for name, token in conn.execute(done)}
-                recorded |= finished
-                released |= finished
-            if records and not carried:
-                conn.execute(_h.insert(), records)
+
+                def finished(
+                    mine: sa.ColumnElement[bool] = mine, ended_s: int = ended_s
+                ) -> set[tuple[str, int]]:
+                    # A token is drawn per claim and ends once, so a row with one of
+                    # these tokens that is now done was finished here.
+                    done = sa.select(_t.c.name, _t.c.token).where(
+                        mine,
+                        _t.c.state == LeaseState.DONE.value,
+                        _t.c.skipped_through == ended_s,
+                    )
+                    return {(name, int(token)) for name, token in conn.execute(done)}
+
+                written = self._ending(conn, stmt, set(pairs), records, finished, later)
+                recorded |= written
+                released |= written
+            if later:
+                conn.execute(_h.insert(), later)
         if released and self._watched():
             self._tell(LeaseWrite(kind=WriteKind.RELEASED, leases=tuple(released)))
         return recorded

@@ -85,6 +85,11 @@ class Ending:
     #: the row stays ``running`` and held, its attempt becomes 2 (a run after the first:
     #: cut short from now on, it is given up), and only the history row is added.
     retrying: bool = False
+    #: The round is on record, but its job still runs (it ignored its timeout, and its
+    #: process is about to end): the row is written as any end's, except that it stays
+    #: ``running`` and held until the lease expires, its attempt 2 (never run a second
+    #: time), so no replica starts the job while it may still run.
+    holding: bool = False
 
     @property
     def word(self) -> str:

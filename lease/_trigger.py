@@ -302,7 +302,8 @@ class Triggers:
         ``'failed'``, ``'timed_out'``, ``'cut short'`` (it is taken again) or
         ``'given up'``. Frees the lease (leased names) and puts the outcome on the lease
         row, without touching its instant, attempt or state; adds ``record`` to the
-        history. One transaction.
+        history if the end is on record (the round still held its lease). One
+        transaction.
 
         Returns:
             ``True`` when the round still held its lease (always for a per-instance one):
@@ -334,7 +335,7 @@ class Triggers:
                 .where(_q.c.id == request_id, _q.c.token == token)
                 .values(state=state.value, outcome=outcome, error=summary, ended_ms=now)
             )
-            if record is not None:
+            if record is not None and held:  # on record exactly when its end is
                 conn.execute(_h.insert(), [round_values(record)])
         if leased and held:
             store._released(name, token, given_back=cut)

@@ -527,12 +527,12 @@ class TestGiveBackAndFinish:
             assert store.finish_many(ends) == {(c.name, c.token) for c in claims}
         # Two groups (succeeded, failed): one UPDATE each, after the batch's lock of its
         # rows in name order (not on SQLite), and the history's INSERT: on PostgreSQL
-        # carried by the first UPDATE, elsewhere a statement of its own.
+        # each group's rows carried by its UPDATE, elsewhere one statement of its own.
         dialect = migrated_engine.dialect.name
         assert len(sent) == {"postgresql": 3, "sqlite": 3, "mysql": 4}[dialect]
         inserts = [s for s in sent if "INSERT INTO cronjob_round" in s]
-        assert len(inserts) == 1
-        assert ("UPDATE cronjob_lease" in inserts[0]) == (dialect == "postgresql")
+        assert len(inserts) == (2 if dialect == "postgresql" else 1)
+        assert all(("UPDATE cronjob_lease" in s) == (dialect == "postgresql") for s in inserts)
         for name in names:
             [round_] = store.rounds(name, limit=5)
             assert (round_.instant, round_.ended, round_.holder) == (T0, T1, "r1")
@@ -731,6 +731,92 @@ class TestClaimRerun:
         assert {rows["a"].token, rows["c"].token} == {batch.token}
         assert store.claim_reruns([], T0, "r2").names == ()
 
+    def test_ends_not_on_record_add_no_history_row(self, store, manual_clock):
+        """r1's lease expired and r2 took the second run: r1's ends write nothing, and so
+        no history row either (finish_many, give_back with a record, a manual end)."""
+        store.ensure(["a", "b"])
+        first = {c.name: c for c in store.claim(["a", "b"], T0, "r1")}
+        manual_clock.advance(15)
+        batch = store.claim_reruns(["a", "b"], T0, "r2")
+        assert batch.names == ("a", "b")
+        ends = [
+            lease.Ending(
+                name=name,
+                token=first[name].token,
+                ended=T1,
+                record=ended_round(name, "succeeded"),
+            )
+            for name in ("a", "b")
+        ]
+        assert store.finish_many(ends) == set()
+        assert store.give_back("a", first["a"].token, record=ended_round("a", "cut short")) is False
+        assert store.rounds("a", limit=5) == [] and store.rounds("b", limit=5) == []
+        rows = store.read(["a", "b"])
+        assert {name: (row.holder, row.attempt) for name, row in rows.items()} == {
+            "a": ("r2", 2),
+            "b": ("r2", 2),
+        }
+
+    def test_a_batch_partly_on_record_adds_the_history_rows_of_those_ends_only(
+        self, store, manual_clock
+    ):
+        store.ensure(["a", "b", "c"])
+        first = {c.name: c for c in store.claim(["a", "b", "c"], T0, "r1")}
+        manual_clock.advance(15)
+        store.claim_reruns(["b"], T0, "r2")  # b's second run: r1's token no longer holds it
+        ends = [
+            lease.Ending(
+                name=name,
+                token=first[name].token,
+                ended=T1,
+                succeeded=name != "c",
+                error=None if name != "c" else "Boom: c",
+                record=ended_round(name, "succeeded" if name != "c" else "failed", "Boom: c"),
+            )
+            for name in ("a", "b", "c")
+        ]
+        recorded = store.finish_many(ends)
+        assert recorded == {("a", first["a"].token), ("c", first["c"].token)}
+        assert [r.outcome for r in store.rounds("a", limit=5)] == ["succeeded"]
+        assert store.rounds("b", limit=5) == []
+        assert [r.outcome for r in store.rounds("c", limit=5)] == ["failed"]
+
+    def test_a_holding_end_is_on_record_and_keeps_the_lease(self, store, manual_clock):
+        """A round whose job outlived its timeout: its outcome, failure and history row
+        are on record, its lease stays held, and it is never run a second time."""
+        store.ensure(["a"])
+        (claim,) = store.claim(["a"], T0, "r1")
+        expires_ms = store.read(["a"])["a"].expires_ms
+        ending = lease.Ending(
+            name="a",
+            token=claim.token,
+            ended=T0 + timedelta(seconds=15),
+            succeeded=False,
+            error="TimedOut: past 10 s",
+            outcome="timed_out",
+            record=ended_round("a", "timed_out", "TimedOut: past 10 s"),
+            holding=True,
+        )
+        assert store.finish_many([ending]) == {("a", claim.token)}
+        row = store.read(["a"])["a"]
+        assert (row.state, row.holder, row.token, row.attempt) == (
+            lease.LeaseState.RUNNING,
+            "r1",
+            claim.token,
+            2,
+        )
+        assert row.expires_ms == expires_ms is not None
+        assert (row.last_outcome, row.last_error, row.failures) == (
+            "timed_out",
+            "TimedOut: past 10 s",
+            1,
+        )
+        assert [r.outcome for r in store.rounds("a", limit=5)] == ["timed_out"]
+        assert store.claim(["a"], T1, "r2") == []  # held until it expires
+        manual_clock.advance(15)
+        assert store.claim_rerun("a", T0, "r2") is None  # never a second run
+        assert [c.name for c in store.claim(["a"], T1, "r2")] == ["a"]
+
 
 class TestGiveBackAll:
     def test_it_gives_back_the_running_rounds_of_the_token_in_one_statement(self, store):
@@ -751,6 +837,30 @@ class TestGiveBackAll:
         }
         assert rows["a"].expires_ms is None and rows["d"].token == other.token
         assert store.give_back_all([], first["a"].token) == 0
+
+    def test_a_second_run_handed_back_unrun_stays_owed(self, store, manual_clock):
+        """A second run claimed, then handed back before it started (a drain, a claim
+        that came back too late): cut short at attempt 1, not given up, so a sweep
+        claims it again; a first run handed back the same way reads the same."""
+        store.ensure(["a", "b"])
+        store.claim(["a", "b"], T0, "r1")
+        manual_clock.advance(15)  # r1 died: both leases expired
+        rerun = store.claim_reruns(["a"], T0, "r2")
+        assert store.give_back_all(["a"], rerun.token) == 1
+        row = store.read(["a"])["a"]
+        assert (row.state, row.attempt, row.last_outcome, row.failures) == (
+            lease.LeaseState.CUT,
+            1,
+            "cut short",
+            0,
+        )
+        found = store.survey(["a", "b"]).cut_short
+        assert [(c.name, c.instant, c.given_back) for c in found] == [
+            ("a", T0, True),
+            ("b", T0, False),
+        ]
+        again = store.claim_reruns(["a", "b"], T0, "r3")
+        assert (again.names, again.attempt) == (("a", "b"), 2)
 
 
 class TestHolds:
