@@ -242,54 +242,6 @@ class _StoreCore:
         rows = _json_rows("pairs", records, _t.c.name, _t.c.token)
         return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
 
-    def _ending(
-        self,
-        conn: Connection,
-        stmt: sa.Update,
-        pairs: set[tuple[str, int]],
-        records: list[dict[str, Any]],
-        read_back: Callable[[], set[tuple[str, int]]],
-        later: list[dict[str, Any]] | None = None,
-    ) -> set[tuple[str, int]]:
-        """Run ``stmt``, an UPDATE that ends the rounds of ``pairs`` (``(name, token)``),
-        and add to the history the rows of ``records`` (:func:`round_values`) whose round
-        it wrote, and no other: a history row is on record exactly when its end is.
-
-        Returns the pairs written: all of them when the UPDATE's count says so (the
-        common case: no row sent back to parse), else those ``read_back()`` reads within
-        the same transaction.
-
-        On PostgreSQL the history rows ride on the UPDATE, one statement: the UPDATE as a
-        data-modifying ``WITH`` that returns the names it wrote, the INSERT of the rows
-        of those names beside it, and a count of them as the statement's result. The
-        rows come from one JSON parameter (see :func:`_json_rows`): an ``executemany``
-        would bind and send every row on its own, thousands when an instant's rounds end
-        together. Elsewhere the driver's ``executemany`` inserts the rows written, after
-        the UPDATE, or the caller does, with those of its other UPDATEs: they are added
-        to ``later``, if given.
-        """
-        if self._postgres and records:
-            ended = stmt.returning(_t.c.name).cte("ended")
-            columns = [_h.c[column] for column in records[0]]
-            rows = _json_rows("history", records, *columns)
-            written = sa.select(*(rows.c[c.name] for c in columns)).where(
-                rows.c.name.in_(sa.select(ended.c.name))
-            )
-            insert = _h.insert().from_select([c.name for c in columns], written).cte("recorded")
-            count = sa.select(sa.func.count()).select_from(ended).add_cte(insert)
-            if conn.execute(count).scalar_one() == len(pairs):
-                return pairs
-            return read_back()
-        done = pairs if conn.execute(stmt).rowcount == len(pairs) else read_back()
-        if records:
-            names = {name for name, _token in done}
-            kept = records if done is pairs else [r for r in records if r["name"] in names]
-            if later is not None:
-                later.extend(kept)
-            elif kept:
-                conn.execute(_h.insert(), kept)
-        return done
-
     def _in_name_order(self, stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
         """``stmt`` on the rows ``where`` selects, on PostgreSQL locked first in name order.
 

@@ -3,17 +3,26 @@ second run (see the rules in :mod:`lease._store`)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from ._claims import _is_running
 from ._core import _h, _StoreCore, _t
 from ._exceptions import translate_errors
 from ._records import NOT_COUNTED, Ending, RoundRow, bounded_error, round_values
-from ._rows import LeaseState, LeaseWrite, WriteKind, _check_token, _names, _seconds_floor
+from ._rows import (
+    LeaseState,
+    LeaseWrite,
+    WriteKind,
+    _check_token,
+    _json_rows,
+    _names,
+    _seconds_floor,
+)
 
 
 def _plain_where(stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
@@ -28,6 +37,54 @@ def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
 
 class _Ends(_StoreCore):
     """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
+
+    def _ending(
+        self,
+        conn: Connection,
+        stmt: sa.Update,
+        pairs: set[tuple[str, int]],
+        records: list[dict[str, Any]],
+        read_back: Callable[[], set[tuple[str, int]]],
+        later: list[dict[str, Any]] | None = None,
+    ) -> set[tuple[str, int]]:
+        """Run ``stmt``, an UPDATE that ends the rounds of ``pairs`` (``(name, token)``),
+        and add to the history the rows of ``records`` (:func:`round_values`) whose round
+        it wrote, and no other: a history row is on record exactly when its end is.
+
+        Returns the pairs written: all of them when the UPDATE's count says so (the
+        common case: no row sent back to parse), else those ``read_back()`` reads within
+        the same transaction.
+
+        On PostgreSQL the history rows ride on the UPDATE, one statement: the UPDATE as a
+        data-modifying ``WITH`` that returns the names it wrote, the INSERT of the rows
+        of those names beside it, and a count of them as the statement's result. The
+        rows come from one JSON parameter (see :func:`_json_rows`): an ``executemany``
+        would bind and send every row on its own, thousands when an instant's rounds end
+        together. Elsewhere the driver's ``executemany`` inserts the rows written, after
+        the UPDATE, or the caller does, with those of its other UPDATEs: they are added
+        to ``later``, if given.
+        """
+        if self._postgres and records:
+            ended = stmt.returning(_t.c.name).cte("ended")
+            columns = [_h.c[column] for column in records[0]]
+            rows = _json_rows("history", records, *columns)
+            written = sa.select(*(rows.c[c.name] for c in columns)).where(
+                rows.c.name.in_(sa.select(ended.c.name))
+            )
+            insert = _h.insert().from_select([c.name for c in columns], written).cte("recorded")
+            count = sa.select(sa.func.count()).select_from(ended).add_cte(insert)
+            if conn.execute(count).scalar_one() == len(pairs):
+                return pairs
+            return read_back()
+        done = pairs if conn.execute(stmt).rowcount == len(pairs) else read_back()
+        if records:
+            names = {name for name, _token in done}
+            kept = records if done is pairs else [r for r in records if r["name"] in names]
+            if later is not None:
+                later.extend(kept)
+            elif kept:
+                conn.execute(_h.insert(), kept)
+        return done
 
     def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.

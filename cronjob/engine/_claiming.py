@@ -468,10 +468,11 @@ class Claims:
     def hand_back(
         self, states: list[JobState], token: int, instant: datetime, why: str, level: int
     ) -> None:
-        """Give back the leases of first runs of ``instant`` won with ``token`` that will
-        not run here (``why``: a drain began, or the claim came back too late), in one
-        statement; as rounds cut short, another replica's sweep runs them again. Logged
-        with every name, a hundred a line (one line of 10,000 would be split by log
+        """Give back the leases of rounds of ``instant`` won with ``token`` that will not
+        run here (``why``: a drain began, or the claim came back too late), first or
+        second runs, in one statement; left owed as rounds cut short at their first
+        attempt, another replica's sweep runs them (again) as second runs. Logged with
+        every name, a hundred a line (one line of 10,000 would be split by log
         collectors): the fault suite's check reads them."""
         names = [state.job.name for state in states]
         for first in range(0, len(names), _NAMES_PER_LINE):

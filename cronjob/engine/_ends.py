@@ -29,7 +29,8 @@ import lease
 from .._clock import Clock
 from .._exceptions import Retry, TimedOut
 from .._history import History, Pruner
-from .._round import Outcome, Round, classify, iter_own_errors
+from .._round import Outcome, classify, iter_own_errors
+from ._decided import DecidedEnds, round_where
 from ._failures import HOOKED, Failures, round_record
 from ._finisher import Finisher
 from ._policies import backoff_delay
@@ -91,6 +92,18 @@ class EndRecorder:
                 stopped=lambda: flags.stopped,
             )
         )
+        #: The ends the policies decide for rounds past their job's own end (a round that
+        #: outlived its timeout, a retry given up), recorded as this part's ends are.
+        self.decided = DecidedEnds(
+            clock=clock,
+            replica_id=replica_id,
+            store=store,
+            flags=flags,
+            history=history is not None,
+            ending=self._ending,
+            tell_failures=self._tell_failures,
+            failures=self._failures,
+        )
         # Ends of rounds that end together: batched; the history pruned in their wake.
         # While rounds wait for a thread (``hold``), ends are held back to share a batch.
         self.finisher: Finisher[_Later] = Finisher(
@@ -113,7 +126,10 @@ class EndRecorder:
         run.ended = True
         handed = False
         try:
-            handed = self._settle_end(run, error, scope, ended)
+            # A round with a timeout may have had its end recorded before a forced exit
+            # (record_outlived): then that end stands, and nothing more is written.
+            if run.state.timeout is None or self.decided.take_end(run):
+                handed = self._settle_end(run, error, scope, ended)
         finally:
             if not handed:
                 self._ended([(run, ended)])
@@ -258,7 +274,13 @@ class EndRecorder:
         return run.token is not None and not self._flags.crashed and run.lost_at is None
 
     def _ending(
-        self, run: Run, outcome: Outcome, error: BaseException | None, ended: datetime
+        self,
+        run: Run,
+        outcome: Outcome,
+        error: BaseException | None,
+        ended: datetime,
+        *,
+        holding: bool = False,
     ) -> lease.Ending:
         """The end to record: outcome, error summary, and the history row (if kept)."""
         ctx = run.ctx
@@ -294,6 +316,7 @@ class EndRecorder:
             record=record,
             outcome=word,
             retrying=outcome is Outcome.RETRYING,
+            holding=holding,
         )
 
     def _ending_of(self, later: _Later) -> lease.Ending:
@@ -416,11 +439,6 @@ class _Later:
 def _word(outcome: Outcome, attempt: int) -> str:
     """The outcome in the record's words: a second run cut short is given up."""
     return "given up" if outcome is Outcome.CUT_SHORT and attempt >= 2 else outcome.value
-
-
-def round_where(ctx: Round) -> str:
-    """The round in the end's log lines: ``job 'x' instant … attempt n``."""
-    return f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
 
 
 def error_summary(error: BaseException) -> str:

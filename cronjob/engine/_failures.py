@@ -15,7 +15,9 @@ per-instance round, a manual one). It never runs user code there:
   on every replica count together; two replicas that decide at once both write the
   pause, and :meth:`lease.LeaseStore.set_paused` changes a paused row no more, so the
   job is paused (and noted, and the warning logged) once. Should the history keep fewer
-  rows than N (pruned by age), the lease row's failures in a row decide.
+  counted rows than N, they decide, unless the history may have been pruned of the
+  job's older rounds (the job is older than the history keeps, or the history holds as
+  many of its rounds as it keeps per job): then the lease row's failures in a row do.
 - **The failure hook** (a job's ``on_failure``, else its registry's): called once per
   round that ended ``failed``, ``timed_out`` or ``missed_deadline``, with its
   :class:`cronjob.admin.RoundRecord`, on one daemon thread of its own (``cronjob-hooks``),
@@ -32,6 +34,7 @@ import logging
 import queue
 import threading
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
 import lease
@@ -40,6 +43,7 @@ from .._policy import FailureHook
 from .._round import Outcome
 
 if TYPE_CHECKING:
+    from .._history import History
     from .._records import RoundRecord
     from .._registry import Job, Registry
     from ._state import Run
@@ -192,6 +196,8 @@ class Failures:
         registry: The jobs and the registry-wide hook.
         replica_id: This replica, on the records handed to hooks of rounds not on record.
         hooks: Where hooks run; ``None`` when no job has a hook.
+        history: What the history keeps (``None``: nothing), to tell a run of failures
+            that is short from one whose older rounds were pruned.
     """
 
     def __init__(
@@ -201,8 +207,10 @@ class Failures:
         registry: Registry,
         replica_id: str,
         hooks: Hooks | None,
+        history: History | None = None,
     ) -> None:
         self._store = store
+        self._history = history
         self._replica_id = replica_id
         self._hooks = hooks
         fallback = registry.on_failure
@@ -232,16 +240,35 @@ class Failures:
             if hook is not None and self._hooks is not None:
                 self._hooks.call_later(hook, record)
 
+    def _pruned(self, name: str, row: lease.LeaseRow) -> bool:
+        """Whether ``name``'s history may have lost rounds to pruning: the job is older
+        than the history keeps rounds (or its age is not on record), or the history
+        holds as many of its rounds as it keeps per job."""
+        history = self._history
+        if history is None or row.deployed is None or row.last_end is None:
+            return True
+        if row.last_end - row.deployed >= timedelta(days=history.days):
+            return True
+        return len(self._store.rounds(name, limit=history.per_job)) >= history.per_job
+
+    def close_hooks(self, seconds: float) -> None:
+        """Let the hooks queued run for up to ``seconds`` real seconds, then refuse more
+        (see `Hooks.close`)."""
+        if self._hooks is not None:
+            self._hooks.close(max(0.0, min(seconds, HOOKS_STOP_SECONDS)))
+
     def _maybe_pause(self, name: str, wanted: int) -> None:
         """Pause ``name`` if its newest ``wanted`` counted rounds all failed."""
         rows = self._store.rounds(name, limit=wanted, outcomes=_READ)
         if any(row.outcome not in lease.COUNTED_FAILURES for row in rows):
             return  # a success or a resume among them: the run is shorter than N
         if len(rows) < wanted:
-            # The history keeps fewer (pruned by age; or the job is new): the lease row's
-            # failures in a row, which no pruning touches, decide.
+            # Fewer counted rounds on record than N: the run is that short, unless the
+            # history may have lost some of it to pruning; then the lease row's failures
+            # in a row, which no pruning touches, decide (they count the rounds given up
+            # too: an over-count only a pruned history can leave).
             row = self._store.read([name]).get(name)
-            if row is None or row.failures < wanted:
+            if row is None or row.failures < wanted or not self._pruned(name, row):
                 return
         last = rows[0].error if rows and rows[0].error else "no error on record"
         reason = _bounded(f"paused after {wanted} failed rounds in a row; last: {last}")

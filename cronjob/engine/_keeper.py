@@ -269,13 +269,35 @@ class LeaseKeeper:
             "run the job by now",
         )
 
-    def force_exit(self, run: Run, message: str) -> None:
+    def force_exit(
+        self, run: Run, message: str, *, settle: Callable[[float], None] | None = None
+    ) -> None:
         """End the process because ``run``'s round will not stop (``message`` says why):
         the scheduler stops as a killed process would, then ``on_fatal`` is told (the
-        default ends the process). Its leases then expire as a dead process's do."""
+        default ends the process). Its leases then expire as a dead process's do.
+
+        ``settle``, if given, is first handed the seconds left before a lease this
+        replica holds could expire (less :data:`EXIT_MARGIN`): what it may still do
+        before the process ends (let the failure hooks queued run)."""
         self._flags.crashed = True
+        if settle is not None:
+            settle(self._exit_budget())
         # Stop as a dead process would, then report: the default ends the process at
         # once (it logs the message itself, without waiting on a blocked handler).
         threading.Thread(target=self._crash, name="cronjob-fatal", daemon=True).start()
         self._on_fatal(message)
         log.critical(message)
+
+    def _exit_budget(self) -> float:
+        """Seconds until the earliest moment this process must be gone: a lease it holds
+        could expire, or a round outliving its lost lease ends the process."""
+        now = self._clock.monotonic()
+        ttl = self._store.ttl
+        deadlines = [
+            self._exit_deadline(run)
+            if run.lost_at is not None
+            else run.renewed_at + ttl - EXIT_MARGIN
+            for run in self._held
+            if not run.settled
+        ]
+        return max(0.0, min(deadlines, default=now) - now)

@@ -168,7 +168,7 @@ class PolicyTimers:
 
     def _escalate(self, run: Run) -> None:
         """The round ignored its timeout's cancellation for :data:`TIMEOUT_GRACE`."""
-        ctx = run.ctx
+        ctx, dispatcher = run.ctx, self._dispatcher
         if not isinstance(ctx.cause, TimedOut) or self._flags.crashed:
             return
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
@@ -181,12 +181,22 @@ class PolicyTimers:
                 TIMEOUT_GRACE,
             )
             return
-        self._dispatcher.keeper.force_exit(
-            run,
+        message = (
             f"{where}: the round is still running {TIMEOUT_GRACE:g} s after its timeout "
             f"({run.state.timeout:g} s) cancelled it; its lease ends with the process, "
-            "then the job runs again",
+            "then the job runs again"
         )
+        ends, keeper = dispatcher.runner.ends.decided, dispatcher.keeper
+
+        def done(result: bool | BaseException | None) -> None:
+            if result is None or self._flags.crashed:
+                return  # the job ended meanwhile, on its own record; or the exit came first
+            keeper.force_exit(run, message, settle=ends.settle_hooks)
+
+        # timed_out on record first (the self-pause and the hook see it), then the exit.
+        # The lease is renewed meanwhile; should the database not answer, the keeper's
+        # own loss and exit deadlines end the process all the same.
+        self._control.run(lambda: ends.record_outlived(run), done)
 
     # -- retries --------------------------------------------------------------------------
 
@@ -194,17 +204,26 @@ class PolicyTimers:
         """Wait out ``run``'s retry delay (its attempt ended ``retrying`` at ``ended``
         and is on record), then start the next attempt.
 
+        The delay runs from now, as this is told: should the retry then start at or
+        after the job's next instant (a slow record of the end, a clock stepped), it is
+        given up at once, the round on record as failed (see :meth:`_give_up_failed`).
+
         Returns:
-            ``False`` when the retry does not happen (the scheduler is draining or
-            stopped, or the lease was lost): the round was given up here (its lease
-            given back) and the caller ends it as any other.
+            ``False`` when the retry does not happen and the round ends now (the
+            scheduler is draining or stopped, or the lease was lost): it was given up
+            here (its lease given back) and the caller ends it as any other. ``True``
+            when the round is this part's until its retry starts or it is given up.
         """
         delay, dispatcher = run.retry_delay, self._dispatcher
         if delay is None or self._flags.stopped or dispatcher.draining or run.lost_at:
             self._give_up(run, "the scheduler is draining" if dispatcher.draining else None)
             return False
+        due = run.state.job.schedule.next(ended)
+        if due is not None and self._clock.now() + timedelta(seconds=delay) >= due:
+            self._give_up_failed(run, due)
+            return True
         run.backoff = True
-        self._backoffs[run] = run.state.job.schedule.next(ended)
+        self._backoffs[run] = due
         self._push(self._clock.monotonic() + delay, run, _RETRY)
         return True
 
@@ -216,16 +235,7 @@ class PolicyTimers:
             self._end(run)
             return
         if due is not None and self._clock.now() >= due:
-            log.warning(
-                "round of job %r instant %s: its retry (attempt %d) is given up: the job's "
-                "next instant %s is due",
-                ctx.name,
-                ctx.instant.isoformat(),
-                ctx.attempt + 1,
-                due.isoformat(),
-            )
-            self._finish_failed(run, f"retry given up: the next instant {due.isoformat()} is due")
-            self._end(run)
+            self._give_up_failed(run, due)
             return
         dispatcher.start_round(
             state,
@@ -237,6 +247,32 @@ class PolicyTimers:
         )
         if run.token is not None:
             dispatcher.keeper.release(run)  # after the next attempt holds the lease
+
+    def _give_up_failed(self, run: Run, due: datetime) -> None:
+        """Give up a retry that would start at or after the job's next instant ``due``:
+        the round is on record as failed (with its history row, counted by the
+        self-pause, told to the failure hook), then ends."""
+        ctx = run.ctx
+        log.warning(
+            "round of job %r instant %s: its retry (attempt %d) is given up: the job's "
+            "next instant %s is due",
+            ctx.name,
+            ctx.instant.isoformat(),
+            ctx.attempt + 1,
+            due.isoformat(),
+        )
+        if run.token is None or self._flags.crashed:
+            self._end(run)
+            return
+        ends = self._dispatcher.runner.ends.decided
+        error = f"retry given up: the next instant {due.isoformat()} is due"
+        run.backoff = True  # the lease is still kept, until the end is on record
+
+        def done(_result: object) -> None:
+            run.backoff = False
+            self._end(run)
+
+        self._control.run(lambda: ends.record_given_up_retry(run, error), done)
 
     def drain(self) -> None:
         """The scheduler began to drain: every retry still waiting is given up."""
@@ -262,16 +298,6 @@ class PolicyTimers:
             return
         name, store = ctx.name, self._store
         self._control.run(lambda: store.give_back(name, token), _ignore)
-
-    def _finish_failed(self, run: Run, error: str) -> None:
-        """Record a round whose retry came due too late as failed (its lease freed)."""
-        token = run.token
-        if token is None or self._flags.crashed:
-            return
-        name, store, ended = run.ctx.name, self._store, self._clock.now()
-        self._control.run(
-            lambda: store.finish(name, token, ended=ended, succeeded=False, error=error), _ignore
-        )
 
     def _end(self, run: Run) -> None:
         """The round is over without another attempt: let go of its lease, schedule on."""

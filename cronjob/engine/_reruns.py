@@ -7,11 +7,17 @@ A replica that died with thousands of rounds in flight, or an instant's claim gi
 because it came back too late, costs one statement, not one per job: under load those
 are the statements that would keep the control thread behind.
 
+A second run never starts before its instant: one handed back ahead of it (a drain met
+its first run won ahead) is held until the instant, as the first run would have been. A
+second run won but not started here (a drain, a claim that came back too late) is handed
+back unrun, logged with its names, and stays owed: a later sweep claims it again.
+
 Dispatcher thread only; the claim runs on the control thread.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -91,10 +97,26 @@ class Reruns:
                 )
                 state.metrics.rerun()
                 rounds.append((state, won[cut.name]))
-            if rounds:
-                dispatcher.start_rounds(
-                    rounds, instant, attempt=2, claimed_at=claimed_at, reason=Reason.RERUN
-                )
+            if not rounds:
+                return
+            start = functools.partial(
+                dispatcher.start_rounds,
+                rounds,
+                instant,
+                attempt=2,
+                claimed_at=claimed_at,
+                reason=Reason.RERUN,
+            )
+            if instant > self._clock.now():
+                # A round handed back before its instant (a drain met it won ahead):
+                # never started before it, as its first run would not have been.
+                states = [state for state, _token in rounds]
+                token = rounds[0][1]
+                assert token is not None
+                drop = functools.partial(self._unhold, states, token, instant)
+                dispatcher.claims.hold(instant, start, drop)
+            else:
+                start()
 
         names = [cut.name for cut, _state in cuts]
         store, holder = self._store, self._replica_id
@@ -114,13 +136,26 @@ class Reruns:
             return {}
         if not result.names:
             return {}
-        if dispatcher.draining or too_late(claimed_at, self._clock.monotonic()):
-            if not dispatcher.draining:
-                log.warning(
-                    "the claim of %d second run(s) of %s came back too late to keep: given back",
-                    len(result.names),
-                    instant.isoformat(),
-                )
-            dispatcher.claims.give_back_names(list(result.names), result.token)
+        late = too_late(claimed_at, self._clock.monotonic())
+        if dispatcher.draining or late:
+            # Handed back unrun, and so still owed: a later sweep claims it again.
+            took = self._clock.monotonic() - claimed_at
+            why = (
+                f"(a second run) came back {took:.1f} s after it was sent, when its leases "
+                "may be lost already"
+                if late
+                else "(a second run) met a drain"
+            )
+            states = [dispatcher.states[name] for name in result.names]
+            level = logging.WARNING if late else logging.INFO
+            dispatcher.claims.hand_back(states, result.token, instant, why, level)
             return {}
         return dict.fromkeys(result.names, result.token)
+
+    def _unhold(self, states: list[JobState], token: int, instant: datetime) -> None:
+        """A drain began before the instant of second runs won ahead of it: hand them
+        back unrun (still owed), their jobs scheduled on."""
+        why = "(a second run) was won ahead of its instant, then a drain began"
+        self._dispatcher.claims.hand_back(states, token, instant, why, logging.INFO)
+        for state in states:
+            self._dispatcher.schedule_after(state, instant)

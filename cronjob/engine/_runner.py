@@ -126,7 +126,8 @@ class RoundRunner:
         counts_work = type(clock)._work_started is not Clock._work_started
         # While rounds wait for a thread, ends are held back to share a batch; never on
         # a clock that counts work (a fake clock's advance() would wait on the hold).
-        self._ends = EndRecorder(
+        #: Settles rounds' ends (the policies record there the ends they decide).
+        self.ends = self._ends = EndRecorder(
             clock=clock,
             replica_id=replica_id,
             store=store,

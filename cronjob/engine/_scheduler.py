@@ -315,7 +315,11 @@ class Scheduler:
         # The failure hooks' thread, only when some job has a hook (started on first use).
         hooks = self._hooks = Hooks() if hooked(self._registry) else None
         failures = Failures(
-            store=store, registry=self._registry, replica_id=self.replica_id, hooks=hooks
+            store=store,
+            registry=self._registry,
+            replica_id=self.replica_id,
+            hooks=hooks,
+            history=self._history,
         )
         dispatcher.runner = runner = self._runner = RoundRunner(
             clock=clock,

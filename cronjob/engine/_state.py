@@ -139,6 +139,10 @@ class Run:
     #: It ended and waits for its retry, its lease still kept: a lease found taken meanwhile
     #: counts as lost (the retry then does not start).
     backoff: bool = False
+    #: Its end is being settled: by the round's thread as the job returns or raises, or,
+    #: for a round whose job outlived its timeout, by the policies before the forced
+    #: exit (see ``EndRecorder.take_end``): whichever comes first, the other does nothing.
+    end_taken: bool = False
 
 
 @dataclass(eq=False)
