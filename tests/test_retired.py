@@ -322,6 +322,29 @@ class TestCleanStop:
         outage.heal()
         assert [r.id for r in admin.status(outage.url, now=clock.now()).replicas] == ["a"]
 
+    @pytest.mark.slow
+    def test_a_stop_with_the_database_hanging_is_bounded_and_logged(
+        self, db_url, outage, clock, caplog
+    ):
+        """Statements hang just before the stop (a blackholed path; a SQLite file whose
+        write lock another connection holds, under the 30 s busy timeout): the stop waits
+        for the delete no longer than for any queued statement, 10 s, and says so."""
+        sqlite = outage.kind == "sqlite"
+        database = db_url if sqlite else outage.database("a")
+        scheduler = cronjob.Scheduler(database, registry=jobs("tick"), clock=clock, replica_id="a")
+        scheduler.start()
+        clock.advance(5)
+        if sqlite:
+            outage.cut()  # holds the write lock
+        else:
+            outage.proxies["a"].cut("blackhole")
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="cronjob"):
+            scheduler.stop()
+        assert 9 < time.monotonic() - began < 13
+        messages = [r.getMessage() for r in caplog.records]
+        assert "lease statements still running after 10s at stop" in messages
+
     def test_a_stop_while_the_database_is_known_lost_sends_nothing(self, outage, clock, caplog):
         """A claim failed (the database is being probed): the stop does not try the
         delete at all, and says so."""

@@ -421,7 +421,9 @@ class Sweeper:
         if self._unwatch is not None:
             self._unwatch()
         if self._listener is not None:
-            self._listener.close()
+            # Its wake-up goes through the control thread: a database that hangs holds
+            # that thread, whose wait at stop is bounded, not the stop itself.
+            self._listener.close(send=lambda wake: self._control.run(wake, lambda _r: None))
         if leave:
             self._leave()
 
