@@ -525,7 +525,11 @@ def sigterm(process: Watched) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "processes",
-    ["sqlite_file_url", pytest.param("postgres_url", marks=pytest.mark.postgres)],
+    [
+        "sqlite_file_url",
+        pytest.param("postgres_url", marks=pytest.mark.postgres),
+        pytest.param("mysql_url", marks=pytest.mark.mysql),
+    ],
     indirect=True,
 )
 class TestProcesses:
