@@ -125,6 +125,40 @@ class _History(_StoreCore):
         with translate_errors("record a replica"), self._transaction() as conn:
             conn.execute(stmt, _jobs_of(replica))
 
+    def remove_replica(self, holder: str, *, started: datetime) -> bool:
+        """Take ``holder``'s record off the table, if it is still the one of the replica
+        that started at ``started`` (a replica that started again under the same id
+        since keeps its own): what a replica does as it stops cleanly, so that it leaves
+        the live list at once rather than a minute after its last sweep. One statement.
+
+        Returns:
+            Whether a record was deleted.
+        """
+        stmt = _p.delete().where(
+            _p.c.holder == check_holder(holder), _p.c.started_ms == _to_ms(started)
+        )
+        with translate_errors("remove a replica's record"), self._transaction() as conn:
+            return bool(conn.execute(stmt).rowcount)
+
+    def forget(self, name: str) -> tuple[bool, int, int]:
+        """Delete everything on record of ``name``: its lease row, its rounds in the
+        history and its requests for a round now, in one transaction. A caller checks
+        first that no live replica registers it (a replica that does would write the
+        row again, and the minute check of one that starts meanwhile recreates it).
+
+        Returns:
+            Whether a lease row was deleted, and how many rounds and requests were.
+
+        Raises:
+            ValueError: ``name`` is not a name the table holds (see :meth:`ensure`).
+        """
+        (wanted,) = _names([name])
+        with translate_errors("forget a job"), self._transaction() as conn:
+            row = conn.execute(_t.delete().where(_t.c.name == wanted)).rowcount
+            rounds = conn.execute(_h.delete().where(_h.c.name == wanted)).rowcount
+            requests = conn.execute(_q.delete().where(_q.c.name == wanted)).rowcount
+        return bool(row), rounds, requests
+
     def _put_on_record(self, conn: Connection, replica: ReplicaRow, *, refresh: bool) -> None:
         """Put ``replica`` on record in ``conn``'s transaction: with ``refresh``, its
         ``seen`` only (one UPDATE), and the whole record (one more) if that found none."""

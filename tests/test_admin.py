@@ -348,9 +348,18 @@ class TestReplicas:
         registry.register(lambda ctx: None, "0 0 0 * * *", "daily")
         a = replicas(registry, "a")
         clock.advance(0)  # its first sweep puts it on record
-        a.stop()
+        cronjob.testing.crash(a)  # as a killed process: its record stays
         assert [r.id for r in admin.status(db_url, now=at(0, 1)).replicas] == ["a"]
         assert admin.status(db_url, now=at(0, 1, 1)).replicas == ()
+
+    def test_a_replica_that_stops_cleanly_is_not_listed_at_once(self, db_url, replicas, clock):
+        registry = Registry()
+        registry.register(lambda ctx: None, "0 0 0 * * *", "daily")
+        a = replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(0)
+        a.stop()  # drains, then takes its record off the replica table
+        assert [r.id for r in admin.status(db_url, now=clock.now()).replicas] == ["b"]
 
     def test_replicas_that_disagree_on_a_spec_are_reported(self, db_url, replicas, clock):
         old, new = Registry(), Registry()

@@ -8,6 +8,7 @@ they were seen (at their first sweep) within the last minute.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def fail(ctx: cronjob.Round) -> None:
 
 
 @pytest.fixture
-def ran(db_url: str) -> str:
-    """Twenty seconds of two replicas, ending about now: 'tick' succeeds, 'flaky' fails."""
+def ran(db_url: str) -> Iterator[str]:
+    """Twenty seconds of two replicas, ending about now: 'tick' succeeds, 'flaky' fails.
+    The replicas stay up through the test (one that stops leaves the live list)."""
     now = datetime.now(UTC).replace(microsecond=0)
     start = now - timedelta(seconds=now.second % 10 + 20)
     clock = FakeClock(start)
@@ -44,7 +46,7 @@ def ran(db_url: str) -> str:
         cronjob.Scheduler(db_url, registry=registry, clock=clock, replica_id="web-2"),
     ):
         clock.advance(20)
-    return db_url
+        yield db_url
 
 
 class TestStatus:

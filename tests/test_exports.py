@@ -43,6 +43,8 @@ SURFACE = {
     "cronjob.admin": [
         "Activity",
         "FAILED_OUTCOMES",
+        "ForgetRefused",
+        "Forgotten",
         "JobStatus",
         "Outcome",
         "PauseChange",
@@ -60,6 +62,7 @@ SURFACE = {
         "TriggerRequest",
         "UnknownJob",
         "Why",
+        "forget",
         "history",
         "pause",
         "pause_all",

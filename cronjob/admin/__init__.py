@@ -6,12 +6,12 @@ from the engine that runs rounds (:mod:`cronjob.engine`):
 - This package, :mod:`cronjob.admin` (public): the admin API. ``_status`` reads what the
   scheduler did (:func:`status`, :func:`history`); ``_control`` writes the pause
   (:func:`pause`, :func:`resume`); ``_trigger`` requests a round now (:func:`trigger`,
-  :func:`wait`); ``_base`` holds what they share (the database, the schema check, the
-  errors).
+  :func:`wait`); ``_forget`` deletes a retired job's record (`forget`); ``_base`` holds
+  what they share (the database, the schema check, the errors).
 - ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
   ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
-  ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``; ``_format``: the
-  cells the tables and the page share.
+  ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``, ``forget``;
+  ``_format``: the cells the tables and the page share.
 - ``_web``: the status page as a WSGI or ASGI app (public as :mod:`cronjob.web`);
   ``_page`` renders its HTML.
 
@@ -39,6 +39,9 @@ from ._control import pause as pause
 from ._control import pause_all as pause_all
 from ._control import resume as resume
 from ._control import resume_all as resume_all
+from ._forget import ForgetRefused as ForgetRefused
+from ._forget import Forgotten as Forgotten
+from ._forget import forget as forget
 from ._status import HISTORY_LIMIT as HISTORY_LIMIT
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
 from ._status import Activity as Activity
@@ -60,6 +63,8 @@ from ._trigger import wait as wait
 __all__ = [
     "FAILED_OUTCOMES",
     "Activity",
+    "ForgetRefused",
+    "Forgotten",
     "JobStatus",
     "Outcome",
     "PauseChange",
@@ -77,6 +82,7 @@ __all__ = [
     "TriggerRequest",
     "UnknownJob",
     "Why",
+    "forget",
     "history",
     "pause",
     "pause_all",

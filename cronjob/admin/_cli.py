@@ -4,7 +4,8 @@
 modules that register jobs and runs the scheduler (see :mod:`cronjob.admin._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
 :mod:`cronjob.admin._read_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
-and run a job now on every replica (see :mod:`cronjob.admin._control_cli`).
+and run a job now on every replica, and ``cronjob forget`` deletes a retired job's record
+(see :mod:`cronjob.admin._control_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
@@ -28,7 +29,7 @@ from .._registry import Job, default_registry
 from .._schedule import DstMark, Schedule, parse
 from ..engine._options import DEFAULT_MAX_WORKERS
 from ._control_cli import add_commands as add_control_commands
-from ._control_cli import run_pause, run_resume, run_trigger
+from ._control_cli import run_forget, run_pause, run_resume, run_trigger
 from ._read_cli import add_commands, run_history, run_status
 
 __all__ = ["main"]
@@ -206,6 +207,7 @@ def main(
             "pause": run_pause,
             "resume": run_resume,
             "trigger": run_trigger,
+            "forget": run_forget,
         }
         if args.command in commands:
             return commands[args.command](args)

@@ -1,11 +1,13 @@
-"""``cronjob pause``, ``resume`` and ``trigger``: an operator's control of the jobs on every
-replica.
+"""``cronjob pause``, ``resume``, ``trigger`` and ``forget``: an operator's control of the
+jobs on every replica.
 
 Thin layers over :func:`cronjob.admin.pause`, :func:`~cronjob.admin.resume`,
-:func:`~cronjob.admin.trigger` and friends. Exit statuses: 0 done, or nothing to do
+:func:`~cronjob.admin.trigger`, `cronjob.admin.forget` and friends. Exit statuses: 0 done,
+or nothing to do
 (already paused, not paused: said so) — for ``trigger --wait``, the round succeeded; 1
 ``trigger --wait``: the round failed, was given up, refused, expired, or still ran at the
-timeout; 2 bad input (an unknown job, a reason too long, no tables); 3 the database could
+timeout; 2 bad input (an unknown job, a reason too long, no tables; ``forget``: a job a live
+replica registers, or no replica live); 3 the database could
 not be reached; 4 ``trigger`` refused now (a round holds the lease, the job is paused
 without ``--force``), nothing written; 5 ``trigger``: no live replica has the job (a
 leased job's request is written and runs if one starts within 10 minutes; a per-instance
@@ -23,12 +25,13 @@ from typing import Any, TextIO
 from .. import admin
 from .._clock import Clock
 from ._format import _cell, _time
-from ._read_cli import _database, _guarded, _jsonable
+from ._read_cli import EXIT_USAGE, _database, _guarded, _jsonable
 
 __all__ = [
     "EXIT_NO_REPLICA",
     "EXIT_REFUSED",
     "add_commands",
+    "run_forget",
     "run_pause",
     "run_resume",
     "run_trigger",
@@ -118,6 +121,20 @@ def add_commands(commands: Any, database_help: str) -> None:
     trigger.add_argument("--json", action="store_true", help="print the request(s) as JSON")
     trigger.add_argument("--by", metavar="WHO", default=None, help="who (default: user@host)")
     trigger.add_argument("--database-url", metavar="URL", default=None, help=database_help)
+    forget = commands.add_parser(
+        "forget",
+        help="delete a retired job's lease row and history",
+        description=(
+            "Delete the record of a retired job, one that no live replica registers any "
+            "more (renamed or removed from the code): its lease row, its rounds in the "
+            "history and its requests for a round now. Refused (exit 2, nothing deleted) "
+            "while a live replica registers it, while no replica is live, and for a name "
+            "not on record."
+        ),
+    )
+    forget.add_argument("name", metavar="NAME", help="the job to forget")
+    forget.add_argument("--json", action="store_true", help="print what was deleted as JSON")
+    forget.add_argument("--database-url", metavar="URL", default=None, help=database_help)
     for parser, what in ((pause, "pause"), (resume, "resume")):
         parser.add_argument("name", metavar="NAME", nargs="?", help=f"the job to {what}")
         parser.add_argument(
@@ -249,6 +266,30 @@ def run_trigger(
                 print(_ended(r), file=out)
         ok = all(r.succeeded for r in found)
         return 0 if ok else EXIT_NOT_SUCCEEDED
+
+    return _guarded(act, err)
+
+
+def run_forget(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """``cronjob forget NAME``: says what it deleted; a refusal is one line and exit 2."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def act() -> int:
+        try:
+            done = admin.forget(_database(args), args.name)
+        except admin.ForgetRefused as exc:
+            print(f"cronjob: error: refused: {exc}", file=err)
+            return EXIT_USAGE
+        if args.json:
+            print(json.dumps(_jsonable(done), indent=2), file=out)
+            return 0
+        rounds = f"{done.rounds} round{'s' if done.rounds != 1 else ''} of history"
+        requests = f"{done.requests} request{'s' if done.requests != 1 else ''} for a round now"
+        row = "its lease row, " if done.lease_row else ""
+        print(f"forgot {_cell(done.job)}: {row}{rounds}, {requests}", file=out)
+        return 0
 
     return _guarded(act, err)
 

@@ -11,6 +11,7 @@ under ``prefix``, the path the application mounted the page at. Serving it is
 from __future__ import annotations
 
 import html
+import shlex
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from urllib.parse import quote
@@ -70,15 +71,18 @@ def _next(job: admin.JobStatus) -> str:
 
 
 def jobs_page(report: admin.Status, prefix: str) -> str:
-    """The front page: every job on record, the problems, the live replicas."""
+    """The front page: every job on record, the problems, the retired jobs (apart), the
+    live replicas."""
     problems = report.problems
     summary = (
         '<span class="ok">all jobs healthy</span>'
         if not problems
         else f'<span class="bad">{len(problems)} problem{_s(len(problems))}</span>'
     )
+    retired = report.retired
+    jobs = [job for job in report.jobs if job.activity is not admin.Activity.RETIRED]
     # A column of the jobs' policies only when some job has one.
-    policies = any(job.policies for job in report.jobs)
+    policies = any(job.policies for job in jobs)
     rows = [
         _row(
             {
@@ -93,20 +97,30 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
             | ({"Policies": e(policy_text(job.policies) or "-")} if policies else {}),
             problem=bool(job.problems),
         )
-        for job in report.jobs
+        for job in jobs
     ]
     headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"]
     if policies:
         headers.append("Policies")
+    counted = f"{len(jobs)} job{_s(len(jobs))}"
+    if retired:
+        counted += f" (and {len(retired)} retired)"
     body = [
-        f"<p class=summary>{len(report.jobs)} job{_s(len(report.jobs))}, {summary}; "
-        f"checked {e(_time(report.checked_at))} UTC</p>",
+        f"<p class=summary>{counted}, {summary}; checked {e(_time(report.checked_at))} UTC</p>",
         "<h2>Jobs</h2>",
         _table(headers, rows, empty="No jobs on record."),
     ]
     if problems:
         body.append("<h2>Problems</h2>")
         body.append(_list(e(problem) for problem in problems))
+    if retired:
+        body.append("<h2>Retired jobs</h2>")
+        body.append(
+            "<p>On record, but no live replica registers them (renamed or removed from the "
+            "code): nothing runs them, and they are never a problem. "
+            "<code>cronjob forget NAME</code> deletes one's record.</p>"
+        )
+        body.append(_retired(retired, prefix))
     body.append("<h2>Live replicas</h2>")
     body.append(_replicas(report.replicas))
     return _document("cronjob status", prefix, body)
@@ -146,6 +160,11 @@ def job_page(
     ]
     if job.problems:
         body.append(_list(f'<span class="bad">{e(p)}</span>' for p in job.problems))
+    if job.activity is admin.Activity.RETIRED:
+        body.append(
+            "<p>Retired: no live replica registers this job, so nothing runs it. "
+            f"<code>cronjob forget {e(shlex.quote(job.name))}</code> deletes its record.</p>"
+        )
     body.append(
         "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in facts.items()) + "</dl>"
     )
@@ -244,6 +263,23 @@ def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
     ]
     headers = ["Replica", "Host", "PID", "Version", "Started (UTC)", "Last seen (UTC)", "Jobs"]
     return _table(headers, rows, empty="No live replica (none seen in the last minute).")
+
+
+def _retired(jobs: Sequence[admin.JobStatus], prefix: str) -> str:
+    rows = [
+        _row(
+            {
+                "Job": f'<a href="{e(job_href(prefix, job.name))}">{e(job.name)}</a>',
+                "Schedule": _spec(job),
+                "Last": _outcome_text(job.last_outcome, _last(job)),
+                "Last success (UTC)": e(_time(job.last_success)),
+            },
+            problem=False,
+        )
+        for job in jobs
+    ]
+    headers = ["Job", "Schedule", "Last", "Last success (UTC)"]
+    return _table(headers, rows, empty="No retired job.")
 
 
 def _spec(job: admin.JobStatus) -> str:

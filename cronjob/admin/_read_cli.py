@@ -6,7 +6,8 @@ gets one line saying which, and is left as it was.
 
 Exit statuses: 0 all is well; 1 (``status``) a job is failing, stale, or registered with
 specs that disagree — one line on stderr says which, so the command serves as a probe or
-an alert check; 2 bad input (an unknown job, a bad option, no tables, an older schema);
+an alert check (a retired job, which no live replica registers, never is: it is listed
+apart); 2 bad input (an unknown job, a bad option, no tables, an older schema);
 3 the database could not be read.
 """
 
@@ -58,9 +59,10 @@ def add_commands(commands: Any, database_help: str) -> None:
         help="show the jobs, their state and the live replicas (exit 1 if one needs a human)",
         description=(
             "Show every job on record — spec, next instant, state, last outcome, duration, "
-            "failures in a row — then the live replicas. Exits 1, with one line on stderr, "
+            "failures in a row — then the retired jobs (on record, but registered by no "
+            "live replica), then the live replicas. Exits 1, with one line on stderr, "
             "when a job is failing or stale (no successful end within two periods plus "
-            "60 s) or its replicas registered different specs."
+            "60 s) or its replicas registered different specs; never for a retired job."
         ),
     )
     status.add_argument("name", metavar="NAME", nargs="?", help="show this job only")
@@ -172,7 +174,9 @@ def run_history(
 
 def _print_status(report: admin.Status, out: TextIO) -> None:
     rows = []
-    for job in report.jobs:
+    # Retired jobs are shown apart, after the others: nothing runs them on purpose.
+    jobs = [job for job in report.jobs if job.activity is not admin.Activity.RETIRED]
+    for job in jobs:
         spec = job.spec if job.spec is not None else "?"
         if job.specs_seen:
             spec += " (replicas disagree)"
@@ -188,14 +192,18 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
             ]
         )
     headers = ["JOB", "SPEC", "NEXT (UTC)", "STATE", "LAST", "DURATION", "FAILURES"]
-    if any(job.policies for job in report.jobs):  # a column only when some job has one
+    if any(job.policies for job in jobs):  # a column only when some job has one
         headers.append("POLICIES")
-        for row, job in zip(rows, report.jobs, strict=True):
+        for row, job in zip(rows, jobs, strict=True):
             row.append(_cell(policy_text(job.policies), POLICY_WIDTH) or "-")
     if rows:
         _print_table(headers, rows, out)
-    else:
+    elif not report.retired:
         print("no jobs on record", file=out)
+    if report.retired:
+        if rows:
+            print(file=out)
+        _print_retired(report.retired, out)
     print(file=out)
     replicas = [
         [
@@ -214,6 +222,25 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         _print_table(headers, replicas, out)
     else:
         print("no live replicas (none seen in the last minute)", file=out)
+
+
+def _print_retired(jobs: tuple[admin.JobStatus, ...], out: TextIO) -> None:
+    """The retired jobs, under a line that says what they are and how to remove one."""
+    print(
+        f"retired: {len(jobs)} job{'s' if len(jobs) != 1 else ''} on record that no live "
+        "replica registers (cronjob forget NAME deletes one)",
+        file=out,
+    )
+    rows = [
+        [
+            _cell(job.name),
+            _cell(job.spec if job.spec is not None else "?"),
+            _last(job),
+            _time(job.last_success),
+        ]
+        for job in jobs
+    ]
+    _print_table(["JOB", "SPEC", "LAST", "LAST SUCCESS (UTC)"], rows, out)
 
 
 def _print_table(headers: list[str], rows: list[list[str]], out: TextIO) -> None:

@@ -3,9 +3,10 @@
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
 ``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
 a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
-:func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
-row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`
-and :mod:`cronjob.admin._trigger`.
+:func:`resume` and their ``_all`` forms, :func:`trigger` and `forget` write (the pause on
+the lease row, a note in the history; a request for a round now; the deletion of a retired
+job's record), see :mod:`cronjob.admin._control`, :mod:`cronjob.admin._trigger` and
+`cronjob.admin._forget`.
 Nothing migrates: a database without the tables, or at an older revision, is an
 error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
 
@@ -76,6 +77,10 @@ class Activity(enum.StrEnum):
     RUNNING = "running"
     #: Paused by an operator (:func:`pause`): no replica starts a round of it.
     PAUSED = "paused"
+    #: On record, but no live replica registers it while some replica is live (renamed
+    #: or removed from the code): never stale nor failing, no next instant. `forget`
+    #: removes it (see [forget][cronjob.admin.forget]).
+    RETIRED = "retired"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +96,8 @@ class JobStatus:
     #: Run by every replica without a lease; such a job has no state on record.
     per_instance: bool
     #: The next instant after "now" per the spec on record; ``None`` while paused (no
-    #: instant runs until it is resumed: see :attr:`paused`).
+    #: instant runs until it is resumed: see `paused`) and when retired (no replica
+    #: runs it: see [Activity.RETIRED][cronjob.admin.Activity.RETIRED]).
     next_instant: datetime | None
     activity: Activity
     #: The replica running it now, and since when (the claim).
@@ -156,8 +162,15 @@ class Status:
 
     @property
     def healthy(self) -> bool:
-        """No job is failing, stale, or registered with specs that disagree."""
+        """No job is failing, stale, or registered with specs that disagree (a retired
+        job never is)."""
         return not any(job.problems for job in self.jobs)
+
+    @property
+    def retired(self) -> tuple[JobStatus, ...]:
+        """The jobs on record that no live replica registers, while some replica is live
+        ([Activity.RETIRED][cronjob.admin.Activity.RETIRED]), in the order of the jobs."""
+        return tuple(job for job in self.jobs if job.activity is Activity.RETIRED)
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -167,6 +180,13 @@ class Status:
 
 def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     """Read every job's state and the live replicas.
+
+    A job on record that no live replica registers, while at least one replica is live,
+    is retired ([Activity.RETIRED][cronjob.admin.Activity.RETIRED]): it has no next
+    instant and no problem. A replica is live when its record was refreshed within
+    [REPLICA_LIVE_SECONDS][cronjob.admin.REPLICA_LIVE_SECONDS]; the one read of the
+    live replicas' records that lists them tells which jobs they register. With no live
+    replica (all of them restarting), nothing is retired: the jobs show as they are.
 
     Args:
         database: a URL, or an engine (not disposed).
@@ -207,6 +227,8 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             checked_at,
             tuple(asked.get(name, ())),
             policies.get(name, {}),
+            # On record (a lease row) and registered by none of the live replicas.
+            retired=bool(replicas) and name in rows and name not in registered,
         )
         for name in sorted(set(rows) | set(registered) | set(asked))
     ]
@@ -274,6 +296,8 @@ def _job_status(
     now: datetime,
     requests: tuple[RequestStatus, ...] = (),
     policies: Mapping[str, object] | None = None,
+    *,
+    retired: bool = False,
 ) -> JobStatus:
     specs = {spec for spec, _ in registered.values()}
     spec = row.spec if row is not None and row.spec is not None else None
@@ -289,9 +313,11 @@ def _job_status(
         problems.append("replicas registered different specs: " + ", ".join(sorted(specs)))
     # Held: a scheduled round, or a manual one (which leaves the row's state alone).
     running = row is not None and row.expires_ms is not None and row.expires_ms > _ms(now)
+    # Retired: no live replica runs it, on purpose (a rename, a removal): not a problem.
+    retired = retired and not running
     outcome = None if row is None else _enum(Outcome, row.last_outcome)
     failures = 0 if row is None else row.failures
-    if failures:
+    if failures and not retired:
         # The latest counted failure; an attempt being retried or a missed deadline
         # since leaves the count as it was, so it is not named here.
         counted = (Outcome.FAILED, Outcome.GAVE_UP, Outcome.TIMED_OUT)
@@ -299,11 +325,12 @@ def _job_status(
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
     # A paused job is not run on purpose: shown as paused, never as stale.
     paused = row is not None and row.paused is not None
-    stale = None if paused or per_instance else _stale(schedule, row, registered, replicas, now)
+    quiet = paused or per_instance or retired
+    stale = None if quiet else _stale(schedule, row, registered, replicas, now)
     if stale is not None:
         problems.append(stale)
     for request in requests:
-        if request.state is RequestState.PENDING and not registered:
+        if request.state is RequestState.PENDING and not registered and not retired:
             expires = request.requested + timedelta(seconds=lease.REQUEST_TTL)
             problems.append(
                 f"a round requested by {request.requested_by} is pending, but no live replica "
@@ -326,10 +353,12 @@ def _job_status(
         spec=spec,
         zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
         per_instance=per_instance,
-        next_instant=None if schedule is None or paused else _next(schedule, now),
+        next_instant=None if schedule is None or paused or retired else _next(schedule, now),
         activity=(
             Activity.RUNNING
             if running
+            else Activity.RETIRED
+            if retired
             else Activity.PAUSED
             if row is not None and row.paused is not None
             else Activity.IDLE

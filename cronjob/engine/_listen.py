@@ -81,15 +81,30 @@ class Listener:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop listening and wait for the thread: a notification on a channel of this
-        listener's own wakes it at once (else it notices within :data:`POLL_STOP`)."""
+    def close(self, send: Callable[[Callable[[], None]], object] | None = None) -> None:
+        """Stop listening and wait for the thread, at most :data:`CLOSE_WAIT` seconds: a
+        notification on a channel of this listener's own wakes it at once (else it
+        notices within :data:`POLL_STOP`, and ends by itself, a daemon).
+
+        Args:
+            send: runs the notification's statement (the scheduler's control thread, whose
+                wait at stop is bounded); by default this thread sends it. A database that
+                hangs (a blackholed path) then holds the statement, never the caller.
+        """
         self._stop.set()
         if not self._thread.is_alive():
             return
-        with contextlib.suppress(Exception), self._engine.connect() as conn:
-            conn.execute(sa.select(sa.func.pg_notify(self._own, "")))
-            conn.commit()
+        engine, own = self._engine, self._own
+
+        def wake() -> None:
+            with contextlib.suppress(Exception), engine.connect() as conn:
+                conn.execute(sa.select(sa.func.pg_notify(own, "")))
+                conn.commit()
+
+        if send is None:
+            wake()
+        else:
+            send(wake)
         self._thread.join(CLOSE_WAIT)
 
     def _serve(self) -> None:

@@ -342,9 +342,19 @@ class Recovery:
         if self.db_ready:
             self.sweeper.sweep(now)
 
-    def close(self) -> None:
-        """Stop watching the lease writes (the scheduler stopped)."""
-        self.sweeper.close()
+    def close(self, *, leave: bool = False) -> None:
+        """Stop watching the lease writes (the scheduler stopped); with ``leave`` (a clean
+        stop), take this replica's record off the replica table, unless the database is
+        known to be unreachable now (being probed after a statement failed, or never
+        reached): a stop then does not wait on it, and the record ages out in a minute."""
+        reachable = self.db_ready and self._probe_at is None and not self._probing
+        if leave and not reachable:
+            log.info(
+                "replica %s: the database is unreachable: its record stays on the replica "
+                "table, listed as live until a minute after its last sweep",
+                self._replica_id,
+            )
+        self.sweeper.close(leave=leave and reachable)
 
 
 def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:

@@ -449,10 +449,13 @@ class Scheduler:
 
     def _teardown(self) -> None:
         if self._dispatcher is not None:
-            self._dispatcher.recovery.close()
+            # A clean stop takes the replica's record off the table, as the last of the
+            # statements below: it leaves the live list at once (a crash does not).
+            self._dispatcher.recovery.close(leave=not self._flags.crashed)
         if self._control is not None:
-            # Statements already queued finish (a drain's give-backs among them), unless
-            # the database hangs: then the process is not held hostage.
+            # Statements already queued finish (a drain's give-backs among them, and the
+            # record's delete), unless the database hangs: then the process is not held
+            # hostage.
             wait = None if self._flags.crashed else CONTROL_SETTLE_SECONDS
             if not self._control.shutdown(wait=wait) and wait is not None:
                 log.warning("lease statements still running after %gs at stop", wait)

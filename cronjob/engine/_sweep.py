@@ -96,6 +96,8 @@ class Sweeper:
         self._replica = replica
         #: A sweep put the whole record on record: later ones refresh its ``seen`` only.
         self._recorded = False
+        #: The sweeps began (the database was ready): the record may be on the table.
+        self._began = False
         self._store = store
         self._control = control
         self._dispatcher = dispatcher
@@ -142,6 +144,7 @@ class Sweeper:
 
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
+        self._began = True
         self._sweep_at = self._check_at = self._clock.monotonic()
         if self._listener is not None:
             self._listener.start()
@@ -409,12 +412,48 @@ class Sweeper:
         steps = math.floor(gap) + 1 if strictly else math.ceil(gap)
         return last + max(1, steps) * SWEEP_EVERY
 
-    def close(self) -> None:
-        """Stop watching the lease writes and listening (the scheduler stopped)."""
+    def close(self, *, leave: bool = False) -> None:
+        """Stop watching the lease writes and listening (the scheduler stopped).
+
+        With ``leave`` (a clean stop), also take this replica's record off the replica
+        table, so that it leaves the live list at once (see :meth:`_leave`).
+        """
         if self._unwatch is not None:
             self._unwatch()
         if self._listener is not None:
-            self._listener.close()
+            # Its wake-up goes through the control thread: a database that hangs holds
+            # that thread, whose wait at stop is bounded, not the stop itself.
+            self._listener.close(send=lambda wake: self._control.run(wake, lambda _r: None))
+        if leave:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Queue the delete of this replica's record on the control thread, after every
+        statement queued before it (a sweep that writes the record among them), so that
+        nothing writes it back. Only once a sweep began (none before: nothing to take
+        off). A failure is logged: the record then ages out, a minute after the last
+        sweep, as a crashed replica's does. The scheduler bounds the wait for it (see
+        ``CONTROL_SETTLE_SECONDS``)."""
+        replica = self._replica
+        if replica is None or not self._began:
+            return
+        store = self._store
+
+        def leave() -> None:
+            try:
+                store.remove_replica(replica.holder, started=replica.started)
+            except lease.LeaseError as exc:
+                log.warning(
+                    "replica %s: its record could not be taken off the replica table (%s): "
+                    "it is listed as live until a minute after its last sweep",
+                    replica.holder,
+                    exc,
+                )
+            else:
+                log.debug("replica %s: its record is off the replica table", replica.holder)
+
+        # The dispatcher has gone (its inbox is closed): nothing is posted back.
+        self._control.run(leave, lambda _result: None)
 
     # -- rows and clocks ---------------------------------------------------------------------
 
