@@ -176,14 +176,19 @@ class EndRecorder:
                 else f"it ended with {error_summary(error)}",
             )
         elif outcome is Outcome.RETRYING:
+            # One line an attempt, without its traceback: a job retried every few
+            # seconds would fill the log with the same one. The traceback is logged
+            # once, by the attempt that fails for good (the FAILED branch above), or
+            # with the line that tells its retry is given up (see PolicyTimers).
+            run.retry_error = error
             log.warning(
-                "round of %s failed (%s): attempt %d of %d, the next in %.3g s",
-                round_where(ctx),
-                error_summary(error) if error is not None else "no error",
+                "round of job %r instant %s attempt %d of %d failed (%s); next try in %.3g s",
+                ctx.name,
+                ctx.instant.isoformat(),
                 ctx.attempt,
                 1 + run.state.job.policy.retries,
+                error_summary(error) if error is not None else "no error",
                 run.retry_delay,
-                exc_info=error,
             )
         elif outcome is Outcome.MISSED_DEADLINE:
             pass  # logged by _missed, as it decided

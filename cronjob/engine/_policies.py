@@ -201,7 +201,12 @@ class PolicyTimers:
         """
         delay, dispatcher = run.retry_delay, self._dispatcher
         if delay is None or self._flags.stopped or dispatcher.draining or run.lost_at:
-            self._give_up(run, "the scheduler is draining" if dispatcher.draining else None)
+            why = None
+            if dispatcher.draining:
+                why = "the scheduler is draining"
+            elif run.lost_at:
+                why = "its lease was lost"
+            self._give_up(run, why)
             return False
         run.backoff = True
         self._backoffs[run] = run.state.job.schedule.next(ended)
@@ -213,6 +218,7 @@ class PolicyTimers:
         run.backoff = False
         dispatcher, ctx, state = self._dispatcher, run.ctx, run.state
         if run.lost_at is not None:
+            self._give_up(run, "its lease was lost")
             self._end(run)
             return
         if due is not None and self._clock.now() >= due:
@@ -223,10 +229,12 @@ class PolicyTimers:
                 ctx.instant.isoformat(),
                 ctx.attempt + 1,
                 due.isoformat(),
+                exc_info=_last_failure(run),
             )
             self._finish_failed(run, f"retry given up: the next instant {due.isoformat()} is due")
             self._end(run)
             return
+        run.retry_error = None  # the next attempt runs: its failure's frames are not kept
         dispatcher.start_round(
             state,
             ctx.instant,
@@ -257,6 +265,7 @@ class PolicyTimers:
                 ctx.instant.isoformat(),
                 ctx.attempt + 1,
                 why,
+                exc_info=_last_failure(run),
             )
         if token is None or run.lost_at is not None or self._flags.crashed:
             return
@@ -282,6 +291,13 @@ class PolicyTimers:
             state.run = None
         if not self._flags.stopped and not dispatcher.draining:
             dispatcher.schedule_after(state, self._clock.now())
+
+
+def _last_failure(run: Run) -> BaseException | None:
+    """The failure of ``run``'s last attempt, for the one line that logs its traceback:
+    taken, so that it is logged once and its frames are not kept any longer."""
+    error, run.retry_error = run.retry_error, None
+    return error
 
 
 def _ignore(_result: object) -> None:
