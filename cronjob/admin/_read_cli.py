@@ -31,6 +31,7 @@ from ._format import (
     _cell,
     _duration,
     _last,
+    _pause_row,
     _state,
     _time,
     _why,
@@ -181,7 +182,7 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
                 _cell(job.name),
                 _cell(spec),
                 "paused" if job.paused else _time(job.next_instant),
-                _state(job),
+                _state(job, pause_detail=False),
                 _last(job),
                 _duration(job.last_duration),
                 str(job.consecutive_failures) if not job.per_instance else "-",
@@ -196,6 +197,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         _print_table(headers, rows, out)
     else:
         print("no jobs on record", file=out)
+    pauses = [row for row in map(_pause_row, report.jobs) if row is not None]
+    if pauses:  # who paused what, when and why: beside the jobs, not in their STATE cell
+        print(file=out)
+        _print_table(["PAUSED", "BY", "SINCE (UTC)", "REASON"], pauses, out)
     print(file=out)
     replicas = [
         [
