@@ -12,10 +12,10 @@ import sys
 import threading
 import traceback
 
-import execctx
 import lease
 
 from .._exceptions import CronjobError
+from .._logging import stderr_handler
 from ..engine._database import resolve_database
 from ..engine._scheduler import Scheduler
 
@@ -27,23 +27,9 @@ log = logging.getLogger("cronjob")
 EXIT_USAGE = 2
 
 
-class _RoundFormatter(logging.Formatter):
-    """Plain log lines, with ``[job=… trace=…]`` on the ones made inside a round."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        name = getattr(record, "work_name", "")
-        if name:
-            line += f"  [job={name} trace={getattr(record, 'trace_id', '')}]"
-        return line
-
-
 def _configure_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    execctx.install_log_filter(handler)
     root = logging.getLogger()
-    root.addHandler(handler)
+    root.addHandler(stderr_handler())
     root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
 
 
