@@ -185,9 +185,16 @@ def django_logging() -> dict[str, object]:
     return logging_config
 
 
-@pytest.mark.parametrize("root_handler", [False, True], ids=["web-worker", "manage-py-run"])
-def test_the_django_pages_logging_shows_each_line_once(tmp_path, root_handler):
-    code = SCHEDULER.format(config=django_logging(), root_handler=root_handler)
+@pytest.mark.parametrize(
+    ("page", "root_handler"),
+    [("django", False), ("django", True), ("fastapi", True)],
+    ids=["django-web-worker", "django-manage-py-run", "logging-json-manage-py-run"],
+)
+def test_the_pages_configs_show_each_line_once(tmp_path, page, root_handler):
+    """In a web worker, and in ``manage.py cronjob run`` (which adds a root handler only
+    where none is configured), the lines of the pages' configurations appear once."""
+    config = django_logging() if page == "django" else page_config()
+    code = SCHEDULER.format(config=config, root_handler=root_handler)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), f"sqlite:///{tmp_path / 'app.sqlite'}"],
         cwd=REPO,

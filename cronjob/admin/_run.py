@@ -15,7 +15,7 @@ import traceback
 import lease
 
 from .._exceptions import CronjobError
-from .._logging import stderr_handler
+from .._logging import LOGGERS, stderr_handler
 from ..engine._database import resolve_database
 from ..engine._scheduler import Scheduler
 
@@ -28,9 +28,23 @@ EXIT_USAGE = 2
 
 
 def _configure_logging() -> None:
+    """Show the log on stderr at ``$CRONJOB_LOG_LEVEL`` (INFO), unless it is configured.
+
+    A root logger with a handler was configured by the framework the command runs in
+    (Django's ``LOGGING``, for ``manage.py cronjob run``): a second root handler would
+    print every line twice, so none is added; only cronjob's loggers whose level it left
+    unset get the level, and its handlers print their lines, in its format.
+    """
+    level = os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper()
     root = logging.getLogger()
+    if root.handlers:
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(level)
+        return
     root.addHandler(stderr_handler())
-    root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
+    root.setLevel(level)
 
 
 def _fail(message: str) -> int:
