@@ -1,9 +1,10 @@
-"""cronjob's log lines under a real uvicorn process, as docs/integrations/fastapi.md says.
+"""cronjob's log lines under real uvicorn and gunicorn processes, as
+docs/integrations/fastapi.md says.
 
-uvicorn's default logging configures its own loggers only, so the scheduler's INFO lines
-vanish; the page's ``logging.json`` (read from the page itself, so the two cannot drift)
+The servers' default logging configures their own loggers only, so the scheduler's INFO
+lines vanish; the page's ``logging.json`` (read from the page itself, so the two cannot drift)
 or ``cronjob.lifespan(log_level="INFO")`` shows them, with a time and a level. Each test
-starts uvicorn, waits (in real time, bounded) for its start-up to complete, stops it with
+starts a server, waits (in real time, bounded) for its start-up to complete, stops it with
 SIGTERM and reads what it wrote.
 """
 
@@ -61,17 +62,35 @@ def wait_for(run: Watched, text: str) -> None:
     assert text in run.output, run.output
 
 
-def serve(tmp_path: Path, *, config: bool, options: str = "") -> tuple[str, str]:
-    """Run uvicorn on the app until its start-up completes, then SIGTERM it: (what it
-    wrote until then, what it wrote in all)."""
+def gunicorn_conf() -> str:
+    """The page's ``gunicorn.conf.py``: its one ```py block."""
+    [block] = re.findall(r"^```py\n(.*?)^```", PAGE.read_text(), re.S | re.M)
+    return str(block)
+
+
+def serve(
+    tmp_path: Path, *, config: bool, options: str = "", server: str = "uvicorn"
+) -> tuple[str, str]:
+    """Run the app under ``server`` (uvicorn, or gunicorn with uvicorn's worker) until its
+    start-up completes, then SIGTERM it: (what it wrote until then, what it wrote in all).
+    With ``config``, the server is given the page's configuration."""
     url = f"sqlite:///{tmp_path / 'app.sqlite'}"
     (tmp_path / "served_app.py").write_text(textwrap.dedent(APP.format(url=url, options=options)))
-    argv = [sys.executable, "-m", "uvicorn", "served_app:app", "--host", "127.0.0.1"]
-    argv += ["--port", "0", "--app-dir", str(tmp_path)]
     if config:
         (tmp_path / "logging.json").write_text(json.dumps(page_config()))
-        argv += ["--log-config", str(tmp_path / "logging.json")]
-    with watched(argv, cwd=tmp_path) as run:
+    if server == "uvicorn":
+        argv = [sys.executable, "-m", "uvicorn", "served_app:app", "--host", "127.0.0.1"]
+        argv += ["--port", "0", "--app-dir", str(tmp_path)]
+        if config:
+            argv += ["--log-config", str(tmp_path / "logging.json")]
+    else:
+        argv = [sys.executable, "-m", "gunicorn", "served_app:app", "-b", "127.0.0.1:0"]
+        argv += ["-k", "uvicorn.workers.UvicornWorker", "--chdir", str(tmp_path)]
+        if config:
+            (tmp_path / "gunicorn.conf.py").write_text(gunicorn_conf())
+            argv += ["-c", str(tmp_path / "gunicorn.conf.py")]
+    # HOME: where gunicorn (23 and later) puts its control socket.
+    with watched(argv, cwd=tmp_path, env={"HOME": str(tmp_path)}) as run:
         wait_for(run, "Application startup complete.")
         started = run.output
         run.process.send_signal(signal.SIGTERM)
@@ -83,26 +102,32 @@ def serve(tmp_path: Path, *, config: bool, options: str = "") -> tuple[str, str]
 
 
 @pytest.mark.slow
-def test_the_pages_logging_json_shows_the_started_and_stopped_lines(tmp_path):
-    started, output = serve(tmp_path, config=True)
-    assert STARTED.search(started), started
-    assert STOPPED.search(output), output
-    # uvicorn's own lines take the same format (they reach the root's handler).
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_the_pages_logging_json_shows_the_started_and_stopped_lines_once(tmp_path, server):
+    started, output = serve(tmp_path, config=True, server=server)
+    assert len(STARTED.findall(started)) == 1, started
+    assert len(STOPPED.findall(output)) == 1, output
+    # The server's own lines take the same format, once (none lost, none doubled).
     uvicorn = STAMP.replace("cronjob", r"uvicorn\.error") + "Application startup complete"
-    assert re.search(uvicorn, output, re.M), output
+    assert len(re.findall(uvicorn, output, re.M)) == 1, output
+    if server == "gunicorn":
+        gunicorn = STAMP.replace("cronjob", r"gunicorn\.error") + "Booting worker"
+        assert len(re.findall(gunicorn, output, re.M)) == 1, output
 
 
 @pytest.mark.slow
-def test_lifespan_log_level_shows_them_without_a_logging_config(tmp_path):
-    started, output = serve(tmp_path, config=False, options=', log_level="INFO"')
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_lifespan_log_level_shows_them_without_a_logging_config(tmp_path, server):
+    started, output = serve(tmp_path, config=False, options=', log_level="INFO"', server=server)
     assert STARTED.search(started), started
     assert STOPPED.search(output), output
 
 
 @pytest.mark.slow
-def test_without_either_uvicorn_drops_them(tmp_path):
-    """The problem the page solves: uvicorn's default logging has no root handler."""
-    started, output = serve(tmp_path, config=False)
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_without_either_the_server_drops_them(tmp_path, server):
+    """The problem the page solves: the servers' default logging has no root handler."""
+    started, output = serve(tmp_path, config=False, server=server)
     assert "Application startup complete." in started
     assert " started: " not in output and " stopped" not in output
 
