@@ -11,6 +11,7 @@ SIGTERM and reads what it wrote.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -20,7 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+import cronjob
 from tests._process import Watched, watched
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +93,7 @@ def serve(
         if config:
             (tmp_path / "gunicorn.conf.py").write_text(gunicorn_conf())
             argv += ["-c", str(tmp_path / "gunicorn.conf.py")]
-    # HOME: where gunicorn (23 and later) puts its control socket.
+    # HOME: where gunicorn (27) puts its control socket, not the real home.
     with watched(argv, cwd=tmp_path, env={"HOME": str(tmp_path)}) as run:
         wait_for(run, "Application startup complete.")
         started = run.output
@@ -139,13 +143,6 @@ class TestLogLevelOption:
     def test_a_configured_application_keeps_its_handlers_and_the_levels_come_back(
         self, tmp_path, caplog, monkeypatch
     ):
-        import logging
-
-        from fastapi import FastAPI
-        from fastapi.testclient import TestClient
-
-        import cronjob
-
         registry = cronjob.Registry()
         registry.register(lambda ctx: None, "0 0 0 1 1 *", "new-year")
         url = f"sqlite:///{tmp_path / 'app.sqlite'}"
@@ -170,8 +167,6 @@ class TestLogLevelOption:
         ],
     )
     def test_a_bad_level_is_refused_at_the_call(self, level, message):
-        import cronjob
-
         with pytest.raises(ValueError, match=message):
             cronjob.lifespan("sqlite://", log_level=level)
 
