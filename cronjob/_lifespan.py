@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ._logging import check_level, visible_logs
 from .engine._scheduler import Scheduler
 
 __all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
@@ -15,7 +16,7 @@ APP_STATE_ATTRIBUTE = "cronjob_scheduler"
 
 
 def lifespan(
-    database: Any = None, **options: Any
+    database: Any = None, *, log_level: int | str | None = None, **options: Any
 ) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
     """Return an ASGI lifespan that starts a scheduler with the app and drains it on exit.
 
@@ -29,19 +30,36 @@ def lifespan(
     when the application has a ``state`` (for a readiness probe: ``.ready``). Inside a
     lifespan of your own, use ``async with cronjob.Scheduler(...) as scheduler:`` instead.
 
+    Args:
+        database: As `Scheduler`'s.
+        log_level: ``None`` (the default) leaves logging to the application. A level
+            (``"INFO"``, ``logging.INFO``) shows cronjob's lines at that level and above
+            while the application runs: the ``cronjob``, ``lease`` and ``execctx`` loggers
+            are set to it, and, only if neither they nor the root logger has a handler
+            (uvicorn's and gunicorn's default logging configure their own loggers
+            alone), a handler writing ``time LEVEL logger: message`` lines to standard
+            error is added to them. A configured application keeps its handlers and
+            format. Levels and handler are put back when the lifespan ends.
+        **options: As `Scheduler`'s.
+
+    Raises:
+        ValueError: ``log_level`` is not a logging level (at the call, not at start).
+
     Raises (on entering):
         lease.DatabaseRefused: as :meth:`Scheduler.start`; the application does not start.
     """
+    level = None if log_level is None else check_level(log_level)
 
     @contextlib.asynccontextmanager
     async def _lifespan(app: Any) -> AsyncIterator[None]:
         # A new scheduler, and the running loop, on every start: the options are the
         # caller's and never changed here (an earlier version kept the first start's
         # loop in them, and the second start ran its rounds on that closed loop).
-        async with Scheduler(database, **options) as scheduler:
-            state = getattr(app, "state", None)
-            if state is not None:
-                setattr(state, APP_STATE_ATTRIBUTE, scheduler)
-            yield
+        with visible_logs(level):  # around the scheduler: its started and stopped lines
+            async with Scheduler(database, **options) as scheduler:
+                state = getattr(app, "state", None)
+                if state is not None:
+                    setattr(state, APP_STATE_ATTRIBUTE, scheduler)
+                yield
 
     return _lifespan

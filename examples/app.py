@@ -20,9 +20,14 @@ _cache: dict[str, str] = {}
 
 
 def report(ctx: cronjob.Round) -> None:
-    """Count the lease rows, inside a transaction that holds only while our lease does."""
+    """Count the leased jobs on record, inside a transaction that holds only while our lease
+    does."""
     with ctx.transaction() as conn:
-        rows = conn.execute(text("SELECT count(*) FROM cronjob_lease")).scalar_one()
+        # Rows whose name starts with a space are cronjob's own chores (history pruning),
+        # not jobs of this application: a job's name never starts with whitespace.
+        rows = conn.execute(
+            text("SELECT count(*) FROM cronjob_lease WHERE name NOT LIKE ' %'")
+        ).scalar_one()
     log.info("report for %s: %d job(s) on record", ctx.instant.isoformat(), rows)
 
 

@@ -88,8 +88,10 @@ class TestStatus:
         assert status == 0
         header, tick = out.splitlines()[:2]
         column = header.index("NEXT (UTC)")
-        assert tick[column:].split()[0] == "paused"
-        assert tick[column:].split()[1:3] == ["paused", "by"]  # the state column says who
+        assert tick[column:].split()[:2] == ["paused", "paused"]  # NEXT, STATE
+        pauses = out.splitlines()[3:5]  # who, since when: a table of their own
+        assert pauses[0].split() == ["PAUSED", "BY", "SINCE", "(UTC)", "REASON"]
+        assert pauses[1].split()[:2] == ["tick", "ops"] and pauses[1].endswith(" -")
         _, out, _ = run(capsys, "status", "--json", "--database-url", ran)
         flaky, tick_json = json.loads(out)["jobs"]
         assert (tick_json["next_instant"], tick_json["paused"]) == (None, True)
@@ -97,6 +99,27 @@ class TestStatus:
         assert set(tick_json) == set(flaky)  # every other field kept
         assert flaky["paused"] is False
         datetime.fromisoformat(flaky["next_instant"])
+
+    def test_a_paused_jobs_state_cell_is_one_word_and_who_and_why_go_below(self, ran, capsys):
+        reason = "invoices API down since the 09:30 release, see OPS-412 " * 3
+        _, out, _ = run(capsys, "status", "--database-url", ran)
+        width = max(len(line) for line in out.splitlines()[:3])
+        cronjob.admin.pause(ran, "tick", by="operator@bastion.example.com", reason=reason)
+        _, out, _ = run(capsys, "status", "--database-url", ran)
+        lines = out.splitlines()
+        header, _, tick = lines[:3]
+        state = header.index("STATE")
+        assert tick[state : header.index("LAST")].rstrip() == "paused"
+        # As wide as without the pause, give or take the one word (was 90 characters more).
+        assert max(len(line) for line in lines[:3]) <= width + len("paused")
+        assert lines[3] == ""
+        assert lines[4].split() == ["PAUSED", "BY", "SINCE", "(UTC)", "REASON"]
+        assert lines[5].startswith("tick    operator@bastion.example.com  20")
+        assert lines[5].endswith("  invoices API down since the 09:30 rel...")  # 40 wide
+        assert lines[6] == "" and lines[7].startswith("REPLICA")
+        _, out, _ = run(capsys, "status", "--json", "--database-url", ran)
+        tick_json = json.loads(out)["jobs"][1]
+        assert tick_json["pause_reason"] == reason  # --json has it whole
 
     def test_an_unknown_job_is_one_line_and_exit_2(self, ran, capsys):
         assert run(capsys, "status", "nope", "--database-url", ran) == (

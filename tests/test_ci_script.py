@@ -131,3 +131,45 @@ def test_the_demo_runs_on_the_base_install(tmp_path):
         ["refresh-cache", "succeeded"],
         ["report", "succeeded"],
     ]
+
+
+def test_the_demo_report_counts_only_the_applications_jobs(tmp_path):
+    """`report` counts the demo's two leased jobs, not cronjob's own pruning chore's row."""
+    code = textwrap.dedent(
+        """
+        import logging
+        import sys
+        from datetime import UTC, datetime
+
+        import cronjob
+        import examples.app
+        from cronjob.testing import FakeClock
+
+        lines = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                lines.append(record.getMessage())
+
+        logging.getLogger("examples.app").addHandler(Keep())
+        logging.getLogger("examples.app").setLevel(logging.INFO)
+        clock = FakeClock(datetime(2026, 3, 2, 9, 0, tzinfo=UTC))
+        # 20 s: the second report runs after the first end was written, so the chore's
+        # row (made on a replica's first batch of ends) is there to be left out.
+        with cronjob.Scheduler(sys.argv[1], clock=clock):
+            clock.advance(20)
+        print("\\n".join(line for line in lines if line.startswith("report for")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "report for 2026-03-02T09:00:10+00:00: 2 job(s) on record",  # report, long-export
+        "report for 2026-03-02T09:00:20+00:00: 2 job(s) on record",
+    ]

@@ -263,7 +263,8 @@ class TestCommandLine:
         code, out, _ = self.run("pause", "tick", "--database-url", db_url)
         assert code == 0 and out.startswith("tick is paused already (by ")
         code, out, _ = self.run("status", "tick", "--database-url", db_url)
-        assert "paused by " in out and "bad release" in out
+        pause = out.splitlines()[4].split()  # below the jobs: who paused, when, why
+        assert pause[0] == "tick" and pause[-2:] == ["bad", "release"]
         code, out, _ = self.run("resume", "tick", "--database-url", db_url)
         assert (code, out) == (0, "resumed tick: its next instant runs; those skipped do not\n")
         code, out, _ = self.run("resume", "tick", "--database-url", db_url)

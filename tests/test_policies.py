@@ -314,6 +314,89 @@ class TestRetries:
         b.stop()
 
 
+class _Ceiling:
+    """A jitter that always draws its ceiling: retry delays of exactly ``backoff * 2**(n-1)``."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return high
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str | None]]:
+    """The cronjob logger's records at WARNING and above: (level, message, exception type
+    of the traceback logged with it, if any)."""
+    return [
+        (r.levelname, r.getMessage(), r.exc_info[0].__name__ if r.exc_info else None)
+        for r in caplog.records
+        if r.name == "cronjob" and r.levelno >= logging.WARNING
+    ]
+
+
+class TestRetryLogging:
+    """Each failed attempt is one line; the traceback is logged once, when the round fails
+    for good."""
+
+    @pytest.fixture(autouse=True)
+    def ceiling(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("cronjob.engine._policies.JITTER", _Ceiling())
+
+    def test_each_retry_is_one_line_and_the_last_failure_has_the_traceback(
+        self, url, replicas, clock, caplog
+    ):
+        def broken(ctx: cronjob.Round) -> None:
+            raise RuntimeError(f"boom {ctx.attempt}")
+
+        registry = Registry()
+        registry.register(broken, "0 0 * * * *", "broken", retries=2, retry_backoff=10)
+        replicas(registry, "a")
+        caplog.set_level(logging.WARNING, logger="cronjob")
+        clock.advance(3600 + 10 + 20)
+        instant = at(hours=1).isoformat()
+        assert _lines(caplog) == [
+            (
+                "WARNING",
+                f"round of job 'broken' instant {instant} attempt 1 of 3 failed "
+                "(RuntimeError: boom 1); next try in 10 s",
+                None,
+            ),
+            (
+                "WARNING",
+                f"round of job 'broken' instant {instant} attempt 2 of 3 failed "
+                "(RuntimeError: boom 2); next try in 20 s",
+                None,
+            ),
+            ("ERROR", f"round of job 'broken' instant {instant} attempt 3 failed", "RuntimeError"),
+        ]
+
+    def test_a_retry_given_up_at_a_drain_logs_the_last_failures_traceback_once(
+        self, url, replicas, clock, caplog
+    ):
+        def broken(ctx: cronjob.Round) -> None:
+            raise RuntimeError("boom")
+
+        registry = Registry()
+        registry.register(broken, "0 0 * * * *", "broken", retries=1, retry_backoff=600)
+        a = replicas(registry, "a")
+        caplog.set_level(logging.WARNING, logger="cronjob")
+        clock.advance(3600 + 1)
+        assert a.drain()
+        a.stop()
+        instant = at(hours=1).isoformat()
+        assert [line for line in _lines(caplog) if "broken" in line[1]] == [
+            (
+                "WARNING",
+                f"round of job 'broken' instant {instant} attempt 1 of 2 failed "
+                "(RuntimeError: boom); next try in 600 s",
+                None,
+            ),
+            (
+                "WARNING",
+                f"round of job 'broken' instant {instant}: its retry (attempt 2) is given up: "
+                "the scheduler is draining",
+                "RuntimeError",
+            ),
+        ]
+
+
 class TestStartDeadline:
     def test_a_caught_up_round_past_its_deadline_is_not_run_and_on_record(
         self, url, replicas, clock, rounds, caplog

@@ -19,12 +19,18 @@ def _why(record: admin.RoundRecord) -> str:
     return f"{record.why} ({_cell(record.requested_by)})"
 
 
-def _state(job: admin.JobStatus) -> str:
-    return "; ".join(part for part in (_activity(job), _asked(job)) if part)
+def _state(job: admin.JobStatus, *, pause_detail: bool = True) -> str:
+    """The job's state in one cell: what it is doing, its pause, the rounds asked of it.
+
+    With ``pause_detail=False`` (the ``cronjob status`` table) a pause is the one word
+    ``paused``: who, since when and why go in a table of their own (``_pause_row``),
+    so a paused job does not make its STATE cell a hundred characters wide.
+    """
+    return "; ".join(part for part in (_activity(job, pause_detail), _asked(job)) if part)
 
 
-def _activity(job: admin.JobStatus) -> str:
-    paused = _paused(job)
+def _activity(job: admin.JobStatus, pause_detail: bool = True) -> str:
+    paused = _paused(job) if pause_detail or job.paused_since is None else "paused"
     if job.per_instance:
         return "per instance" if paused is None else f"per instance, {paused}"
     if job.activity is admin.Activity.RUNNING:
@@ -48,6 +54,15 @@ def _paused(job: admin.JobStatus) -> str | None:
         return None
     reason = f" ({_cell(job.pause_reason, REASON_WIDTH)})" if job.pause_reason else ""
     return f"paused by {_cell(job.paused_by or '?')} since {_time(job.paused_since)}{reason}"
+
+
+def _pause_row(job: admin.JobStatus) -> list[str] | None:
+    """``[JOB, BY, SINCE, REASON]`` of a paused job for the table of pauses (the reason
+    cut to `REASON_WIDTH`); ``None``: not paused."""
+    if job.paused_since is None:
+        return None
+    reason = _cell(job.pause_reason, REASON_WIDTH) if job.pause_reason else "-"
+    return [_cell(job.name), _cell(job.paused_by or "?"), _time(job.paused_since), reason]
 
 
 def _last(job: admin.JobStatus) -> str:

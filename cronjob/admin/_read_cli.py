@@ -32,6 +32,7 @@ from ._format import (
     _cell,
     _duration,
     _last,
+    _pause_row,
     _state,
     _time,
     _why,
@@ -185,7 +186,7 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
                 _cell(job.name),
                 _cell(spec),
                 "paused" if job.paused else _time(job.next_instant),
-                _state(job),
+                _state(job, pause_detail=False),
                 _last(job),
                 _duration(job.last_duration),
                 str(job.consecutive_failures) if not job.per_instance else "-",
@@ -200,6 +201,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         _print_table(headers, rows, out)
     elif not report.retired:
         print("no jobs on record", file=out)
+    pauses = [row for row in map(_pause_row, report.jobs) if row is not None]
+    if pauses:  # who paused what, when and why: beside the jobs, not in their STATE cell
+        print(file=out)
+        _print_table(["PAUSED", "BY", "SINCE (UTC)", "REASON"], pauses, out)
     if report.retired:
         if rows:
             print(file=out)

@@ -12,10 +12,10 @@ import sys
 import threading
 import traceback
 
-import execctx
 import lease
 
 from .._exceptions import CronjobError
+from .._logging import LOGGERS, stderr_handler
 from ..engine._database import resolve_database
 from ..engine._scheduler import Scheduler
 
@@ -27,24 +27,24 @@ log = logging.getLogger("cronjob")
 EXIT_USAGE = 2
 
 
-class _RoundFormatter(logging.Formatter):
-    """Plain log lines, with ``[job=… trace=…]`` on the ones made inside a round."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        name = getattr(record, "work_name", "")
-        if name:
-            line += f"  [job={name} trace={getattr(record, 'trace_id', '')}]"
-        return line
-
-
 def _configure_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    execctx.install_log_filter(handler)
+    """Show the log on stderr at ``$CRONJOB_LOG_LEVEL`` (INFO), unless it is configured.
+
+    A root logger with a handler was configured by the framework the command runs in
+    (Django's ``LOGGING``, for ``manage.py cronjob run``): a second root handler would
+    print every line twice, so none is added; only cronjob's loggers whose level it left
+    unset get the level, and its handlers print their lines, in its format.
+    """
+    level = os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper()
     root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(os.environ.get("CRONJOB_LOG_LEVEL", "INFO").upper())
+    if root.handlers:
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(level)
+        return
+    root.addHandler(stderr_handler())
+    root.setLevel(level)
 
 
 def _fail(message: str) -> int:

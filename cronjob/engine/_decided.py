@@ -29,7 +29,7 @@ from .._round import Outcome, Round
 from ._failures import Failures
 from ._state import Flags, Reason, Run
 
-__all__ = ["DecidedEnds", "round_where"]
+__all__ = ["DecidedEnds", "error_summary", "round_where"]
 
 log = logging.getLogger("cronjob")
 
@@ -182,3 +182,14 @@ class DecidedEnds:
 def round_where(ctx: Round) -> str:
     """The round in the end's log lines: ``job 'x' instant … attempt n``."""
     return f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
+
+
+def error_summary(error: BaseException) -> str:
+    """``"Type: message"`` of a job's failure, for the record: never its traceback or
+    locals (bounded when stored, see :func:`lease.RoundRow`)."""
+    kind = type(error).__qualname__
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not keep the end from its record
+        message = "<the message could not be read>"
+    return f"{kind}: {message}" if message else kind

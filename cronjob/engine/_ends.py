@@ -30,7 +30,7 @@ from .._clock import Clock
 from .._exceptions import Retry, TimedOut
 from .._history import History, Pruner
 from .._round import Outcome, classify, iter_own_errors
-from ._decided import DecidedEnds, round_where
+from ._decided import DecidedEnds, error_summary, round_where
 from ._failures import HOOKED, Failures, round_record
 from ._finisher import Finisher
 from ._policies import backoff_delay
@@ -192,14 +192,19 @@ class EndRecorder:
                 else f"it ended with {error_summary(error)}",
             )
         elif outcome is Outcome.RETRYING:
+            # One line an attempt, without its traceback: a job retried every few
+            # seconds would fill the log with the same one. The traceback is logged
+            # once, by the attempt that fails for good (the FAILED branch above), or
+            # with the line that tells its retry is given up (see PolicyTimers).
+            run.retry_error = error
             log.warning(
-                "round of %s failed (%s): attempt %d of %d, the next in %.3g s",
-                round_where(ctx),
-                error_summary(error) if error is not None else "no error",
+                "round of job %r instant %s attempt %d of %d failed (%s); next try in %.3g s",
+                ctx.name,
+                ctx.instant.isoformat(),
                 ctx.attempt,
                 1 + run.state.job.policy.retries,
+                error_summary(error) if error is not None else "no error",
                 run.retry_delay,
-                exc_info=error,
             )
         elif outcome is Outcome.MISSED_DEADLINE:
             pass  # logged by _missed, as it decided
@@ -439,14 +444,3 @@ class _Later:
 def _word(outcome: Outcome, attempt: int) -> str:
     """The outcome in the record's words: a second run cut short is given up."""
     return "given up" if outcome is Outcome.CUT_SHORT and attempt >= 2 else outcome.value
-
-
-def error_summary(error: BaseException) -> str:
-    """``"Type: message"`` of a job's failure, for the record: never its traceback or
-    locals (bounded when stored, see :func:`lease.RoundRow`)."""
-    kind = type(error).__qualname__
-    try:
-        message = str(error)
-    except Exception:  # a broken __str__ must not keep the end from its record
-        message = "<the message could not be read>"
-    return f"{kind}: {message}" if message else kind

@@ -39,6 +39,7 @@ from .._clock import Clock
 from .._exceptions import TimedOut
 from .._policy import RETRY_BACKOFF_CAP
 from ._control import Control
+from ._decided import error_summary
 from ._state import Flags, Reason, Run
 
 if TYPE_CHECKING:
@@ -216,7 +217,12 @@ class PolicyTimers:
         """
         delay, dispatcher = run.retry_delay, self._dispatcher
         if delay is None or self._flags.stopped or dispatcher.draining or run.lost_at:
-            self._give_up(run, "the scheduler is draining" if dispatcher.draining else None)
+            why = None
+            if dispatcher.draining:
+                why = "the scheduler is draining"
+            elif run.lost_at:
+                why = "its lease was lost"
+            self._give_up(run, why)
             return False
         due = run.state.job.schedule.next(ended)
         if due is not None and self._clock.now() + timedelta(seconds=delay) >= due:
@@ -232,11 +238,13 @@ class PolicyTimers:
         run.backoff = False
         dispatcher, ctx, state = self._dispatcher, run.ctx, run.state
         if run.lost_at is not None:
+            self._give_up(run, "its lease was lost")
             self._end(run)
             return
         if due is not None and self._clock.now() >= due:
             self._give_up_failed(run, due)
             return
+        run.retry_error = None  # the next attempt runs: its failure's frames are not kept
         dispatcher.start_round(
             state,
             ctx.instant,
@@ -252,7 +260,7 @@ class PolicyTimers:
         """Give up a retry that would start at or after the job's next instant ``due``:
         the round is on record as failed (with its history row, counted by the
         self-pause, told to the failure hook), then ends."""
-        ctx = run.ctx
+        ctx, failure = run.ctx, _last_failure(run)
         log.warning(
             "round of job %r instant %s: its retry (attempt %d) is given up: the job's "
             "next instant %s is due",
@@ -260,12 +268,15 @@ class PolicyTimers:
             ctx.instant.isoformat(),
             ctx.attempt + 1,
             due.isoformat(),
+            exc_info=failure,
         )
         if run.token is None or self._flags.crashed:
             self._end(run)
             return
         ends = self._dispatcher.runner.ends.decided
         error = f"retry given up: the next instant {due.isoformat()} is due"
+        if failure is not None:  # what the hook and the history most need to tell
+            error = f"{error}; attempt {ctx.attempt}: {error_summary(failure)}"
         run.backoff = True  # the lease is still kept, until the end is on record
 
         def done(_result: object) -> None:
@@ -293,6 +304,7 @@ class PolicyTimers:
                 ctx.instant.isoformat(),
                 ctx.attempt + 1,
                 why,
+                exc_info=_last_failure(run),
             )
         if token is None or run.lost_at is not None or self._flags.crashed:
             return
@@ -308,6 +320,13 @@ class PolicyTimers:
             state.run = None
         if not self._flags.stopped and not dispatcher.draining:
             dispatcher.schedule_after(state, self._clock.now())
+
+
+def _last_failure(run: Run) -> BaseException | None:
+    """The failure of ``run``'s last attempt, for the one line that logs its traceback:
+    taken, so that it is logged once and its frames are not kept any longer."""
+    error, run.retry_error = run.retry_error, None
+    return error
 
 
 def _ignore(_result: object) -> None:

@@ -136,6 +136,9 @@ class Run:
     #: Its attempt failed and the round runs again after this many seconds (set by its
     #: worker with :attr:`Outcome.RETRYING`; ``None`` if the retry is given up).
     retry_delay: float | None = None
+    #: The failure of the attempt that ended ``retrying``: logged in one line then, its
+    #: traceback kept for the one line that tells the retry is given up (if it is).
+    retry_error: BaseException | None = None
     #: It ended and waits for its retry, its lease still kept: a lease found taken meanwhile
     #: counts as lost (the retry then does not start).
     backoff: bool = False

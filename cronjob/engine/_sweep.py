@@ -413,11 +413,9 @@ class Sweeper:
         return last + max(1, steps) * SWEEP_EVERY
 
     def close(self, *, leave: bool = False) -> None:
-        """Stop watching the lease writes and listening (the scheduler stopped).
-
-        With ``leave`` (a clean stop), also take this replica's record off the replica
-        table, so that it leaves the live list at once (see :meth:`_leave`).
-        """
+        """Stop watching the lease writes and listening (the scheduler stopped); with
+        ``leave`` (a clean stop), take this replica's record off the table too, so that
+        it leaves the live list at once (see `_leave`)."""
         if self._unwatch is not None:
             self._unwatch()
         if self._listener is not None:
