@@ -10,7 +10,7 @@ from .engine._scheduler import Scheduler
 
 __all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
 
-#: Where :func:`lifespan` puts the scheduler on the application: ``app.state.<this>``.
+#: Where `lifespan` puts the scheduler on the application: ``app.state.<this>``.
 APP_STATE_ATTRIBUTE = "cronjob_scheduler"
 
 
@@ -20,9 +20,9 @@ def lifespan(
     """Return an ASGI lifespan that starts a scheduler with the app and drains it on exit.
 
     ``FastAPI(lifespan=cronjob.lifespan())`` or ``Starlette(lifespan=...)``. Arguments are
-    those of :class:`Scheduler`; async jobs run on the application's own event loop, sync
-    jobs in the scheduler's worker threads. Start-up and drain run in a thread so the
-    loop keeps serving meanwhile.
+    those of [Scheduler][cronjob.Scheduler]; async jobs run on the application's own event
+    loop, sync jobs in the scheduler's worker threads. Start-up and drain run in a thread so
+    the loop keeps serving meanwhile.
 
     Each start of the application builds a new scheduler (two ``TestClient(app)`` blocks,
     two ``asyncio.run``: each on its own loop), and puts it on ``app.state.cronjob_scheduler``
@@ -30,7 +30,8 @@ def lifespan(
     lifespan of your own, use ``async with cronjob.Scheduler(...) as scheduler:`` instead.
 
     Raises (on entering):
-        lease.DatabaseRefused: as :meth:`Scheduler.start`; the application does not start.
+        lease.DatabaseRefused: as [Scheduler.start][cronjob.Scheduler.start]; the
+            application does not start.
     """
 
     @contextlib.asynccontextmanager

@@ -1,5 +1,5 @@
 """The ends of rounds: finish one or many, give one back cut short, keep one from a
-second run (see the rules in :mod:`lease._store`)."""
+second run (see the rules in `lease._store`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
 
 
 class _Ends(_StoreCore):
-    """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
+    """The ends of rounds: a part of [LeaseStore][lease.LeaseStore]."""
 
     def give_back(self, name: str, token: int, *, record: RoundRow | None = None) -> bool:
         """Give back the lease of a round cut short: state ``cut``, lease free at once.
@@ -58,7 +58,7 @@ class _Ends(_StoreCore):
         return given
 
     def give_back_all(self, names: Collection[str], token: int) -> int:
-        """:meth:`give_back` for each of ``names``, leases of one claim (``token``) that
+        """`give_back` for each of ``names``, leases of one claim (``token``) that
         will not run here (the claim came back too late, no thread could run them, a
         drain began before their instant): one statement for all of them, none for an
         empty ``names``.
@@ -119,8 +119,8 @@ class _Ends(_StoreCore):
         (rounded down): every instant up to it that the round overran stays skipped.
         The end is recorded even if the lease expired meanwhile, as long as no other
         claim replaced the token. On record too: the outcome (``succeeded``, or failed
-        with ``error``, bounded; a :class:`Ending`'s ``outcome`` word, see
-        :data:`~lease.COUNTED_FAILURES`), the end and the last success on the lease
+        with ``error``, bounded; a [Ending][lease.Ending]'s ``outcome`` word, see
+        `COUNTED_FAILURES`), the end and the last success on the lease
         clock, the failures in a row; and ``record``, if given, is added to the history, all in
         the same transaction (one statement on PostgreSQL).
 
@@ -139,17 +139,17 @@ class _Ends(_StoreCore):
     def finish_many(
         self, ends: Collection[tuple[str, int, datetime] | Ending]
     ) -> set[tuple[str, int]]:
-        """:meth:`finish` for many rounds at once: :class:`Ending` values, or
+        """`finish` for many rounds at once: [Ending][lease.Ending] values, or
         ``(name, token, ended)`` triples for rounds that succeeded without a record.
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
-        one), each with the same conditions as :meth:`finish`, and one INSERT of every
+        one), each with the same conditions as `finish`, and one INSERT of every
         history row given (on PostgreSQL carried by the first UPDATE, as a
         data-modifying ``WITH``: a batch of one group is one statement); with more than
         one UPDATE, a ``SELECT ... FOR UPDATE`` first
         locks the batch's rows in name order, the order a renewal locks them in. None
         for an empty ``ends``. An end with ``retrying`` (an
-        attempt followed by another, see :class:`Ending`) keeps its lease: the row stays
+        attempt followed by another, see [Ending][lease.Ending]) keeps its lease: the row stays
         ``running``, its attempt becomes 2, and its history row is added.
 
         Returns:

@@ -1,8 +1,8 @@
 """``cronjob pause``, ``resume`` and ``trigger``: an operator's control of the jobs on every
 replica.
 
-Thin layers over :func:`cronjob.admin.pause`, :func:`~cronjob.admin.resume`,
-:func:`~cronjob.admin.trigger` and friends. Exit statuses: 0 done, or nothing to do
+Thin layers over [cronjob.admin.pause][], [resume][cronjob.admin.resume],
+[trigger][cronjob.admin.trigger] and friends. Exit statuses: 0 done, or nothing to do
 (already paused, not paused: said so) — for ``trigger --wait``, the round succeeded; 1
 ``trigger --wait``: the round failed, was given up, refused, expired, or still ran at the
 timeout; 2 bad input (an unknown job, a reason too long, no tables); 3 the database could

@@ -1,13 +1,14 @@
 """What the scheduler did, read from the database the replicas share; and the pause.
 
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
-``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
-a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
-:func:`resume` and their ``_all`` forms, and :func:`trigger`, write (the pause on the lease
-row, a note in the history; a request for a round now), see :mod:`cronjob.admin._control`
-and :mod:`cronjob.admin._trigger`.
-Nothing migrates: a database without the tables, or at an older revision, is an
-error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+``cronjob_round``, ``cronjob_replica``, see [lease][]) and needs no application module:
+a job's spec is on record, so its next instant is computed from it. Only
+[pause][cronjob.admin.pause], [resume][cronjob.admin.resume] and their ``_all`` forms, and
+[trigger][cronjob.admin.trigger], write (the pause on the lease row, a note in the history;
+a request for a round now), see `cronjob.admin._control` and `cronjob.admin._trigger`.
+Nothing migrates: a database without the tables, or at an older revision, is an error that
+says which ([TablesMissing][cronjob.admin.TablesMissing],
+[SchemaOutdated][cronjob.admin.SchemaOutdated]).
 
 Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
 the leases and the replicas' ``last_seen`` are kept on.
@@ -65,7 +66,7 @@ __all__ = [
 #: The slack on top of two periods before a job without a successful end counts as
 #: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
 STALE_SLACK_SECONDS: Final = 60.0
-#: The most rounds :func:`history` returns at once.
+#: The most rounds `history` returns at once.
 HISTORY_LIMIT: Final = 10_000
 
 
@@ -74,7 +75,7 @@ class Activity(enum.StrEnum):
 
     IDLE = "idle"
     RUNNING = "running"
-    #: Paused by an operator (:func:`pause`): no replica starts a round of it.
+    #: Paused by an operator (`pause`): no replica starts a round of it.
     PAUSED = "paused"
 
 
@@ -91,7 +92,7 @@ class JobStatus:
     #: Run by every replica without a lease; such a job has no state on record.
     per_instance: bool
     #: The next instant after "now" per the spec on record; ``None`` while paused (no
-    #: instant runs until it is resumed: see :attr:`paused`).
+    #: instant runs until it is resumed: see `paused`).
     next_instant: datetime | None
     activity: Activity
     #: The replica running it now, and since when (the claim).
@@ -115,18 +116,18 @@ class JobStatus:
     specs_seen: tuple[str, ...]
     #: One line each: failing, stale, specs that disagree. Empty when healthy.
     problems: tuple[str, ...]
-    #: Paused since, by whom, why (:func:`pause`); ``None`` when not paused. A paused
-    #: job with a round running shows :attr:`Activity.RUNNING`: the round runs to its end.
+    #: Paused since, by whom, why (`pause`); ``None`` when not paused. A paused
+    #: job with a round running shows `Activity.RUNNING`: the round runs to its end.
     paused_since: datetime | None = None
     paused_by: str | None = None
     pause_reason: str | None = None
-    #: Paused (:func:`pause`): no instant of it runs, so it has no :attr:`next_instant`.
+    #: Paused (`pause`): no instant of it runs, so it has no `next_instant`.
     paused: bool = False
-    #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
+    #: Requests for a round now (`trigger`) not ended yet: pending, running, or
     #: cut short and to be taken again; oldest first.
     requests: tuple[RequestStatus, ...] = ()
     #: The job's policies as the live replica that started last registered them
-    #: (:meth:`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
+    #: (`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
     #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
     #: empty without options, or when no live replica of this release registers it.
     policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
@@ -241,16 +242,16 @@ def history(
     Args:
         database: a URL, or an engine (not disposed).
         name: the job.
-        limit: at most this many rounds (1 to :data:`HISTORY_LIMIT`).
+        limit: at most this many rounds (1 to `HISTORY_LIMIT`).
         failed: only rounds that failed, timed out, missed their start deadline or
-            were given up (:data:`FAILED_OUTCOMES`).
+            were given up (`FAILED_OUTCOMES`).
         since: only rounds that ended at or after this aware time.
 
     Raises:
         UnknownJob: no job ``name`` is on record (no lease row, no round, no replica
             registering it).
         ValueError: ``limit`` is out of range, ``since`` is naive.
-        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+        TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")
