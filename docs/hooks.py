@@ -1,4 +1,4 @@
-"""MkDocs hook: links from a page to files of the repository outside docs/.
+"""MkDocs hooks: links to repository files outside docs/, and no raw Sphinx roles.
 
 The design documents link to the source files and tests they describe
 (``[`_store.py`](../lease/_store.py)``). Those files are not pages of the site, so MkDocs
@@ -6,6 +6,11 @@ cannot serve them. This hook checks that each such target exists in the reposito
 link to a file that does not exist is a warning, which ``mkdocs build --strict`` turns
 into a failure — and then renders the link as its text (or, when ``repo_url`` is set, as a
 link to the file in the repository's browser).
+
+The API pages render docstrings with mkdocstrings, which knows no Sphinx roles: a
+``:meth:`x``` in a docstring shows raw on the site. ``on_page_content`` warns for each one
+left in a page's HTML, so ``--strict`` fails the build; docstrings cross-reference with
+``[Registry.register][cronjob.Registry.register]`` or plain backticks instead.
 """
 
 from __future__ import annotations
@@ -15,11 +20,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("mkdocs.hooks.repository_links")
+log = logging.getLogger("mkdocs.hooks.cronjob")
 
 # [text](target), not an image, outside a fenced block (the page's fences are skipped below).
 LINK = re.compile(r"(?<!!)\[([^\]\n]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+# A Sphinx role as Markdown renders it: the role, then its target in a code span.
+ROLE = re.compile(
+    r":(?:py:)?(?:meth|func|class|attr|exc|mod|data|obj|const|type|any|ref|doc):"
+    r"(?:`|<code>)([^`<]*)"
+)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -53,3 +63,14 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         last = fence.end()
     parts.append(LINK.sub(swap, markdown[last:]))
     return "".join(parts)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    for match in ROLE.finditer(html):
+        log.warning(
+            "%s: a raw Sphinx role on the page: '%s' (write [name][package.name] or "
+            "`name` in the docstring)",
+            page.file.src_path,
+            re.sub(r"</?code>", "`", match.group(0)) + "`",
+        )
+    return html
