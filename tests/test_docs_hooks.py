@@ -63,3 +63,30 @@ class TestRawRoles:
         with caplog.at_level(logging.WARNING, logger="mkdocs"):
             hooks.on_page_content(html, page=PAGE, config={}, files=None)
         assert caplog.records == []
+
+
+class TestExamplePages:
+    """Without ``repo_url``, a file under examples/ is a page of the site, and links go there."""
+
+    def config(self, repo_url: str = "") -> dict[str, str]:
+        return {"docs_dir": str(REPO / "docs"), "repo_url": repo_url}
+
+    def test_a_link_to_an_example_goes_to_its_page(self, hooks):
+        page = SimpleNamespace(file=SimpleNamespace(src_path="integrations/fastapi.md"))
+        markdown = "as in [examples/fastapi_app.py](../../examples/fastapi_app.py)."
+        assert hooks.on_page_markdown(markdown, page=page, config=self.config(), files=None) == (
+            "as in [examples/fastapi_app.py](../examples/fastapi_app.py.md)."
+        )
+
+    def test_with_a_repo_url_the_link_goes_to_the_repository(self, hooks):
+        page = SimpleNamespace(file=SimpleNamespace(src_path="integrations/fastapi.md"))
+        markdown = "[app](../../examples/fastapi_app.py)"
+        config = self.config("https://example.org/cronjob")
+        assert hooks.on_page_markdown(markdown, page=page, config=config, files=None) == (
+            "[app](https://example.org/cronjob/blob/main/examples/fastapi_app.py)"
+        )
+
+    def test_an_example_page_shows_the_file_in_a_code_block(self, hooks):
+        text = hooks.example_page(REPO, REPO / "examples" / "fastapi_app.py")
+        assert text.startswith("# `examples/fastapi_app.py`\n")
+        assert "```python\n" + (REPO / "examples/fastapi_app.py").read_text() in text
