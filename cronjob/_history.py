@@ -2,7 +2,7 @@
 
 Each replica's finisher (see `cronjob.engine._finisher`) asks `Pruner` after writing
 a batch of ends; at most once per clock hour, the replica tries to take that hour's turn
-(one claim of a lease of its own, see `lease.LeaseStore.take_turn`), and the one
+(one claim of a lease of its own, see [lease.LeaseStore.take_turn][]), and the one
 replica whose claim wins deletes, in one statement, the rounds older than
 `History.days` and each job's rounds past its `History.per_job` newest, then
 the replicas gone for a day, on a thread of its own. A deployment whose rounds stop

@@ -135,9 +135,10 @@ class _Claims(_StoreCore):
 
         ``due`` gives, by name, the next instant after ``instant`` at which the name may
         need a claim (a schedule's next instant); each claimed row keeps it in
-        ``due_s`` (rounded down to the second), which `unclaimed` reads. A name
-        ``due`` leaves out, or maps to ``None``, keeps the row's value: it must never be
-        later than the row's real next instant, or `unclaimed` misses that instant.
+        ``due_s`` (rounded down to the second), which
+        [unclaimed][lease.LeaseStore.unclaimed] reads. A name ``due`` leaves out, or maps to
+        ``None``, keeps the row's value: it must never be later than the row's real next
+        instant, or [unclaimed][lease.LeaseStore.unclaimed] misses that instant.
 
         Returns:
             One [Claim][lease.Claim] per name claimed, in the order of ``names``; with
@@ -157,11 +158,13 @@ class _Claims(_StoreCore):
         *,
         due: Mapping[str, datetime | None] | None = None,
     ) -> ClaimBatch:
-        """`claim`, with what was won as one [ClaimBatch][lease.ClaimBatch]: the same
-        statement and rules, without a [Claim][lease.Claim] made per name.
+        """[claim][lease.LeaseStore.claim], with what was won as one
+        [ClaimBatch][lease.ClaimBatch]: the same statement and rules, without a
+        [Claim][lease.Claim] made per name.
 
         Raises:
-            ValueError: as `claim`; or a ``due`` value is not an aware datetime.
+            ValueError: as [claim][lease.LeaseStore.claim]; or a ``due`` value is not an
+                aware datetime.
         """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
@@ -202,11 +205,11 @@ class _Claims(_StoreCore):
             return [str(name) for name in conn.execute(stmt, params).scalars()]
 
     def _unclaimed_statement(self, *, given_clock: bool) -> sa.Select[Any]:
-        """`unclaimed`'s query, built once per store and clock kind (bind
-        parameters only). Ordered by ``due_s`` with a limit: PostgreSQL's statistics on a
-        column every claim moves are soon stale, and read as "every row is due" they
-        chose a scan of the whole table; walking the index in order up to a limit is the
-        cheaper plan whatever they say."""
+        """[unclaimed][lease.LeaseStore.unclaimed]'s query, built once per store and clock
+        kind (bind parameters only). Ordered by ``due_s`` with a limit: PostgreSQL's
+        statistics on a column every claim moves are soon stale, and read as "every row is
+        due" they chose a scan of the whole table; walking the index in order up to a limit
+        is the cheaper plan whatever they say."""
         cached = self._unclaimed_statements.get(given_clock)
         if cached is not None:
             return cached
@@ -234,11 +237,11 @@ class _Claims(_StoreCore):
         """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
         for the one holder whose claim won.
 
-        The chore's row is named ``" " + chore`` — a name no caller of `claim`
-        can use (it starts with whitespace) — and, with ``create``, made when missing
-        (one more statement: `ensure`'s write without its read, the row written
-        only when missing, or without a deployment). Its lease is never finished: it
-        expires, and the next instant is claimed as usual.
+        The chore's row is named ``" " + chore`` — a name no caller of
+        [claim][lease.LeaseStore.claim] can use (it starts with whitespace) — and, with
+        ``create``, made when missing (one more statement: `ensure`'s write without its
+        read, the row written only when missing, or without a deployment). Its lease is
+        never finished: it expires, and the next instant is claimed as usual.
         """
         epoch = _instant_seconds(instant)
         check_holder(holder)
@@ -398,10 +401,10 @@ class _Claims(_StoreCore):
         return claims[0] if claims else None
 
     def claim_reruns(self, names: Iterable[str], instant: datetime, holder: str) -> ClaimBatch:
-        """`claim_rerun` for each of ``names``, rounds of one ``instant`` cut short:
-        one statement and one new token for all of them (the sweep finds them by the
-        thousand when a replica dies, or gives back an instant's claim that came back too
-        late). None for an empty ``names``.
+        """[claim_rerun][lease.LeaseStore.claim_rerun] for each of ``names``, rounds of one
+        ``instant`` cut short: one statement and one new token for all of them (the sweep
+        finds them by the thousand when a replica dies, or gives back an instant's claim
+        that came back too late). None for an empty ``names``.
 
         Returns:
             The second runs won (``attempt`` 2, nothing ``superseded``), in the order of

@@ -166,7 +166,8 @@ class _StoreCore:
     async def holds_async(
         self, connection: AsyncConnection, name: str, token: int, *, final: bool = False
     ) -> bool:
-        """Like `holds`, on an asyncio connection (``Round.transaction_async``).
+        """Like [holds][lease.LeaseStore.holds], on an asyncio connection
+        (``Round.transaction_async``).
 
         The same statement, awaited: the caller's event loop keeps running meanwhile.
         """
@@ -177,11 +178,12 @@ class _StoreCore:
     def holds_statement(
         self, name: str, token: int, dialect: Dialect, *, final: bool = False
     ) -> sa.Select[int]:
-        """The statement `holds` runs, for a connection that is not SQLAlchemy's.
+        """The statement [holds][lease.LeaseStore.holds] runs, for a connection that is not
+        SQLAlchemy's.
 
         A framework's ORM (Django) runs it inside its own transaction, compiled for
         ``dialect``: the lease is held when it returns a row. ``final`` as for
-        `holds`.
+        [holds][lease.LeaseStore.holds].
         """
         return self._holds_statement(name, token, dialect, final=final)
 
@@ -347,11 +349,11 @@ class _StoreCore:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
-        `statement_timeout`. It is set on the pooled connection's session the first
-        time the store uses that connection (one statement, then none while the store
-        keeps using it), and undone before anyone else is handed the connection (a job's
-        ``ctx.transaction()``: see `_unbind_for_others`), so it never bounds their
-        statements:
+        [statement_timeout][lease.LeaseStore.statement_timeout]. It is set on the pooled
+        connection's session the first time the store uses that connection (one statement,
+        then none while the store keeps using it), and undone before anyone else is handed
+        the connection (a job's ``ctx.transaction()``: see `_unbind_for_others`), so it
+        never bounds their statements:
 
         - PostgreSQL: ``statement_timeout``, its previous value saved;
         - MariaDB/MySQL: the row-lock and metadata-lock waits

@@ -58,10 +58,10 @@ class _Ends(_StoreCore):
         return given
 
     def give_back_all(self, names: Collection[str], token: int) -> int:
-        """`give_back` for each of ``names``, leases of one claim (``token``) that
-        will not run here (the claim came back too late, no thread could run them, a
-        drain began before their instant): one statement for all of them, none for an
-        empty ``names``.
+        """[give_back][lease.LeaseStore.give_back] for each of ``names``, leases of one
+        claim (``token``) that will not run here (the claim came back too late, no thread
+        could run them, a drain began before their instant): one statement for all of them,
+        none for an empty ``names``.
 
         Returns:
             How many were given back (rows that still had ``token`` and were ``running``).
@@ -139,18 +139,18 @@ class _Ends(_StoreCore):
     def finish_many(
         self, ends: Collection[tuple[str, int, datetime] | Ending]
     ) -> set[tuple[str, int]]:
-        """`finish` for many rounds at once: [Ending][lease.Ending] values, or
-        ``(name, token, ended)`` triples for rounds that succeeded without a record.
+        """[finish][lease.LeaseStore.finish] for many rounds at once: [Ending][lease.Ending]
+        values, or ``(name, token, ended)`` triples for rounds that succeeded without a
+        record.
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
-        one), each with the same conditions as `finish`, and one INSERT of every
-        history row given (on PostgreSQL carried by the first UPDATE, as a
-        data-modifying ``WITH``: a batch of one group is one statement); with more than
-        one UPDATE, a ``SELECT ... FOR UPDATE`` first
-        locks the batch's rows in name order, the order a renewal locks them in. None
-        for an empty ``ends``. An end with ``retrying`` (an
-        attempt followed by another, see [Ending][lease.Ending]) keeps its lease: the row stays
-        ``running``, its attempt becomes 2, and its history row is added.
+        one), each with the same conditions as [finish][lease.LeaseStore.finish], and one
+        INSERT of every history row given (on PostgreSQL carried by the first UPDATE, as a
+        data-modifying ``WITH``: a batch of one group is one statement); with more than one
+        UPDATE, a ``SELECT ... FOR UPDATE`` first locks the batch's rows in name order, the
+        order a renewal locks them in. None for an empty ``ends``. An end with ``retrying``
+        (an attempt followed by another, see [Ending][lease.Ending]) keeps its lease: the
+        row stays ``running``, its attempt becomes 2, and its history row is added.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its

@@ -110,10 +110,10 @@ class _History(_StoreCore):
         replica. One query.
 
         A record's jobs and policies are written whole only with the ``started`` of the
-        replica that writes them (see `survey`'s ``refresh``): a reader that keeps
-        what it learnt of a record by ``(holder, started)`` reads the jobs again (with
-        `replicas` and ``holders``) only for a pair it has not seen, a replica
-        that started since."""
+        replica that writes them (see [survey][lease.LeaseStore.survey]'s ``refresh``): a
+        reader that keeps what it learnt of a record by ``(holder, started)`` reads the jobs
+        again (with [replicas][lease.LeaseStore.replicas] and ``holders``) only for a pair
+        it has not seen, a replica that started since."""
         stmt = sa.select(_p.c.holder, _p.c.started_ms).where(_p.c.seen_ms >= seen_since_ms)
         with translate_errors("read replicas"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).all()
@@ -121,7 +121,8 @@ class _History(_StoreCore):
 
     def record_replica(self, replica: ReplicaRow) -> None:
         """Put ``replica`` on record as seen now (lease clock; its ``seen`` is ignored):
-        insert, or refresh. One statement. `survey` can do it on its way."""
+        insert, or refresh. One statement. [survey][lease.LeaseStore.survey] can do it on
+        its way."""
         stmt = self._replica_upsert(replica)
         with translate_errors("record a replica"), self._transaction() as conn:
             conn.execute(stmt, _jobs_of(replica))
@@ -209,13 +210,14 @@ class _History(_StoreCore):
     def survey(
         self, names: Iterable[str], *, replica: ReplicaRow | None = None, refresh: bool = False
     ) -> Survey:
-        """`find_cut_short`, and the earliest expiry of a first round's lease still
-        held (the next moment a round of ``names`` may be found cut short without any
-        write before it). One query, whatever the number of names.
+        """[find_cut_short][lease.LeaseStore.find_cut_short], and the earliest expiry of a
+        first round's lease still held (the next moment a round of ``names`` may be found
+        cut short without any write before it). One query, whatever the number of names.
 
         With ``replica``, the replica is put on record as seen now too (as
-        `record_replica`), in the same statement on PostgreSQL (a data-modifying
-        ``WITH``), in the same transaction elsewhere (two statements).
+        [record_replica][lease.LeaseStore.record_replica]), in the same statement on
+        PostgreSQL (a data-modifying ``WITH``), in the same transaction elsewhere (two
+        statements).
 
         With ``refresh`` too, only the record's ``seen`` is brought to now (an UPDATE of
         one column, in place of the upsert of every job's spec): for a replica whose

@@ -67,7 +67,7 @@ class RoundRow:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ending:
-    """The end of a round to record with `LeaseStore.finish_many`."""
+    """The end of a round to record with [LeaseStore.finish_many][lease.LeaseStore.finish_many]."""
 
     name: str
     token: int

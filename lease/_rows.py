@@ -108,9 +108,9 @@ class Claim:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimBatch:
-    """What one `LeaseStore.claim_batch` (first runs) or
-    `LeaseStore.claim_reruns` (second runs) won: rounds of one instant, all under
-    one new token (drawn once per call).
+    """What one [LeaseStore.claim_batch][lease.LeaseStore.claim_batch] (first runs) or
+    [LeaseStore.claim_reruns][lease.LeaseStore.claim_reruns] (second runs) won: rounds of
+    one instant, all under one new token (drawn once per call).
 
     Thousands of names are claimed together at scale: one value for all of them, not a
     [Claim][lease.Claim] each ([claims][lease.ClaimBatch.claims] makes those).
@@ -143,7 +143,8 @@ class ClaimBatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CutShort:
-    """A round cut short, which may run a second time (see `LeaseStore.claim_rerun`)."""
+    """A round cut short, which may run a second time (see
+    [LeaseStore.claim_rerun][lease.LeaseStore.claim_rerun])."""
 
     name: str
     instant: datetime
@@ -154,8 +155,9 @@ class CutShort:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Survey:
-    """What `LeaseStore.survey` found: the rounds cut short, and when the next one
-    may appear without another write (the earliest expiry of a lease held now)."""
+    """What [LeaseStore.survey][lease.LeaseStore.survey] found: the rounds cut short, and
+    when the next one may appear without another write (the earliest expiry of a lease held
+    now)."""
 
     cut_short: list[CutShort]
     #: The earliest ``expires_ms`` of a first round still held, as a lease-clock time;

@@ -171,7 +171,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         schedule that comes sooner), and is never raised but when stale (a minute or more
         past, `STALE_DUE_MS`: an instant that went by unclaimed); a name ``due``
         leaves out, or maps to ``None``, keeps its value (NULL on a new row). See
-        `unclaimed`.
+        [unclaimed][lease.LeaseStore.unclaimed].
 
         Its cost: one query reading the rows' spec, due and deployment (by names; the
         whole table beyond 500 names, as [read][lease.LeaseStore.read]), then one write
@@ -384,8 +384,8 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
 
     def read_all(self) -> dict[str, LeaseRow]:
         """Read every row, by name (malformed ones logged and left out, as
-        [read][lease.LeaseStore.read]; the rows of chores, see `take_turn`, left out
-        too)."""
+        [read][lease.LeaseStore.read]; the rows of chores, see
+        [take_turn][lease.LeaseStore.take_turn], left out too)."""
         with translate_errors("read leases"), self._transaction(read=True) as conn:
             rows = conn.execute(sa.select(_t)).mappings().all()
         found: dict[str, LeaseRow] = {}

@@ -16,8 +16,8 @@ instant makes one round, never two.
 A **per-instance** request names the replica to run it (``replica``); no lease.
 
 A **catch-up** request (``instant`` set) asks for a scheduled instant skipped while the
-name was paused: it is claimed with `LeaseStore.claim` like any instant, so it runs
-at most once and never after a later instant started.
+name was paused: it is claimed with [LeaseStore.claim][lease.LeaseStore.claim] like any
+instant, so it runs at most once and never after a later instant started.
 
 A request not taken within `REQUEST_TTL` seconds expires: it never fires weeks
 later when a replica that registers the name finally starts.

@@ -316,11 +316,11 @@ class Claims:
     ) -> None:
         """Claim ``instant`` for ``states`` in one statement, then start what was won
         (a round won ahead of its instant starts at the instant). Each claimed row keeps
-        its job's next instant (``due_s``, see `lease.LeaseStore.unclaimed`).
+        its job's next instant (``due_s``, see [lease.LeaseStore.unclaimed][]).
 
         With ``rest`` (the others' shares, after the grace), the names are not sent:
         one query asks which rows of ``instant`` are still unclaimed
-        (`lease.LeaseStore.unclaimed`, normally none), and only those of
+        ([lease.LeaseStore.unclaimed][], normally none), and only those of
         ``states`` are claimed, by name (no statement when there are none). Past the
         query's limit, every name is claimed, as before it existed.
 

@@ -13,7 +13,7 @@ per-instance round, a manual one). It never runs user code there:
   An attempt to be retried, a round cut short or given up, a missed start deadline
   neither count nor end the run. The history is the replicas' shared record, so failures
   on every replica count together; two replicas that decide at once both write the
-  pause, and `lease.LeaseStore.set_paused` changes a paused row no more, so the
+  pause, and [lease.LeaseStore.set_paused][] changes a paused row no more, so the
   job is paused (and noted, and the warning logged) once. Should the history keep fewer
   rows than N (pruned by age), the lease row's failures in a row decide.
 - **The failure hook** (a job's ``on_failure``, else its registry's): called once per

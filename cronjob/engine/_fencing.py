@@ -120,7 +120,7 @@ class Fencing:
     ) -> None:
         """Check ``run``'s lease inside a transaction that is not ours (a framework's ORM).
 
-        The same statement `transaction` runs (`lease.LeaseStore.holds`),
+        The same statement `transaction` runs ([lease.LeaseStore.holds][]),
         built for ``dialect`` and run by ``fetch`` on the caller's connection, which tells
         whether it found a row. Call it when the transaction opens and, with
         ``final=True``, just before it commits. A per-instance round passes unchecked.

@@ -4,7 +4,7 @@ A worker whose round ran to its end hands the end to `Finisher.finish_later` and
 is free for the next round at once: what it hands in is the runner's own record of the
 end, and the finisher thread builds the [lease.Ending][] to write from it (the
 outcome, the error, the history row), so that work is not done while rounds wait for a
-worker. It writes every end waiting with one `lease.LeaseStore.finish_many`
+worker. It writes every end waiting with one [lease.LeaseStore.finish_many][]
 transaction (one UPDATE per distinct ``ended`` second and outcome, usually one, and one
 INSERT of their history rows), then tells the runner, once for the batch, which ends
 were recorded. With one round ending at a time that is one or two statements per round;
@@ -104,7 +104,7 @@ class Finisher(Generic[T]):
         self._thread.start()
 
     def finish_later(self, item: T) -> None:
-        """Record the end of a round soon (as `lease.LeaseStore.finish`, with the
+        """Record the end of a round soon (as [lease.LeaseStore.finish][], with the
         [lease.Ending][] that ``ending`` builds from ``item``): its outcome, and its
         history row if it carries one. ``done`` is told what became of it.
 

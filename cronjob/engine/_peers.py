@@ -18,13 +18,13 @@ Who is alive is learned from the lease table and the replicas' record: the repli
 record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it
 at start and every 15 s), and the holders of claims at instants within the last day
 ([lease.LeaseStore.holders][]), plus this replica. A read takes each recent record's
-``(holder, started)`` only (`lease.LeaseStore.replica_starts`), and the jobs of
+``(holder, started)`` only ([lease.LeaseStore.replica_starts][]), and the jobs of
 the records whose pair it has not seen yet: a record's jobs are written only with its
-replica's ``started`` (see `lease.LeaseStore.survey`), so a pair once read keeps
+replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once read keeps
 its answer, and a replica that starts again (under the same id too, a millisecond or
 more later on its clock) is read anew. The jobs (~50 bytes each) are read once per
 replica start, not at every read, and only to ask whether one of ours is among them
-(`lease.LeaseStore.leasing`: a replica of the same deployment answers from the
+([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
 record's text, which is not parsed). One read (two queries; three when a record is new) at
 start, then a few more while reads change the view (replicas starting together), the
 first `FIRST_GAP` apart and twice as long each time a read changed nothing, up to

@@ -6,7 +6,7 @@
   instant are claimed in one statement (see `cronjob.engine._reruns`); the claim
   lets one replica win each, so two replicas never both run it.
 - **Replica record**: each sweep puts this replica on record as seen now, in its own
-  statement on PostgreSQL, its transaction elsewhere (`lease.LeaseStore.survey`):
+  statement on PostgreSQL, its transaction elsewhere ([lease.LeaseStore.survey][]):
   whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only
   (whole again if it is gone); ``cronjob status`` lists the replicas seen lately.
 - **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
