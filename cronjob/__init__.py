@@ -6,23 +6,25 @@ Layout: the public face at the top, one private module per concern, and two wing
 (docs/architecture.md draws the map; tests/test_layout.py holds it to account):
 
 - ``_grammar``: the spec's grammar (cron fields, descriptors, ``@every``, ``CRON_TZ=``),
-  read into value sets; ``_schedule``: :func:`parse` and :class:`Schedule`, which walk
-  them to instants (the DST rule), over ``_calendar``'s integer calendar arithmetic.
-- ``_registry``: :func:`register`, :func:`register_per_instance`, their decorator forms
-  :func:`job` and :func:`job_per_instance`, :class:`Registry`; ``_policy``:
-  :class:`Policy`, a job's timeout, retries, start deadline, self-pause and failure hook,
-  validated at registration.
-- ``_round``: :class:`Round`, what a job receives, and how its outcome is classified;
+  read into value sets; ``_schedule``: [parse][cronjob.parse] and
+  [Schedule][cronjob.Schedule], which walk them to instants (the DST rule), over
+  ``_calendar``'s integer calendar arithmetic.
+- ``_registry``: [register][cronjob.register],
+  [register_per_instance][cronjob.register_per_instance], their decorator forms
+  [job][cronjob.job] and [job_per_instance][cronjob.job_per_instance],
+  [Registry][cronjob.Registry]; ``_policy``: [Policy][cronjob.Policy], a job's timeout,
+  retries, start deadline, self-pause and failure hook, validated at registration.
+- ``_round``: [Round][cronjob.Round], what a job receives, and how its outcome is classified;
   ``_records``: a round's record in the history, as the admin API and the hooks give it.
-- ``_clock`` / ``_fakeclock``: time, real and fake (see :mod:`cronjob.testing`);
-  ``_exceptions``; ``_history``: :class:`History`, the history's retention and pruning;
-  ``_lifespan``: :func:`lifespan` for ASGI apps.
-- :mod:`cronjob.engine`: what runs rounds — :class:`Scheduler` (the façade that wires the
+- ``_clock`` / ``_fakeclock``: time, real and fake (see [cronjob.testing][]);
+  ``_exceptions``; ``_history``: [History][cronjob.History], the history's retention and pruning;
+  ``_lifespan``: [lifespan][cronjob.lifespan] for ASGI apps.
+- `cronjob.engine`: what runs rounds — [Scheduler][cronjob.Scheduler] (the façade that wires the
   parts and holds the lifecycle), the dispatcher, keeper, runner, workers, finisher,
   sweep, recovery, peers, the job policies' timers and hooks (its docstring lists them).
-- :mod:`cronjob.admin` (public): the operator's side — what the scheduler did, read from
+- [cronjob.admin][] (public): the operator's side — what the scheduler did, read from
   the database, and what an operator writes (pause, resume, trigger); the ``cronjob``
-  command; the status page (public as :mod:`cronjob.web`).
+  command; the status page (public as [cronjob.web][]).
 - ``contrib``: Django and Flask, each behind an extra; ``pytest_plugin``: the fixtures
   (entry point ``pytest11``). Importing ``cronjob`` imports neither.
 

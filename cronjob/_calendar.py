@@ -2,12 +2,12 @@
 
 Instants are whole seconds since the Unix epoch (UTC), as plain ``int``. A *wall* value is
 the same count read off a local clock: ``wall = instant + utcoffset``. Working in integers
-keeps the hot path of :meth:`cronjob.Schedule.next` free of datetime objects and lets the
-arithmetic run past the edges of :class:`datetime.datetime` (a wall time in year 0 or
+keeps the hot path of [cronjob.Schedule.next][] free of datetime objects and lets the
+arithmetic run past the edges of `datetime.datetime` (a wall time in year 0 or
 10000 near the ends of the range) without overflow.
 
-:mod:`zoneinfo` answers "what is the offset at this instant" but does not list its
-transitions, so :func:`transitions_in_year` finds them by probing once a day and
+`zoneinfo` answers "what is the offset at this instant" but does not list its
+transitions, so `transitions_in_year` finds them by probing once a day and
 bisecting to the second where the offset changes, and caches the result per zone and
 UTC year. Probing daily assumes a zone never changes its offset twice within one day,
 which holds for every zone in the tz database.
@@ -40,9 +40,9 @@ __all__ = [
 
 SECONDS_PER_DAY = 86_400
 
-#: 0001-01-01T00:00:00Z, the first instant a :class:`datetime.datetime` can hold.
+#: 0001-01-01T00:00:00Z, the first instant a `datetime.datetime` can hold.
 MIN_INSTANT = -62_135_596_800
-#: 9999-12-31T23:59:59Z, the last whole second a :class:`datetime.datetime` can hold.
+#: 9999-12-31T23:59:59Z, the last whole second a `datetime.datetime` can hold.
 MAX_INSTANT = 253_402_300_799
 
 # zoneinfo converts through datetime, which overflows when the local reading of an
@@ -174,7 +174,7 @@ def _ats(transitions: tuple[Transition, ...]) -> list[int]:
 
 
 def segment_at(zone: ZoneInfo, instant: int) -> Segment:
-    """Return the constant-offset :class:`Segment` of ``zone`` that contains ``instant``."""
+    """Return the constant-offset `Segment` of ``zone`` that contains ``instant``."""
     year = year_of(instant)
     this_year = transitions_in_year(zone, year)
     index = bisect.bisect_right(_ats(this_year), instant)

@@ -1,12 +1,12 @@
 """The clock: every place the scheduler reads the time or waits goes through one.
 
-Library code never reads the wall clock or sleeps directly. A :class:`Clock` gives the
+Library code never reads the wall clock or sleeps directly. A [Clock][cronjob.Clock] gives the
 wall time (``now``: instants, and what people read), a monotonic time (``monotonic``:
 every deadline the process keeps for itself — renewal, lease loss, the forced exit,
 sweeps — so that a wall clock stepped by NTP or a resumed VM cannot move them),
 blocking and async sleeps, and *events*: flags a thread or a task can
 wait on with a timeout measured on that clock. The system clock maps them onto
-:mod:`threading`; :class:`cronjob.testing.FakeClock` maps them onto fake time and counts
+`threading`; [cronjob.testing.FakeClock][] maps them onto fake time and counts
 the work in progress, so that ``advance`` can return only once everything its timers
 started has finished or waits on the clock again.
 
@@ -58,14 +58,14 @@ class ClockEvent(ABC):
 
     @abstractmethod
     async def wait_async(self, timeout: float | None = None) -> bool:
-        """Like :meth:`wait`, for a coroutine running on an asyncio loop."""
+        """Like `wait`, for a coroutine running on an asyncio loop."""
 
 
 class Clock(ABC):
     """Where the scheduler reads the time and waits.
 
-    Implementations: :class:`SystemClock` (the default) and
-    :class:`cronjob.testing.FakeClock`.
+    Implementations: [SystemClock][cronjob.SystemClock] (the default) and
+    [cronjob.testing.FakeClock][].
     """
 
     @abstractmethod
@@ -119,12 +119,12 @@ class Clock(ABC):
         """Count one unit of work as finished (called by the unit itself, last)."""
 
     def _tracked(self) -> contextlib.AbstractContextManager[None]:
-        """Run the body as the unit of work announced by :meth:`_work_started`."""
+        """Run the body as the unit of work announced by `_work_started`."""
         return _Tracked(self)
 
 
 class _Tracked:
-    """What :meth:`Clock._tracked` returns: an object, not a generator (once per round)."""
+    """What `Clock._tracked` returns: an object, not a generator (once per round)."""
 
     __slots__ = ("_clock", "_token")
 
@@ -145,7 +145,7 @@ class _Tracked:
 
 
 class _SystemEvent(ClockEvent):
-    """An event on real time: a :class:`threading.Event`, with an async wait on top."""
+    """An event on real time: a `threading.Event`, with an async wait on top."""
 
     __slots__ = ("_event", "_loops")
 
@@ -197,7 +197,7 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 class SystemClock(Clock):
     """The real clock: UTC wall time for instants, monotonic waits for timeouts.
 
-    Lease times are left to the database's clock (:meth:`lease_clock` is ``None``).
+    Lease times are left to the database's clock (`lease_clock` is ``None``).
     """
 
     def now(self) -> datetime:

@@ -1,4 +1,4 @@
-"""Exceptions raised by :mod:`cronjob`.
+"""Exceptions raised by `cronjob`.
 
 The tree::
 
@@ -11,7 +11,7 @@ The tree::
         ├── LeaseLost                     the round's lease was taken or timed out
         └── TimedOut                      the round ran past its job's ``timeout``
 
-``Cancelled`` derives from :class:`Exception` (through ``CronjobError``) so that a job
+``Cancelled`` derives from `Exception` (through ``CronjobError``) so that a job
 may catch and join it, as Go joins errors; the scheduler tells a round that was cut short
 from one that ran to its end by finding the round's own cancellation in what the job
 raised.

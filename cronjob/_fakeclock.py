@@ -33,7 +33,8 @@ class _Waiter:
 
 
 class FakeClock(Clock):
-    """A clock whose time moves only through :meth:`advance` and :meth:`advance_to`.
+    """A clock whose time moves only through [advance][cronjob.testing.FakeClock.advance]
+    and [advance_to][cronjob.testing.FakeClock.advance_to].
 
     Every wait on the clock (``sleep``, an event's ``wait`` with a timeout, a round's
     ``ctx.wait``) registers a timer in fake time. ``advance`` moves time forward in
@@ -44,14 +45,14 @@ class FakeClock(Clock):
 
     Several schedulers may share one fake clock. Lease times follow it too.
 
-    :meth:`step_wall` steps the wall clock (``now``) without moving time itself, as NTP
-    or a resumed VM does to a real machine: ``monotonic``, the timers and the lease
-    times (the database's clock) are not moved.
+    [step_wall][cronjob.testing.FakeClock.step_wall] steps the wall clock (``now``) without
+    moving time itself, as NTP or a resumed VM does to a real machine: ``monotonic``, the
+    timers and the lease times (the database's clock) are not moved.
 
     Args:
         start: The initial time, an aware datetime (converted to UTC).
         settle_timeout: Real seconds ``advance`` waits for running work (a job busy in
-            real time, a database statement) before raising :class:`RuntimeError`.
+            real time, a database statement) before raising `RuntimeError`.
 
     Raises:
         ValueError: ``start`` is naive.
@@ -81,11 +82,12 @@ class FakeClock(Clock):
 
     @property
     def in_process(self) -> bool:
-        """True: every replica on a fake clock runs in this process (see :class:`Clock`)."""
+        """True: every replica on a fake clock runs in this process (see [Clock][cronjob.Clock])."""
         return True
 
     def lease_clock(self) -> Callable[[], datetime]:
-        """Lease times follow the fake time itself, which :meth:`step_wall` leaves alone."""
+        """Lease times follow the fake time itself, which
+        [step_wall][cronjob.testing.FakeClock.step_wall] leaves alone."""
         return self._time
 
     def _time(self) -> datetime:
@@ -96,9 +98,9 @@ class FakeClock(Clock):
         return _FakeEvent(self)
 
     def step_wall(self, seconds: float) -> None:
-        """Step the wall clock (:meth:`now`) by ``seconds``, backwards if negative.
+        """Step the wall clock (`now`) by ``seconds``, backwards if negative.
 
-        Nothing else moves: no timer fires, :meth:`monotonic` and the lease times are
+        Nothing else moves: no timer fires, `monotonic` and the lease times are
         unchanged. Later ``advance`` calls move both on together.
         """
         with self._cond:
@@ -121,8 +123,8 @@ class FakeClock(Clock):
         self.advance_to(target)
 
     def advance_to(self, when: datetime) -> None:
-        """Move time forward until the wall clock (:meth:`now`) reads ``when``, as
-        :meth:`advance` does.
+        """Move time forward until the wall clock (`now`) reads ``when``, as
+        [advance][cronjob.testing.FakeClock.advance] does.
 
         Raises:
             ValueError: ``when`` is naive or earlier than the current time.

@@ -1,4 +1,4 @@
-"""Read a schedule spec's text into the value sets :class:`~cronjob.Schedule` walks.
+"""Read a schedule spec's text into the value sets [Schedule][cronjob.Schedule] walks.
 
 A spec is six cron fields, seconds first (``second minute hour day-of-month month
 day-of-week``), a calendar descriptor (``@daily``) or ``@every <Go duration>``; a cron
@@ -146,8 +146,9 @@ class SpecParts(NamedTuple):
 
 
 def parse_spec(spec: str) -> SpecParts:
-    """Return the parts of ``spec``; raise :class:`ScheduleError` (``TypeError`` for a
-    non-string) naming the bad value, as :func:`cronjob.parse` documents."""
+    """Return the parts of ``spec``; raise [ScheduleError][cronjob.ScheduleError]
+    (``TypeError`` for a non-string) naming the bad value, as [cronjob.parse][]
+    documents."""
     if not isinstance(spec, str):
         raise TypeError(f"spec must be a str, not {type(spec).__name__}")
     words = spec.split()
@@ -242,7 +243,7 @@ def _parse_every_period(text: str, spec: str) -> int:
 def _parse_go_duration(text: str, spec: str) -> Fraction:
     """Return the nanoseconds of a duration in Go's ``time.ParseDuration`` syntax.
 
-    The value is exact (a :class:`~fractions.Fraction`): Go goes through floats for
+    The value is exact (a `Fraction`): Go goes through floats for
     fractional parts, which matters only for durations we refuse anyway as fractional.
     """
 

@@ -1,10 +1,10 @@
-"""The round history's retention: :class:`History`, and pruning one replica at a time.
+"""The round history's retention: [History][cronjob.History], and pruning one replica at a time.
 
-Each replica's finisher (see :mod:`cronjob.engine._finisher`) asks :class:`Pruner` after writing
+Each replica's finisher (see `cronjob.engine._finisher`) asks `Pruner` after writing
 a batch of ends; at most once per clock hour, the replica tries to take that hour's turn
-(one claim of a lease of its own, see :meth:`lease.LeaseStore.take_turn`), and the one
+(one claim of a lease of its own, see [lease.LeaseStore.take_turn][]), and the one
 replica whose claim wins deletes, in one statement, the rounds older than
-:attr:`History.days` and each job's rounds past its :attr:`History.per_job` newest, then
+`History.days` and each job's rounds past its `History.per_job` newest, then
 the replicas gone for a day, on a thread of its own. A deployment whose rounds stop
 ending stops growing its history too, so pruning rides on the ends and needs no timer.
 """
@@ -27,7 +27,7 @@ __all__ = ["History", "Pruner"]
 
 log = logging.getLogger("cronjob")
 
-#: The chore's name in the lease table (see :meth:`lease.LeaseStore.take_turn`).
+#: The chore's name in the lease table (see `lease.LeaseStore.take_turn`).
 PRUNE_CHORE: Final = "cronjob:prune-history"
 #: Seconds between two turns to prune.
 PRUNE_EVERY: Final = 3600

@@ -11,7 +11,7 @@ from .engine._scheduler import Scheduler
 
 __all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
 
-#: Where :func:`lifespan` puts the scheduler on the application: ``app.state.<this>``.
+#: Where `lifespan` puts the scheduler on the application: ``app.state.<this>``.
 APP_STATE_ATTRIBUTE = "cronjob_scheduler"
 
 
@@ -21,9 +21,9 @@ def lifespan(
     """Return an ASGI lifespan that starts a scheduler with the app and drains it on exit.
 
     ``FastAPI(lifespan=cronjob.lifespan())`` or ``Starlette(lifespan=...)``. Arguments are
-    those of :class:`Scheduler`; async jobs run on the application's own event loop, sync
-    jobs in the scheduler's worker threads. Start-up and drain run in a thread so the
-    loop keeps serving meanwhile.
+    those of [Scheduler][cronjob.Scheduler]; async jobs run on the application's own event
+    loop, sync jobs in the scheduler's worker threads. Start-up and drain run in a thread so
+    the loop keeps serving meanwhile.
 
     Each start of the application builds a new scheduler (two ``TestClient(app)`` blocks,
     two ``asyncio.run``: each on its own loop), and puts it on ``app.state.cronjob_scheduler``
@@ -46,7 +46,8 @@ def lifespan(
         ValueError: ``log_level`` is not a logging level (at the call, not at start).
 
     Raises (on entering):
-        lease.DatabaseRefused: as :meth:`Scheduler.start`; the application does not start.
+        lease.DatabaseRefused: as [Scheduler.start][cronjob.Scheduler.start]; the
+            application does not start.
     """
     level = None if log_level is None else check_level(log_level)
 

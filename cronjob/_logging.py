@@ -3,7 +3,7 @@
 cronjob never configures logging on import or by default: that is the application's.
 Two places own their output and do: ``cronjob run`` (its own process, see
 `cronjob.admin._run`) and, when asked with ``log_level=``, [lifespan][cronjob.lifespan]
-(:func:`visible_logs`), for an ASGI server such as uvicorn, whose default logging
+(`visible_logs`), for an ASGI server such as uvicorn, whose default logging
 configures only its own loggers: the root logger has no handler, and cronjob's INFO lines
 (the scheduler's start and stop, the minute summaries) would vanish.
 """
@@ -38,7 +38,7 @@ class RoundFormatter(logging.Formatter):
 
 
 def stderr_handler() -> logging.Handler:
-    """A handler writing :data:`LINE_FORMAT` lines to standard error, rounds annotated."""
+    """A handler writing `LINE_FORMAT` lines to standard error, rounds annotated."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(RoundFormatter(LINE_FORMAT))
     execctx.install_log_filter(handler)
@@ -67,10 +67,10 @@ def check_level(level: int | str) -> int:
 def visible_logs(level: int | None) -> Iterator[None]:
     """Show the library's lines at ``level`` and above while the block runs.
 
-    ``None`` does nothing. Otherwise the loggers of :data:`LOGGERS` are set to ``level``;
+    ``None`` does nothing. Otherwise the loggers of `LOGGERS` are set to ``level``;
     and only when no handler would receive their records — neither they nor the root
     logger has one, so Python would print warnings alone, bare, through its last-resort
-    handler — one handler writing :data:`LINE_FORMAT` to standard error is added to them.
+    handler — one handler writing `LINE_FORMAT` to standard error is added to them.
     An application that configured logging keeps its handlers and its format: its root
     handlers get the lines. On exit the levels are restored and the handler removed.
     """

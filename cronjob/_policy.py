@@ -1,9 +1,10 @@
 """Job policies: what a job's registration asks of its rounds beyond the schedule.
 
-Every option is keyword-only on :func:`~cronjob.register`, :func:`~cronjob.register_per_instance`
-and their decorator forms, and validated there: a value that cannot be honoured fails the
-import, naming the job. Without options a job keeps the seed's behaviour exactly (no
-timeout, no retry, no start deadline, no self-pause, no hook).
+Every option is keyword-only on [register][cronjob.register],
+[register_per_instance][cronjob.register_per_instance] and their decorator forms, and
+validated there: a value that cannot be honoured fails the import, naming the job. Without
+options a job keeps the seed's behaviour exactly (no timeout, no retry, no start deadline,
+no self-pause, no hook).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ Seconds = float | int | timedelta
 
 
 class PolicyOptions(TypedDict, total=False):
-    """The keyword options of a registration that make its :class:`Policy`."""
+    """The keyword options of a registration that make its [Policy][cronjob.Policy]."""
 
     #: Cancel a round (``cronjob.TimedOut``) still running this long after it started.
     timeout: Seconds | None
@@ -57,7 +58,7 @@ class PolicyOptions(TypedDict, total=False):
     start_deadline: Seconds | None
     #: After this many failed rounds in a row the job pauses itself cluster-wide.
     pause_after_failures: int | None
-    #: Told of every failed, timed-out or deadline-missed round (see :data:`FailureHook`).
+    #: Told of every failed, timed-out or deadline-missed round (see `FailureHook`).
     on_failure: FailureHook | None
 
 
@@ -67,17 +68,17 @@ class Policy:
 
     Attributes:
         timeout: A round (each attempt) still running this long after it started is
-            cancelled with :class:`~cronjob.TimedOut`; ``None``: never.
+            cancelled with [TimedOut][cronjob.TimedOut]; ``None``: never.
         retries: How many more attempts a round whose job raised its own error (or
-            :class:`~cronjob.Retry`) gets, for the same instant; 0: none.
+            [Retry][cronjob.Retry]) gets, for the same instant; 0: none.
         retry_backoff: The delay before the first retry; the n-th waits a uniformly
             random time up to ``retry_backoff * 2**(n-1)``, capped at
-            :data:`RETRY_BACKOFF_CAP` (full jitter).
+            `RETRY_BACKOFF_CAP` (full jitter).
         start_deadline: A round that cannot start this long after its instant is not
             run and is recorded ``missed_deadline``; ``None``: a late round still runs.
         pause_after_failures: After this many rounds in a row failed (retries spent),
             the job pauses itself on every replica; ``None``: never. Leased jobs only.
-        on_failure: The job's own :data:`FailureHook`; ``None``: the registry's, if any.
+        on_failure: The job's own `FailureHook`; ``None``: the registry's, if any.
     """
 
     timeout: timedelta | None = None
@@ -127,7 +128,7 @@ DEFAULT_POLICY: Final = Policy()
 
 
 def policy_text(described: Mapping[str, object]) -> str:
-    """One line for people of a :meth:`Policy.describe` mapping (as on record):
+    """One line for people of a [Policy.describe][cronjob.Policy.describe] mapping (as on record):
     ``timeout 30s, retries 3 (backoff 10s), start deadline 1m, pause after 3 failures,
     on failure app.page``; ``""`` for none. Keys this release does not know are shown
     as ``key value``, so a newer replica's options are never hidden."""

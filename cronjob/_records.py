@@ -1,8 +1,8 @@
 """What the round history holds: a round's record, how it ended and why it ran.
 
-The admin API (:func:`cronjob.admin.history`) reads these from the history table, and the
-failure hooks (``on_failure``, see :mod:`cronjob.engine._failures`) receive the record of
-the round that failed; both hand out the same values. Public as :mod:`cronjob.admin`'s
+The admin API ([cronjob.admin.history][]) reads these from the history table, and the
+failure hooks (``on_failure``, see `cronjob.engine._failures`) receive the record of
+the round that failed; both hand out the same values. Public as [cronjob.admin][]'s
 ``RoundRecord``, ``Outcome``, ``Why`` and ``FAILED_OUTCOMES``.
 """
 
@@ -63,12 +63,12 @@ class Why(enum.StrEnum):
     RETRY = "retry"
     #: A per-instance job registered with ``run_at_start=True``, as its replica started.
     START = "start"
-    #: An operator asked for it now (:func:`trigger`); ``requested_by`` says who.
+    #: An operator asked for it now (`trigger`); ``requested_by`` says who.
     MANUAL = "manual"
-    #: Not a round: a note that an operator paused the job (:func:`pause`); the record's
+    #: Not a round: a note that an operator paused the job (`pause`); the record's
     #: ``replica`` is who paused it, its outcome ``'paused'``.
     PAUSE = "pause"
-    #: Not a round: a note that an operator resumed the job (:func:`resume`); outcome
+    #: Not a round: a note that an operator resumed the job (`resume`); outcome
     #: ``'resumed'``.
     RESUME = "resume"
 
@@ -88,7 +88,7 @@ class RoundRecord:
     outcome: Outcome | str
     error: str | None
     trace_id: str | None
-    #: Who asked for a manual round (:attr:`Why.MANUAL`); ``None`` otherwise.
+    #: Who asked for a manual round (`Why.MANUAL`); ``None`` otherwise.
     requested_by: str | None = None
 
     @property
@@ -99,8 +99,8 @@ class RoundRecord:
 
 def record_of(row: lease.RoundRow) -> RoundRecord:
     """The record of the history row ``row``: its ``why`` and ``outcome`` as members of
-    :class:`Why` and :class:`Outcome`, or as the string itself where a newer release wrote
-    a word this one does not know."""
+    [Why][cronjob.admin.Why] and [Outcome][cronjob.admin.Outcome], or as the string itself
+    where a newer release wrote a word this one does not know."""
     why: Why | str = row.why
     with contextlib.suppress(ValueError):
         why = Why(row.why)

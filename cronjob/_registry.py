@@ -44,17 +44,17 @@ class Job:
 
     Attributes:
         name: The job's identity: in every log line about it and as its lease's name.
-        fn: The callable run for each round, given the round's :class:`Round`.
+        fn: The callable run for each round, given the round's [Round][cronjob.Round].
         schedule: When it runs.
         leased: ``True`` for a job run once per instant across all replicas;
             ``False`` for a per-instance job, which every replica runs on its own.
         is_async: calling ``fn`` returns a coroutine (it runs on an asyncio loop): a
             coroutine function, an object whose ``__call__`` is one, or a
-            :func:`functools.partial` of either.
+            `functools.partial` of either.
         run_at_start: also run once when the replica starts, besides the schedule's
             instants. Per-instance jobs only: a leased job's start-up run is its catch-up.
         policy: Its timeout, retries, start deadline, self-pause and failure hook
-            (:class:`~cronjob.Policy`); the defaults keep the seed's behaviour.
+            ([Policy][cronjob.Policy]); the defaults keep the seed's behaviour.
 
     Raises:
         RegistrationError: ``run_at_start`` on a leased job.
@@ -85,17 +85,17 @@ class Job:
 
 
 class Registry:
-    """A set of jobs. The module-level :func:`register` adds to the default one.
+    """A set of jobs. The module-level [register][cronjob.register] adds to the default one.
 
     Tests and libraries build their own (``Registry()``) and hand it to
     ``Scheduler(registry=...)``. Once a scheduler running a registry has started, the
-    registry is frozen: registering then raises :class:`RuntimeError`, because a job
+    registry is frozen: registering then raises `RuntimeError`, because a job
     added after the start would silently never run.
 
     Args:
         on_failure: Told of every failed, timed-out or deadline-missed round of the
             registry's jobs that have no ``on_failure`` of their own (see
-            :data:`~cronjob.FailureHook`).
+            `FailureHook`).
 
     Raises:
         RegistrationError: ``on_failure`` is not callable.
@@ -132,7 +132,7 @@ class Registry:
         """Register ``fn`` to run on ``spec``, once per instant across all replicas.
 
         Args:
-            fn: Called with the round's :class:`~cronjob.Round`; a plain function runs
+            fn: Called with the round's [Round][cronjob.Round]; a plain function runs
                 in a worker thread, a coroutine function on an asyncio loop. It must be
                 idempotent: a round cut short runs a second time.
             spec: A six-field cron expression (seconds first) or a descriptor such as
@@ -141,12 +141,12 @@ class Registry:
                 no whitespace at either end, no NUL character or lone surrogate (text
                 some database cannot store).
 
-            run_at_start: Refused (:class:`RegistrationError`) when true: it is for
-                per-instance jobs; a leased job catches up its latest missed instant at
-                start instead.
+            run_at_start: Refused ([RegistrationError][cronjob.RegistrationError]) when
+                true: it is for per-instance jobs; a leased job catches up its latest missed
+                instant at start instead.
             **policy: The job's policies, each optional: ``timeout``, ``retries``,
                 ``retry_backoff``, ``start_deadline`` (seconds or a ``timedelta``),
-                ``pause_after_failures``, ``on_failure``; see :class:`~cronjob.Policy`.
+                ``pause_after_failures``, ``on_failure``; see [Policy][cronjob.Policy].
 
         Returns:
             ``fn`` unchanged.
@@ -177,21 +177,24 @@ class Registry:
         job never catches up an instant and never runs a round a second time. With
         ``run_at_start=True`` it also runs once as the replica starts (warming a cache
         before the first instant). Other arguments, return value and errors are as for
-        :meth:`register`; ``pause_after_failures`` is refused (nothing shared to pause).
+        [register][cronjob.Registry.register]; ``pause_after_failures`` is refused (nothing
+        shared to pause).
         """
         self._add(fn, spec, name, leased=False, run_at_start=run_at_start, policy=policy)
         return fn
 
     def job(self, spec: str, *, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
-        """Decorate a function to :meth:`register` it: ``@registry.job(spec, name="...")``.
+        """Decorate a function to [register][cronjob.Registry.register] it:
+        ``@registry.job(spec, name="...")``.
 
-        The decorator form of :meth:`register`, for code that reads better with the
-        schedule above the function. The name is required, as for :meth:`register`:
-        it is the lease's key, so renaming a function must not rename its job.
+        The decorator form of [register][cronjob.Registry.register], for code that reads
+        better with the schedule above the function. The name is required, as for
+        [register][cronjob.Registry.register]: it is the lease's key, so renaming a function
+        must not rename its job.
 
         Returns:
             A decorator that registers the function and returns it unchanged; errors are
-            those of :meth:`register`, raised when the decorated ``def`` runs.
+            those of [register][cronjob.Registry.register], raised when the decorated ``def`` runs.
         """
 
         def decorate(fn: F) -> F:
@@ -207,10 +210,11 @@ class Registry:
         run_at_start: bool = False,
         **policy: Unpack[PolicyOptions],
     ) -> Callable[[F], F]:
-        """Decorate a function to :meth:`register_per_instance` it.
+        """Decorate a function to
+        [register_per_instance][cronjob.Registry.register_per_instance] it.
 
         ``@registry.job_per_instance("@every 1h", name="clear-tmp", run_at_start=True)``;
-        see :meth:`job`.
+        see [job][cronjob.Registry.job].
         """
 
         def decorate(fn: F) -> F:
@@ -387,7 +391,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     """Tell whether calling ``fn`` returns a coroutine, without calling it.
 
     True for a coroutine function or method, for an object whose ``__call__`` is one,
-    and for a :func:`functools.partial` (however nested) of either. A plain function that
+    and for a `functools.partial` (however nested) of either. A plain function that
     returns a coroutine (``lambda ctx: work(ctx)``) cannot be told here; the round runner
     awaits what it returns.
     """
@@ -401,14 +405,15 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(type(fn).__call__)
 
 
-#: The registry that :func:`register` and ``Scheduler(registry=None)`` use.
+#: The registry that `register` and ``Scheduler(registry=None)`` use.
 default_registry = Registry()
 
 
 def register(
     fn: F, spec: str, name: str, *, run_at_start: bool = False, **policy: Unpack[PolicyOptions]
 ) -> F:
-    """Register ``fn`` in the default registry; see :meth:`Registry.register`."""
+    """Register ``fn`` in the default registry; see
+    [Registry.register][cronjob.Registry.register]."""
     return default_registry.register(fn, spec, name, run_at_start=run_at_start, **policy)
 
 
@@ -417,7 +422,7 @@ def register_per_instance(
 ) -> F:
     """Register a per-instance job in the default registry.
 
-    See :meth:`Registry.register_per_instance`.
+    See [Registry.register_per_instance][cronjob.Registry.register_per_instance].
     """
     return default_registry.register_per_instance(
         fn, spec, name, run_at_start=run_at_start, **policy
@@ -427,7 +432,7 @@ def register_per_instance(
 def job(spec: str, *, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
     """Register the decorated function in the default registry: ``@cronjob.job(spec, name=...)``.
 
-    The decorator form of :func:`register`; see :meth:`Registry.job`.
+    The decorator form of [register][cronjob.register]; see [Registry.job][cronjob.Registry.job].
     """
     return default_registry.job(spec, name=name, **policy)
 
@@ -437,6 +442,7 @@ def job_per_instance(
 ) -> Callable[[F], F]:
     """Register the decorated function as a per-instance job in the default registry.
 
-    The decorator form of :func:`register_per_instance`; see :meth:`Registry.job`.
+    The decorator form of [register_per_instance][cronjob.register_per_instance]; see
+    [Registry.job][cronjob.Registry.job].
     """
     return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start, **policy)

@@ -22,18 +22,18 @@ __all__ = ["Outcome", "Round", "Trigger", "classify"]
 
 
 class Trigger(enum.StrEnum):
-    """What started a round (:attr:`Round.trigger`)."""
+    """What started a round (`Round.trigger`)."""
 
     #: The schedule: its instant came (also a catch-up, a second run, a start-up round).
     SCHEDULE = "schedule"
-    #: An operator asked for it now (``cronjob trigger``, :func:`cronjob.admin.trigger`).
+    #: An operator asked for it now (``cronjob trigger``, `cronjob.admin.trigger`).
     MANUAL = "manual"
 
 
 class Outcome(enum.Enum):
     """How a round ended.
 
-    :attr:`text` is the value as a plain attribute (an enum's ``value`` is a property
+    `text` is the value as a plain attribute (an enum's ``value`` is a property
     that costs a call each time; read for every round).
     """
 
@@ -66,7 +66,7 @@ AsyncTransactionFactory = Callable[
 #: Checks a round's lease inside a transaction on a connection that is not SQLAlchemy's
 #: (a framework's ORM): ``fence(round, dialect, fetch, final)`` hands ``fetch`` the check's
 #: statement, ``fetch`` runs it on that connection and tells whether it found a row; a
-#: lease not held raises :class:`LeaseLost`. See ``cronjob.contrib.django.fenced``.
+#: lease not held raises `LeaseLost`. See ``cronjob.contrib.django.fenced``.
 FenceCheck = Callable[["Round", "Dialect", Callable[["Select[int]"], bool], bool], None]
 
 
@@ -85,7 +85,7 @@ class Round:
             request was made (lease clock, to the millisecond).
         attempt: 1, or 2 for the second run of a round cut short; with the job's
             ``retries``, each further attempt of the instant counts on (2, 3, …).
-        trigger: :attr:`Trigger.SCHEDULE`, or :attr:`Trigger.MANUAL` for a round an
+        trigger: `Trigger.SCHEDULE`, or `Trigger.MANUAL` for a round an
             operator asked for; a manual round never moves the schedule.
         requested_by: Who asked for a manual round (``user@host`` unless told); ``None``
             for a scheduled one.
@@ -162,8 +162,8 @@ class Round:
 
     @property
     def cause(self) -> Cancelled | None:
-        """Why the round was cancelled: a :class:`Shutdown`, :class:`LeaseLost` or
-        :class:`TimedOut`, or None."""
+        """Why the round was cancelled: a [Shutdown][cronjob.Shutdown],
+        [LeaseLost][cronjob.LeaseLost] or [TimedOut][cronjob.TimedOut], or None."""
         return self._cause
 
     def wait(self, seconds: float) -> bool:
@@ -176,16 +176,16 @@ class Round:
         return self._waker().wait(max(0.0, seconds))
 
     async def wait_async(self, seconds: float) -> bool:
-        """Like :meth:`wait`, for an async job.
+        """Like [wait][cronjob.Round.wait], for an async job.
 
         An async round is also cancelled as an asyncio task: a cancellation that arrives
-        while the job awaits raises :class:`asyncio.CancelledError` there, which counts as
+        while the job awaits raises `asyncio.CancelledError` there, which counts as
         the round cut short.
         """
         return await self._waker().wait_async(max(0.0, seconds))
 
     def retry_in(self, seconds: float) -> NoReturn:
-        """Ask for another attempt of this round in ``seconds``: raises :class:`Retry`.
+        """Ask for another attempt of this round in ``seconds``: raises [Retry][cronjob.Retry].
 
         Let it propagate out of the job. Whether the retry happens is the job's policy's
         to say (``retries``, and never after the job's next instant is due).
@@ -214,23 +214,24 @@ class Round:
         For a leased job the transaction checks, inside itself, that this round still
         holds its lease (its fencing token changes on every claim) when it opens and again
         just before it commits; if the lease is gone it rolls back and raises
-        :class:`LeaseLost`. A per-instance round gets a plain transaction.
+        [LeaseLost][cronjob.LeaseLost]. A per-instance round gets a plain transaction.
 
         Returns:
-            A context manager yielding a SQLAlchemy :class:`~sqlalchemy.Connection`;
+            A context manager yielding a SQLAlchemy `Connection`;
             leaving the block commits, an exception rolls back.
         """
         return self._transaction(self)
 
     def transaction_async(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-        """Like :meth:`transaction`, for an async job: ``async with ctx.transaction_async()``.
+        """Like [transaction][cronjob.Round.transaction], for an async job: ``async with
+        ctx.transaction_async()``.
 
-        The transaction runs on an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`, so the
+        The transaction runs on an `AsyncEngine`, so the
         job's event loop keeps serving other tasks while it waits on the database. It is
-        fenced as :meth:`transaction` is: for a leased job it checks, inside itself, that
-        the round still holds its lease when it opens and again just before it commits,
-        and otherwise rolls back and raises :class:`LeaseLost`; a per-instance round gets
-        a plain transaction.
+        fenced as [transaction][cronjob.Round.transaction] is: for a leased job it checks,
+        inside itself, that the round still holds its lease when it opens and again just
+        before it commits, and otherwise rolls back and raises
+        [LeaseLost][cronjob.LeaseLost]; a per-instance round gets a plain transaction.
 
         The engine is the one the scheduler was given, if it was an ``AsyncEngine`` (or an
         async URL); otherwise one the scheduler creates on the same database with the
@@ -239,7 +240,7 @@ class Round:
 
         Returns:
             An async context manager yielding a SQLAlchemy
-            :class:`~sqlalchemy.ext.asyncio.AsyncConnection`; leaving the block commits,
+            `AsyncConnection`; leaving the block commits,
             an exception rolls back.
 
         Raises:
@@ -257,7 +258,7 @@ class Round:
         """Cancel the round with ``cause``; the first cause wins. Returns True if it did.
 
         With ``wake=False`` only the cause is recorded; the caller wakes waiters later
-        with :meth:`_wake` (after delivering an async task's cancellation).
+        with `_wake` (after delivering an async task's cancellation).
         """
         with _CANCEL_LOCK:
             if self._cause is not None:
@@ -275,7 +276,8 @@ class Round:
             event.set()
 
     def _waker(self) -> ClockEvent:
-        """The event :meth:`wait` waits on: set once the round is woken (cancelled)."""
+        """The event [wait][cronjob.Round.wait] waits on: set once the round is woken
+        (cancelled)."""
         event = self._event
         if event is None:
             with _CANCEL_LOCK:
@@ -290,9 +292,9 @@ class Round:
 def classify(error: BaseException | None) -> Outcome:
     """Tell a round cut short from one that ran to its end, from what the job raised.
 
-    Cut short: the job raised a :class:`Cancelled` (what ``ctx.check()`` raises), an
+    Cut short: the job raised a [Cancelled][cronjob.Cancelled] (what ``ctx.check()`` raises), an
     exception group containing one (the job's own failures beside it are logged), or,
-    for an async job, :class:`asyncio.CancelledError`. Anything else ran to its end:
+    for an async job, `asyncio.CancelledError`. Anything else ran to its end:
     a return is a success; any other exception — a failure of the job's own, including
     one that merely chains a cancellation as its cause — is a failure.
     """

@@ -1,11 +1,12 @@
-"""Compute a schedule's instants: :func:`parse`, :class:`Schedule` and the DST rule.
+"""Compute a schedule's instants: [parse][cronjob.parse], [Schedule][cronjob.Schedule] and
+the DST rule.
 
-:mod:`cronjob._grammar` reads the spec (six cron fields, a descriptor or ``@every``,
+`cronjob._grammar` reads the spec (six cron fields, a descriptor or ``@every``,
 an optional ``CRON_TZ=`` zone) into value sets; this module walks them. The instants
 are computed here, not by croniter's iterator, whose handling of daylight-saving time
 has a long history of bugs: the UTC path is integer calendar arithmetic
-(:mod:`cronjob._calendar`), ``@every`` counts multiples of its period since the epoch,
-and zones follow the rule in :class:`Schedule` (ISC/Debian cron's).
+(`cronjob._calendar`), ``@every`` counts multiples of its period since the epoch,
+and zones follow the rule in [Schedule][cronjob.Schedule] (ISC/Debian cron's).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def parse(spec: str) -> Schedule:
             ``"CRON_TZ=<IANA zone> "`` or ``"TZ=<IANA zone> "``.
 
     Returns:
-        The immutable :class:`Schedule`.
+        The immutable [Schedule][cronjob.Schedule].
 
     Raises:
         ScheduleError: The spec does not parse, names ``Local`` or an unknown zone, puts
@@ -81,7 +82,7 @@ def parse(spec: str) -> Schedule:
 
 @functools.lru_cache(maxsize=4096)
 def _kept_schedule(spec: str) -> Schedule:
-    """The :class:`Schedule` of ``spec``, one for the jobs that share a spec (the last
+    """The [Schedule][cronjob.Schedule] of ``spec``, one for the jobs that share a spec (the last
     4,096 specs): it is immutable, and a replica of 100,000 jobs on a few specs kept
     100,000 equal ones (~110 bytes each). A refused spec is never kept."""
     return Schedule(spec)
@@ -89,7 +90,7 @@ def _kept_schedule(spec: str) -> Schedule:
 
 @functools.lru_cache(maxsize=4096)
 def _kept_parts(spec: str) -> SpecParts:
-    """:func:`parse_spec`, its answers kept for the last 4,096 specs: an application
+    """`parse_spec`, its answers kept for the last 4,096 specs: an application
     registers thousands of jobs on a few specs, and a parse (~0.1 ms) was most of a
     registration (100,000 jobs on 60 specs: 12.8 s to register, 2.2 s kept). A refused
     spec is never kept: it raises again each time. Called with a plain ``str`` only, so
@@ -101,7 +102,7 @@ def _kept_parts(spec: str) -> SpecParts:
 class Schedule:
     """When a job runs: a parsed spec that computes its instants.
 
-    Build one with :func:`parse` (or ``Schedule(spec)``, the same thing). Two schedules
+    Build one with [parse][cronjob.parse] (or ``Schedule(spec)``, the same thing). Two schedules
     are equal when their spec text is.
 
     Every instant is an aware UTC datetime with whole seconds. A zoned spec follows the
@@ -196,7 +197,7 @@ class Schedule:
     def prev(self, before: datetime) -> datetime | None:
         """Return the last instant strictly before ``before``.
 
-        It is derived from :meth:`next` by bisection, so the two always agree:
+        It is derived from [next][cronjob.Schedule.next] by bisection, so the two always agree:
         ``next(prev(t)) >= t`` and ``prev(next(t)) <= t``. It costs a few dozen
         evaluations of ``next``; meant for start-up catch-up and the CLI, not a hot loop.
 
@@ -384,7 +385,8 @@ class Schedule:
         return None
 
     def _dst_mark(self, instant: datetime) -> DstMark | None:
-        """Classify ``instant`` against the zone's transitions (see :meth:`on_transition`)."""
+        """Classify ``instant`` against the zone's transitions (see
+        [on_transition][cronjob.Schedule.on_transition])."""
         moment = _floor_seconds(instant, "instant")
         zone = self.zone
         if zone is None or self.period is not None:

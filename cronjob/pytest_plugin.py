@@ -3,9 +3,9 @@
 Registered through the ``pytest11`` entry point: installing ``cronjob-lease`` makes the
 fixtures available, with nothing to import. Fixtures:
 
-- ``cronjob_start``: the fake clock's start, :data:`DEFAULT_START`; override the fixture
+- ``cronjob_start``: the fake clock's start, `DEFAULT_START`; override the fixture
   to start elsewhere.
-- ``cronjob_clock``: a :class:`~cronjob.testing.FakeClock` at ``cronjob_start``.
+- ``cronjob_clock``: a [FakeClock][cronjob.testing.FakeClock] at ``cronjob_start``.
 - ``cronjob_database_url``: ``--cronjob-database-url URL`` if given, else a new SQLite
   file in the test's ``tmp_path``.
 - ``cronjob_replicas``: ``cronjob_replicas(n=1, registry=None, **options)`` starts ``n``
@@ -13,7 +13,7 @@ fixtures available, with nothing to import. Fixtures:
   registry, of the modules the tests imported, if ``None``) on that clock and database,
   and returns them; they are drained and stopped after the test.
 - ``cronjob_rounds``: the rounds those replicas ran, in the order they ended, as
-  :class:`~cronjob.testing.RanRound` (job, instant, attempt, replica, outcome).
+  [RanRound][cronjob.testing.RanRound] (job, instant, attempt, replica, outcome).
 
 On a database given with ``--cronjob-database-url``, ``cronjob_replicas`` first deletes
 the lease rows and the round history of the jobs it runs, so that each test starts from

@@ -1,10 +1,10 @@
-"""Tools for testing code that uses :mod:`cronjob` without waiting for real time.
+"""Tools for testing code that uses `cronjob` without waiting for real time.
 
 ``FakeClock`` drives every scheduler that shares it; ``crash`` stops a scheduler as a
 killed process would; ``make_round`` builds the round a job receives, to call the job
 itself in a unit test without a scheduler; ``record_rounds`` derives a registry whose
 jobs note each round they run as a ``RanRound``. The pytest plugin
-(:mod:`cronjob.pytest_plugin`) wraps them in fixtures. A lost lease's forced exit is observed by
+(`cronjob.pytest_plugin`) wraps them in fixtures. A lost lease's forced exit is observed by
 passing ``on_fatal`` to the scheduler::
 
     exits = []
@@ -37,7 +37,7 @@ __all__ = ["FakeClock", "RanRound", "crash", "make_round", "record_rounds"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RanRound:
-    """One round a job ran, as :func:`record_rounds` notes it.
+    """One round a job ran, as [record_rounds][cronjob.testing.record_rounds] notes it.
 
     Attributes:
         job: The job's name.
@@ -55,7 +55,8 @@ class RanRound:
 
 
 def record_rounds(registry: Registry, into: list[RanRound]) -> Registry:
-    """Derive a registry whose jobs append a :class:`RanRound` to ``into`` as they end.
+    """Derive a registry whose jobs append a [RanRound][cronjob.testing.RanRound] to
+    ``into`` as they end.
 
     Each job runs as registered (same name, schedule, kind); when it returns or raises,
     its round is appended to ``into`` (from the round's thread), then what it raised
@@ -116,7 +117,7 @@ def make_round(
     ``ctx.transaction()`` (or ``ctx.transaction_async()`` with an ``AsyncEngine``) is a
     plain transaction on ``engine``: no lease, so no fencing. ``ctx.wait`` runs on
     ``clock`` (a ``FakeClock`` starting at ``instant`` by default). ``cancelled`` (a
-    :class:`~cronjob.Shutdown` or :class:`~cronjob.LeaseLost`) cancels the round up
+    [Shutdown][cronjob.Shutdown] or [LeaseLost][cronjob.LeaseLost]) cancels the round up
     front, to test what the job does then.
 
     Raises:

@@ -1,7 +1,7 @@
 """The status page, as a WSGI or an ASGI app an application mounts where it chooses.
 
-The public name of :mod:`cronjob.admin._web` (the operator's side lives in
-:mod:`cronjob.admin`); see there for the pages and their contract.
+The public name of `cronjob.admin._web` (the operator's side lives in
+[cronjob.admin][]); see there for the pages and their contract.
 
 ::
 

@@ -6,7 +6,7 @@ replica (``cronjob status`` shows it paused by ``cronjob``, with the last error)
 someone runs ``cronjob resume import-prices``.
 
 A hook is called once per round that failed, timed out or missed its start deadline,
-with the round's record (:class:`cronjob.admin.RoundRecord`: job, instant, attempt,
+with the round's record (`cronjob.admin.RoundRecord`: job, instant, attempt,
 replica, outcome, error, trace id), on a thread of its own: it may block on the network
 without holding up any round. What it raises is logged, never fatal. Keep it short:
 the scheduler waits for the hooks queued at most 5 s when it stops.

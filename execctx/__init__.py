@@ -1,14 +1,16 @@
 """The identity of the unit of work in progress, for spans, log records and SQL statements.
 
 It knows nothing about cron or leases: whoever runs a piece of work wraps it in
-:func:`work`, and everything the work does while it runs can say which unit it belongs to.
+[work][execctx.work], and everything the work does while it runs can say which unit it belongs to.
 
 Layout, one private module per concern:
 
-- ``_context``: :class:`WorkUnit` (the identity, a value) and :func:`current`.
-- ``_tracing``: :func:`work` (enter a unit under its root span) and :class:`Work`.
-- ``_logging``: :class:`LogFilter`, :func:`install_log_filter`, :func:`add_context`.
-- ``_sql``: :func:`instrument` / :func:`uninstrument` (sqlcommenter comments).
+- ``_context``: [WorkUnit][execctx.WorkUnit] (the identity, a value) and [current][execctx.current].
+- ``_tracing``: [work][execctx.work] (enter a unit under its root span) and [Work][execctx.Work].
+- ``_logging``: [LogFilter][execctx.LogFilter],
+  [install_log_filter][execctx.install_log_filter], [add_context][execctx.add_context].
+- ``_sql``: [instrument][execctx.instrument] / [uninstrument][execctx.uninstrument]
+  (sqlcommenter comments).
 """
 
 from __future__ import annotations

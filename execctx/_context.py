@@ -19,7 +19,7 @@ _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _ATTRIBUTE_TYPES = (str, int)
 
 #: The unit of work the running code belongs to; ``None`` outside any unit. Set and reset
-#: only by :func:`execctx.work`, so each thread and each asyncio task sees its own.
+#: only by `execctx.work`, so each thread and each asyncio task sees its own.
 _current_unit: ContextVar[WorkUnit | None] = ContextVar("execctx_current_unit", default=None)
 
 
@@ -73,7 +73,7 @@ class WorkUnit:
         span_id: str | None,
         attributes: Mapping[str, str | int | bool],
     ) -> WorkUnit:
-        """A unit whose ids this package made itself (:func:`execctx.work`): ``kind``,
+        """A unit whose ids this package made itself ([execctx.work][]): ``kind``,
         ``name`` and ``attributes`` are checked as the constructor checks them, the ids
         are not (a fresh random id, or one formatted from a valid span context).
 
@@ -93,7 +93,7 @@ class WorkUnit:
 
 def _check_identity(kind: object, name: object, attributes: Mapping[Any, object]) -> None:
     """Refuse an empty ``kind`` or ``name`` and attributes that are not str keys to str,
-    int or bool values, as :class:`WorkUnit` does."""
+    int or bool values, as [WorkUnit][execctx.WorkUnit] does."""
     # Checked on every unit entered (thousands a second in a scheduler): plain tests,
     # no loop over the two names, one isinstance per attribute (a bool is an int).
     if not isinstance(kind, str) or not kind:

@@ -64,7 +64,7 @@ class LogFilter(logging.Filter):
 
 
 def install_log_filter(target: logging.Logger | logging.Handler | None = None) -> None:
-    """Add a :class:`LogFilter` to a handler, or to every handler of a logger.
+    """Add a [LogFilter][execctx.LogFilter] to a handler, or to every handler of a logger.
 
     One-line setup, after the handlers exist (``logging.basicConfig()``, ``dictConfig``)::
 
@@ -72,7 +72,7 @@ def install_log_filter(target: logging.Logger | logging.Handler | None = None) -
 
     The filter goes on handlers, not on the logger, because a logger's own filters do
     not see records that propagate up from its child loggers. A handler that already has
-    a :class:`LogFilter` is left alone, so calling this twice is harmless.
+    a [LogFilter][execctx.LogFilter] is left alone, so calling this twice is harmless.
 
     Args:
         target: A handler, or a logger whose current handlers get the filter; default
@@ -102,7 +102,7 @@ def add_context(
     """A structlog processor adding the unit of work in progress to the event dict.
 
     Inside a unit it adds ``work_kind``, ``work_name``, ``trace_id`` and ``span_id`` (as
-    :class:`LogFilter` does; keys already bound are kept); outside a unit it adds
+    [LogFilter][execctx.LogFilter] does; keys already bound are kept); outside a unit it adds
     nothing. Needs no structlog import here; put it before the renderer::
 
         structlog.configure(processors=[execctx.add_context, structlog.processors.JSONRenderer()])

@@ -20,7 +20,7 @@ _PERCENT_PARAMSTYLES = frozenset({"format", "pyformat"})
 def instrument(engine: Engine, *, enabled: bool = True) -> None:
     """Append the unit of work in progress to every statement ``engine`` runs in a unit.
 
-    A statement run inside :func:`execctx.work` gets, at its end (before a final ``;``)::
+    A statement run inside [execctx.work][] gets, at its end (before a final ``;``)::
 
         SELECT 1 /*job='refresh-report',trace_id='4bf9…',traceparent='00-4bf9…-00f0…-01'*/
 
@@ -33,7 +33,7 @@ def instrument(engine: Engine, *, enabled: bool = True) -> None:
     the driver will interpolate, so the server sees the comment exactly as above.
 
     Calling it again on the same engine adds nothing; ``enabled=False`` is
-    :func:`uninstrument`, so a setting can be passed straight through. For an
+    [uninstrument][execctx.uninstrument], so a setting can be passed straight through. For an
     ``AsyncEngine``, pass its ``sync_engine``. The engine is not disposed or changed
     otherwise.
     """

@@ -24,10 +24,10 @@ OUTCOME_ATTRIBUTE = "work.outcome"
 
 
 class Work:
-    """A unit of work in progress, as yielded by :func:`work`.
+    """A unit of work in progress, as yielded by [work][execctx.work].
 
     Attributes:
-        unit: The unit's identity, the value :func:`execctx.current` returns inside it.
+        unit: The unit's identity, the value [execctx.current][] returns inside it.
         span: The unit's root span (a non-recording span when no SDK is configured).
     """
 
@@ -96,13 +96,14 @@ def work(
     On entry: starts the root span ``span_name`` (default ``f"{kind} {name}"``) in a new
     trace (or as a child of ``parent`` when given), with ``attributes`` plus
     ``work.kind`` and ``work.name``; makes it the current span, so spans the block opens
-    are its children; and makes the unit current (:func:`execctx.current`). The trace id
+    are its children; and makes the unit current ([execctx.current][]). The trace id
     is the span's when an OpenTelemetry SDK records it, else a fresh random W3C trace id,
     so logs and SQL comments are correlated even without tracing.
 
-    On exit, whatever happened: applies :meth:`Work.set_outcome`, records an escaping
-    exception (status ERROR) and re-raises it, ends the span, and restores the previous
-    current unit and span. Units nest; the inner one starts its own trace.
+    On exit, whatever happened: applies [Work.set_outcome][execctx.Work.set_outcome],
+    records an escaping exception (status ERROR) and re-raises it, ends the span, and
+    restores the previous current unit and span. Units nest; the inner one starts its own
+    trace.
 
     A unit is bound to the thread or asyncio task that entered it (context variables):
     enter it where the job runs, or run the job in a copy of the context
@@ -116,7 +117,7 @@ def work(
         parent: OpenTelemetry context whose span becomes the root's parent; default a
             new trace (the caller's current span is deliberately not used).
         tracer_provider: Where spans go; default the global provider. A
-            :class:`~opentelemetry.trace.NoOpTracerProvider` records nothing, and with
+            `NoOpTracerProvider` records nothing, and with
             no ``parent`` the unit then skips the tracer altogether (its span is the
             invalid span, as that provider's would be).
 
@@ -124,13 +125,13 @@ def work(
     of units a second. Enter it once.
 
     Raises:
-        ValueError, TypeError: on entry, as :class:`WorkUnit` does for bad values.
+        ValueError, TypeError: on entry, as [WorkUnit][execctx.WorkUnit] does for bad values.
     """
     return _WorkScope(kind, name, attributes, span_name, parent, tracer_provider)
 
 
 class _WorkScope:
-    """What :func:`work` returns: enters the unit, and leaves it whatever happened."""
+    """What [work][execctx.work] returns: enters the unit, and leaves it whatever happened."""
 
     __slots__ = ("_args", "_handle", "_otel_token", "_token")
 
@@ -229,10 +230,10 @@ def _tracer(tracer_provider: TracerProvider | None) -> Tracer:
 def _random_trace_id() -> str:
     """Return a random W3C trace id (32 lowercase hex digits, never all zero).
 
-    From :mod:`random`'s shared generator, as OpenTelemetry's SDK draws its ids: seeded
+    From `random`'s shared generator, as OpenTelemetry's SDK draws its ids: seeded
     from ``os.urandom`` at import and again in each forked child (so two processes never
     share a sequence), thread-safe, and without the system call per id that
-    :mod:`secrets` makes. A trace id names a unit of work; it is no secret.
+    `secrets` makes. A trace id names a unit of work; it is no secret.
     """
     while not (value := random.getrandbits(128)):
         pass

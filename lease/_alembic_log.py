@@ -2,13 +2,13 @@
 
 Alembic logs at INFO each context it configures, each revision it runs, and each plugin
 it sets up as it is imported: on every start of every replica, that would be several
-lines of someone else's detail. :func:`migrate` logs one line of its own instead, and
+lines of someone else's detail. [migrate][lease.migrate] logs one line of its own instead, and
 alembic's lines stay available at DEBUG.
 
 How, without touching the application's logging: a filter on each ``alembic.*``
 logger (a logger's filters see only the records created on it, so the parent's would
 not do) that rewrites an INFO record to DEBUG — and drops it if that logger would not
-log DEBUG — only for records created on a thread that is inside :func:`alembic_at_debug`.
+log DEBUG — only for records created on a thread that is inside `alembic_at_debug`.
 Another thread's alembic records (an application running its own migrations meanwhile)
 pass unchanged. Levels, handlers and propagation are never changed.
 """

@@ -1,5 +1,5 @@
 """Claims and their lifecycle: claim, take a turn, claim a second run, renew (see the
-rules in :mod:`lease._store`; the ends of rounds are in :mod:`lease._ends`)."""
+rules in `lease._store`; the ends of rounds are in `lease._ends`)."""
 
 from __future__ import annotations
 
@@ -30,15 +30,15 @@ from ._rows import (
 from ._schema import NAME_LENGTH
 from ._text import check_holder
 
-#: What a claim reads back of each row it claimed (see :meth:`LeaseStore._claim`).
+#: What a claim reads back of each row it claimed (see `LeaseStore._claim`).
 _BATCH_COLUMNS: Final = (_t.c.name, _t.c.prev_instant, _t.c.prev_state, _t.c.prev_attempt)
 
 
-#: The most names :meth:`_Claims.unclaimed` returns unless told otherwise. Past it the
+#: The most names `_Claims.unclaimed` returns unless told otherwise. Past it the
 #: caller cannot tell it found them all (a replica of a large deployment died): it claims
 #: the rest by name instead, as before the due column.
 UNCLAIMED_LIMIT: Final = 5000
-#: How far back (seconds) :meth:`_Claims.unclaimed` looks: a row due longer ago than this
+#: How far back (seconds) `_Claims.unclaimed` looks: a row due longer ago than this
 #: belongs to a job no replica has claimed for a day — most often one a deploy removed,
 #: whose row would otherwise be read at every instant of every replica for ever.
 UNCLAIMED_WITHIN: Final = 86_400
@@ -101,7 +101,7 @@ def _previous_round(
 
 
 class _Claims(_StoreCore):
-    """Claims and their lifecycle: a part of :class:`~lease.LeaseStore`."""
+    """Claims and their lifecycle: a part of [LeaseStore][lease.LeaseStore]."""
 
     if TYPE_CHECKING:
 
@@ -111,7 +111,7 @@ class _Claims(_StoreCore):
             specs: Mapping[str, str] | None,
             seconds: Mapping[str, int] | None,
         ) -> None:
-            """Defined by :class:`~lease.LeaseStore` (the rows, in ``lease/_store.py``)."""
+            """Defined by [LeaseStore][lease.LeaseStore] (the rows, in ``lease/_store.py``)."""
 
     def claim(
         self,
@@ -125,22 +125,23 @@ class _Claims(_StoreCore):
 
         A name is claimed when its lease is free (``expires_ms`` NULL or ``<= now``), its
         recorded instant is strictly older than ``instant``, and ``instant`` is no more
-        than ``claim_ahead`` seconds (:data:`CLAIM_AHEAD_LIMIT`) past the lease clock's
+        than ``claim_ahead`` seconds (`CLAIM_AHEAD_LIMIT`) past the lease clock's
         ``now``: a replica whose clock runs far ahead must not claim instants the others
         have not reached (its claims win nothing; the others run the instants on time).
-        A paused row (``paused_ms`` set, see :meth:`set_paused`) is never claimed.
+        A paused row (``paused_ms`` set, see `set_paused`) is never claimed.
         Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
-        before in ``prev_*``. Names without a row are never claimed (see :meth:`ensure`).
+        before in ``prev_*``. Names without a row are never claimed (see `ensure`).
 
         ``due`` gives, by name, the next instant after ``instant`` at which the name may
         need a claim (a schedule's next instant); each claimed row keeps it in
-        ``due_s`` (rounded down to the second), which :meth:`unclaimed` reads. A name
-        ``due`` leaves out, or maps to ``None``, keeps the row's value: it must never be
-        later than the row's real next instant, or :meth:`unclaimed` misses that instant.
+        ``due_s`` (rounded down to the second), which
+        [unclaimed][lease.LeaseStore.unclaimed] reads. A name ``due`` leaves out, or maps to
+        ``None``, keeps the row's value: it must never be later than the row's real next
+        instant, or [unclaimed][lease.LeaseStore.unclaimed] misses that instant.
 
         Returns:
-            One :class:`Claim` per name claimed, in the order of ``names``; with
+            One [Claim][lease.Claim] per name claimed, in the order of ``names``; with
             ``superseded`` set when the row's previous round was unfinished.
 
         Raises:
@@ -157,11 +158,13 @@ class _Claims(_StoreCore):
         *,
         due: Mapping[str, datetime | None] | None = None,
     ) -> ClaimBatch:
-        """:meth:`claim`, with what was won as one :class:`ClaimBatch`: the same
-        statement and rules, without a :class:`Claim` made per name.
+        """[claim][lease.LeaseStore.claim], with what was won as one
+        [ClaimBatch][lease.ClaimBatch]: the same statement and rules, without a
+        [Claim][lease.Claim] made per name.
 
         Raises:
-            ValueError: as :meth:`claim`; or a ``due`` value is not an aware datetime.
+            ValueError: as [claim][lease.LeaseStore.claim]; or a ``due`` value is not an
+                aware datetime.
         """
         wanted = _names(names)
         epoch = _instant_seconds(instant)
@@ -178,8 +181,8 @@ class _Claims(_StoreCore):
 
         A row whose ``due_s`` is NULL (an older release wrote it, and no replica of this
         one has registered or claimed it since) is never returned, nor one due more than
-        :data:`UNCLAIMED_WITHIN` before ``instant`` (no claim in a day: a removed job's
-        row; a start's :meth:`ensure` moves a registered job's due on). At most ``limit``
+        `UNCLAIMED_WITHIN` before ``instant`` (no claim in a day: a removed job's
+        row; a start's `ensure` moves a registered job's due on). At most ``limit``
         names, lowest ``due_s`` first: a result of ``limit`` names may have left some out.
 
         Raises:
@@ -202,11 +205,11 @@ class _Claims(_StoreCore):
             return [str(name) for name in conn.execute(stmt, params).scalars()]
 
     def _unclaimed_statement(self, *, given_clock: bool) -> sa.Select[Any]:
-        """:meth:`unclaimed`'s query, built once per store and clock kind (bind
-        parameters only). Ordered by ``due_s`` with a limit: PostgreSQL's statistics on a
-        column every claim moves are soon stale, and read as "every row is due" they
-        chose a scan of the whole table; walking the index in order up to a limit is the
-        cheaper plan whatever they say."""
+        """[unclaimed][lease.LeaseStore.unclaimed]'s query, built once per store and clock
+        kind (bind parameters only). Ordered by ``due_s`` with a limit: PostgreSQL's
+        statistics on a column every claim moves are soon stale, and read as "every row is
+        due" they chose a scan of the whole table; walking the index in order up to a limit
+        is the cheaper plan whatever they say."""
         cached = self._unclaimed_statements.get(given_clock)
         if cached is not None:
             return cached
@@ -234,11 +237,11 @@ class _Claims(_StoreCore):
         """Claim ``instant`` of a chore that one holder at a time does (pruning): ``True``
         for the one holder whose claim won.
 
-        The chore's row is named ``" " + chore`` — a name no caller of :meth:`claim`
-        can use (it starts with whitespace) — and, with ``create``, made when missing
-        (one more statement: :meth:`ensure`'s write without its read, the row written
-        only when missing, or without a deployment). Its lease is never finished: it
-        expires, and the next instant is claimed as usual.
+        The chore's row is named ``" " + chore`` — a name no caller of
+        [claim][lease.LeaseStore.claim] can use (it starts with whitespace) — and, with
+        ``create``, made when missing (one more statement: `ensure`'s write without its
+        read, the row written only when missing, or without a deployment). Its lease is
+        never finished: it expires, and the next instant is claimed as usual.
         """
         epoch = _instant_seconds(instant)
         check_holder(holder)
@@ -398,10 +401,10 @@ class _Claims(_StoreCore):
         return claims[0] if claims else None
 
     def claim_reruns(self, names: Iterable[str], instant: datetime, holder: str) -> ClaimBatch:
-        """:meth:`claim_rerun` for each of ``names``, rounds of one ``instant`` cut short:
-        one statement and one new token for all of them (the sweep finds them by the
-        thousand when a replica dies, or gives back an instant's claim that came back too
-        late). None for an empty ``names``.
+        """[claim_rerun][lease.LeaseStore.claim_rerun] for each of ``names``, rounds of one
+        ``instant`` cut short: one statement and one new token for all of them (the sweep
+        finds them by the thousand when a replica dies, or gives back an instant's claim
+        that came back too late). None for an empty ``names``.
 
         Returns:
             The second runs won (``attempt`` 2, nothing ``superseded``), in the order of

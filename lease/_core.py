@@ -1,4 +1,4 @@
-"""The plumbing every part of :class:`~lease.LeaseStore` stands on: its construction,
+"""The plumbing every part of [LeaseStore][lease.LeaseStore] stands on: its construction,
 the lease clock in SQL, bounded transactions, the fence check, the watchers of writes."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ _q = trigger_table
 
 
 class _StoreCore:
-    """Construction, plumbing and the fence check: a part of :class:`~lease.LeaseStore`."""
+    """Construction, plumbing and the fence check: a part of [LeaseStore][lease.LeaseStore]."""
 
     def __init__(
         self,
@@ -131,7 +131,7 @@ class _StoreCore:
         return self._timeout_ms / 1000
 
     def check_dialect(self) -> None:
-        """Refuse a database that cannot carry leases (see :func:`check_dialect`)."""
+        """Refuse a database that cannot carry leases (see [check_dialect][lease.check_dialect])."""
         check_dialect(self._engine)
 
     def now_ms(self) -> int:
@@ -166,7 +166,8 @@ class _StoreCore:
     async def holds_async(
         self, connection: AsyncConnection, name: str, token: int, *, final: bool = False
     ) -> bool:
-        """Like :meth:`holds`, on an asyncio connection (``Round.transaction_async``).
+        """Like [holds][lease.LeaseStore.holds], on an asyncio connection
+        (``Round.transaction_async``).
 
         The same statement, awaited: the caller's event loop keeps running meanwhile.
         """
@@ -177,11 +178,12 @@ class _StoreCore:
     def holds_statement(
         self, name: str, token: int, dialect: Dialect, *, final: bool = False
     ) -> sa.Select[int]:
-        """The statement :meth:`holds` runs, for a connection that is not SQLAlchemy's.
+        """The statement [holds][lease.LeaseStore.holds] runs, for a connection that is not
+        SQLAlchemy's.
 
         A framework's ORM (Django) runs it inside its own transaction, compiled for
         ``dialect``: the lease is held when it returns a row. ``final`` as for
-        :meth:`holds`.
+        [holds][lease.LeaseStore.holds].
         """
         return self._holds_statement(name, token, dialect, final=final)
 
@@ -235,7 +237,7 @@ class _StoreCore:
 
     def _pair_in(self, pairs: list[tuple[str, int]]) -> sa.ColumnElement[bool]:
         """``(name, token) IN pairs``; on PostgreSQL against the rows of one JSON
-        parameter (see :func:`_json_rows`)."""
+        parameter (see `_json_rows`)."""
         if self._engine.dialect.name != "postgresql":
             return sa.tuple_(_t.c.name, _t.c.token).in_(pairs)
         records = [{"name": name, "token": token} for name, token in pairs]
@@ -311,11 +313,11 @@ class _StoreCore:
         self._tell(LeaseWrite(kind=WriteKind.REQUESTED, leases=((name, 0),)))
 
     def _watched(self) -> bool:
-        """Whether anyone watches this database's writes (see :meth:`watch`)."""
+        """Whether anyone watches this database's writes (see `watch`)."""
         return bool(_WATCHERS.get(self._key))
 
     def _tell(self, write: LeaseWrite) -> None:
-        """Call the watchers of this database with ``write`` (see :meth:`watch`)."""
+        """Call the watchers of this database with ``write`` (see `watch`)."""
         if not _WATCHERS.get(self._key):  # the usual case, without taking the lock
             return
         with _WATCH_LOCK:
@@ -330,29 +332,29 @@ class _StoreCore:
         """A connection in a transaction whose statements give up after the bound.
 
         Commits when the block ends normally, rolls back otherwise. The bound is
-        :attr:`statement_timeout`. It is set on the pooled connection's session the first
-        time the store uses that connection (one statement, then none while the store
-        keeps using it), and undone before anyone else is handed the connection (a job's
-        ``ctx.transaction()``: see :func:`_unbind_for_others`), so it never bounds their
-        statements:
+        [statement_timeout][lease.LeaseStore.statement_timeout]. It is set on the pooled
+        connection's session the first time the store uses that connection (one statement,
+        then none while the store keeps using it), and undone before anyone else is handed
+        the connection (a job's ``ctx.transaction()``: see `_unbind_for_others`), so it
+        never bounds their statements:
 
         - PostgreSQL: ``statement_timeout``, its previous value saved;
         - MariaDB/MySQL: the row-lock and metadata-lock waits
           (``innodb_lock_wait_timeout``, ``lock_wait_timeout``; whole seconds, at least
           1), their previous values saved in session variables;
-        - SQLite: the engine's busy timeout (30 s from :func:`~lease.create_engine`).
+        - SQLite: the engine's busy timeout (30 s from [create_engine][lease.create_engine]).
 
         A connection whose settings could not be restored is invalidated, never handed
         out. A statement that gives up raises ``OperationalError``, which the callers'
-        :func:`translate_errors` turns into :class:`DatabaseUnavailable`.
+        `translate_errors` turns into [DatabaseUnavailable][lease.DatabaseUnavailable].
 
-        Behind a transaction pooler (:func:`~lease.behind_transaction_pooler`) a session
-        is no one's: its settings would bound other clients' transactions on the same
-        server connection, and ours would run on a server connection that never had
-        them. There each transaction bounds itself (``set_config(..., true)``,
-        PostgreSQL's ``SET LOCAL``) as it begins, in the round trip of its ``BEGIN``
-        with psycopg (see :func:`transaction_bounded`), and leaves nothing on the
-        session.
+        Behind a transaction pooler
+        ([behind_transaction_pooler][lease.behind_transaction_pooler]) a session is no
+        one's: its settings would bound other clients' transactions on the same server
+        connection, and ours would run on a server connection that never had them. There
+        each transaction bounds itself (``set_config(..., true)``, PostgreSQL's ``SET
+        LOCAL``) as it begins, in the round trip of its ``BEGIN`` with psycopg (see
+        `transaction_bounded`), and leaves nothing on the session.
         """
         with self._bounded(read=read, timeout_ms=timeout_ms or self._timeout_ms) as conn:
             yield conn

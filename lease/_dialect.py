@@ -25,9 +25,9 @@ def check_dialect(bind: Engine | Connection | Dialect) -> None:
     """Refuse a database that cannot carry leases.
 
     Raises:
-        UnsupportedDatabase: the dialect is not one of :data:`SUPPORTED_DIALECTS`, or
+        UnsupportedDatabase: the dialect is not one of `SUPPORTED_DIALECTS`, or
             the engine or connection is on an in-memory SQLite database (see
-            :func:`~lease.create_engine`); a bare dialect is judged by its name alone.
+            [create_engine][lease.create_engine]); a bare dialect is judged by its name alone.
     """
     dialect = bind if isinstance(bind, Dialect) else bind.dialect
     if dialect.name not in SUPPORTED_DIALECTS:

@@ -1,5 +1,5 @@
 """The ends of rounds: finish one or many, give one back cut short, keep one from a
-second run (see the rules in :mod:`lease._store`)."""
+second run (see the rules in `lease._store`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
 
 
 class _Ends(_StoreCore):
-    """The ends of rounds: a part of :class:`~lease.LeaseStore`."""
+    """The ends of rounds: a part of [LeaseStore][lease.LeaseStore]."""
 
     def _ending(
         self,
@@ -48,7 +48,7 @@ class _Ends(_StoreCore):
         later: list[dict[str, Any]] | None = None,
     ) -> set[tuple[str, int]]:
         """Run ``stmt``, an UPDATE that ends the rounds of ``pairs`` (``(name, token)``),
-        and add to the history the rows of ``records`` (:func:`round_values`) whose round
+        and add to the history the rows of ``records`` (`round_values`) whose round
         it wrote, and no other: a history row is on record exactly when its end is.
 
         Returns the pairs written: all of them when the UPDATE's count says so (the
@@ -58,7 +58,7 @@ class _Ends(_StoreCore):
         On PostgreSQL the history rows ride on the UPDATE, one statement: the UPDATE as a
         data-modifying ``WITH`` that returns the names it wrote, the INSERT of the rows
         of those names beside it, and a count of them as the statement's result. The
-        rows come from one JSON parameter (see :func:`_json_rows`): an ``executemany``
+        rows come from one JSON parameter (see `_json_rows`): an ``executemany``
         would bind and send every row on its own, thousands when an instant's rounds end
         together. Elsewhere the driver's ``executemany`` inserts the rows written, after
         the UPDATE, or the caller does, with those of its other UPDATEs: they are added
@@ -115,7 +115,7 @@ class _Ends(_StoreCore):
 
         Each is left owed as a round cut short at its first attempt (state ``cut``,
         attempt 1, ``'cut short'``, the failures in a row as they were), whatever the
-        claim was: a first run, or a second run (:meth:`claim_reruns`) handed back unrun,
+        claim was: a first run, or a second run (`claim_reruns`) handed back unrun,
         which a sweep then claims again as a second run instead of giving it up.
 
         Returns:
@@ -180,8 +180,8 @@ class _Ends(_StoreCore):
         (rounded down): every instant up to it that the round overran stays skipped.
         The end is recorded even if the lease expired meanwhile, as long as no other
         claim replaced the token. On record too: the outcome (``succeeded``, or failed
-        with ``error``, bounded; a :class:`Ending`'s ``outcome`` word, see
-        :data:`~lease.COUNTED_FAILURES`), the end and the last success on the lease
+        with ``error``, bounded; a [Ending][lease.Ending]'s ``outcome`` word, see
+        `COUNTED_FAILURES`), the end and the last success on the lease
         clock, the failures in a row; and ``record``, if given, is added to the history, all in
         the same transaction (one statement on PostgreSQL).
 
@@ -200,20 +200,21 @@ class _Ends(_StoreCore):
     def finish_many(
         self, ends: Collection[tuple[str, int, datetime] | Ending]
     ) -> set[tuple[str, int]]:
-        """:meth:`finish` for many rounds at once: :class:`Ending` values, or
-        ``(name, token, ended)`` triples for rounds that succeeded without a record.
+        """[finish][lease.LeaseStore.finish] for many rounds at once: [Ending][lease.Ending]
+        values, or ``(name, token, ended)`` triples for rounds that succeeded without a
+        record.
 
         One transaction; one UPDATE per distinct ``ended`` second and outcome (usually
-        one), each with the same conditions as :meth:`finish`, and the history rows of
-        the ends it wrote, and of no other (on PostgreSQL in the UPDATE's statement, see
-        ``_ending``: a batch of one group is one statement; elsewhere one INSERT after
-        it); with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first locks the
-        batch's rows in name order, the order a renewal locks them in. None for an empty
+        one), each with the same conditions as [finish][lease.LeaseStore.finish], and the
+        history rows of the ends it wrote, and of no other (on PostgreSQL in the UPDATE's
+        statement, see ``_ending``: a batch of one group is one statement; elsewhere one
+        INSERT after it); with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first locks
+        the batch's rows in name order, the order a renewal locks them in. None for an empty
         ``ends``. An end with ``retrying`` (an attempt followed by another, see
         [Ending][lease.Ending]) keeps its lease: the row stays ``running``, its attempt
-        becomes 2, and its history row is added. An end with ``holding`` (a round whose
-        job outlived its timeout, recorded before its process ends) is written as any
-        end, but the row stays ``running`` and held, its attempt 2.
+        becomes 2, and its history row is added. An end with ``holding`` (a round whose job
+        outlived its timeout, recorded before its process ends) is written as any end, but
+        the row stays ``running`` and held, its attempt 2.
 
         Returns:
             The ``(name, token)`` pairs whose end was recorded; every other one had its

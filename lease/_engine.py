@@ -51,7 +51,7 @@ POSTGRES_CONNECT_DEFAULTS = {
 }
 
 #: Socket settings for MariaDB/MySQL connections made here with PyMySQL, which has no
-#: option for them: the same liveness as :data:`POSTGRES_CONNECT_DEFAULTS` (keepalive
+#: option for them: the same liveness as `POSTGRES_CONNECT_DEFAULTS` (keepalive
 #: probes after 5 s idle, 2 s apart, 3 of them; a 10 s TCP user timeout), as
 #: ``(level, option name, value)``. Options the platform lacks are left out.
 MYSQL_SOCKET_OPTIONS: tuple[tuple[int, str, int], ...] = (
@@ -96,7 +96,7 @@ ASYNC_EXTRAS = {
 
 #: The URL query parameter that says PostgreSQL is reached through a transaction pooler
 #: (PgBouncer's ``pool_mode = transaction``): ``?pooler=transaction``. The engine's URL
-#: keeps it; the driver never sees it (see :func:`behind_transaction_pooler`).
+#: keeps it; the driver never sees it (see `behind_transaction_pooler`).
 POOLER_PARAMETER = "pooler"
 
 #: Execution option naming how a SQLite transaction of an engine made here begins:
@@ -109,27 +109,27 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
 
     - SQLite file: exactly one connection per process (``pool_size=1``,
       ``max_overflow=0``, usable from any thread), WAL journal, a busy timeout of
-      :data:`SQLITE_BUSY_TIMEOUT` seconds, and every transaction opened with
+      `SQLITE_BUSY_TIMEOUT` seconds, and every transaction opened with
       ``BEGIN IMMEDIATE`` (the pysqlite recipe in SQLAlchemy's documentation), so writers
       in several processes queue on the file lock instead of failing on a read lock
       they cannot upgrade.
     - SQLite in memory (``sqlite://``, ``:memory:``, ``file::memory:``,
-      ``mode=memory``): refused (see :func:`refuse_sqlite_memory`).
+      ``mode=memory``): refused (see `refuse_sqlite_memory`).
     - Any other database: ``pool_pre_ping=True`` (a connection the server closed is
       replaced, not handed out) and ``READ COMMITTED`` isolation, which the lease
       statements are written for.
     - PostgreSQL with psycopg: also TCP keepalives and a TCP user timeout
-      (:data:`POSTGRES_CONNECT_DEFAULTS`, each unless the URL's query sets it).
+      (`POSTGRES_CONNECT_DEFAULTS`, each unless the URL's query sets it).
     - MariaDB/MySQL with PyMySQL: the same TCP keepalives and user timeout, set on each
-      new connection's socket (:data:`MYSQL_SOCKET_OPTIONS`), and a connect timeout of
-      :data:`MYSQL_CONNECT_TIMEOUT` seconds unless the URL's query sets one.
+      new connection's socket (`MYSQL_SOCKET_OPTIONS`), and a connect timeout of
+      `MYSQL_CONNECT_TIMEOUT` seconds unless the URL's query sets one.
 
     - PostgreSQL behind a transaction pooler (``?pooler=transaction`` in the URL, see
-      :func:`behind_transaction_pooler`): no server-side prepared statements (psycopg's
-      ``prepare_threshold=None``), since a statement prepared on one server connection
-      is not on the next; the parameter itself never reaches the driver.
+      [behind_transaction_pooler][lease.behind_transaction_pooler]): no server-side prepared
+      statements (psycopg's ``prepare_threshold=None``), since a statement prepared on one
+      server connection is not on the next; the parameter itself never reaches the driver.
 
-    Keyword arguments are passed to :func:`sqlalchemy.create_engine` and win.
+    Keyword arguments are passed to `sqlalchemy.create_engine` and win.
 
     Raises:
         DatabaseError: the URL does not parse, names no installed dialect, or has a
@@ -147,8 +147,8 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
 
 
 def create_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
-    """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` with the settings of
-    :func:`create_engine`, for jobs' ``transaction_async``.
+    """Create an `AsyncEngine` with the settings of
+    [create_engine][lease.create_engine], for jobs' ``transaction_async``.
 
     The same settings as a sync engine get, where the async driver has them: SQLite's
     WAL journal, busy timeout and ``BEGIN IMMEDIATE`` (aiosqlite; a pool of several
@@ -285,7 +285,7 @@ def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
 
 
 def _configure(engine: Engine, parsed: URL) -> None:
-    """Install the per-connection settings of :func:`create_engine` on ``engine``."""
+    """Install the per-connection settings of [create_engine][lease.create_engine] on ``engine``."""
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     if POOLER_PARAMETER in parsed.query:
         event.listen(engine, "do_connect", _drop_pooler_parameter)
@@ -301,10 +301,10 @@ def behind_transaction_pooler(bind: str | URL | Engine) -> bool:
     Say so with ``?pooler=transaction`` in the URL (PgBouncer's ``pool_mode =
     transaction``, or any pooler that hands each transaction a server connection of its
     choosing). Behind one, nothing may rely on the state of a session: the engines of
-    :func:`create_engine` prepare no statements, the store bounds its statements in each
-    transaction (``SET LOCAL``) instead of on the session, a migration locks for its
-    transaction only, and the scheduler does not ``LISTEN`` (its sweep takes requests).
-    A session-pooling pooler needs no parameter.
+    [create_engine][lease.create_engine] prepare no statements, the store bounds its
+    statements in each transaction (``SET LOCAL``) instead of on the session, a migration
+    locks for its transaction only, and the scheduler does not ``LISTEN`` (its sweep takes
+    requests). A session-pooling pooler needs no parameter.
 
     Raises:
         DatabaseError: the URL does not parse, its ``pooler`` is another value than

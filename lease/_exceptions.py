@@ -1,4 +1,4 @@
-"""Exceptions raised by :mod:`lease`.
+"""Exceptions raised by [lease][].
 
 The tree::
 
@@ -15,10 +15,10 @@ The tree::
     └── MigrationFailed (RuntimeError)          the migrations could not be found or run
 
 Every error SQLAlchemy (or a driver under it) raises inside this package is translated
-into this tree at one boundary, :func:`translate_errors`, and chained with
+into this tree at one boundary, `translate_errors`, and chained with
 ``raise ... from exc`` so the original stays on ``__cause__``. Bad arguments (an instant
 that is not aware UTC, an empty name) are programming errors and raise the builtin
-:class:`ValueError` or :class:`TypeError` instead.
+`ValueError` or `TypeError` instead.
 """
 
 from __future__ import annotations
@@ -61,11 +61,11 @@ class DatabaseRefused(DatabaseUnavailable):
     credentials were refused, or a privilege is missing (or, on SQLite, the file cannot
     be opened).
 
-    Waiting does not heal it, so :meth:`cronjob.Scheduler.start` fails on it at once
+    Waiting does not heal it, so [cronjob.Scheduler.start][] fails on it at once
     (``cronjob run`` exits 2) instead of retrying. It stays a
-    :class:`DatabaseUnavailable`: a replica already running treats it as the database
-    going away (its instants stay owed) until someone restores the grant or password.
-    The message starts with what was refused ("the database does not exist", "the
+    [DatabaseUnavailable][lease.DatabaseUnavailable]: a replica already running treats it as
+    the database going away (its instants stay owed) until someone restores the grant or
+    password. The message starts with what was refused ("the database does not exist", "the
     credentials were refused", "a permission is missing", "the SQLite file cannot be
     opened").
     """

@@ -40,12 +40,13 @@ from ._text import check_holder
 
 
 def _jobs_of(replica: ReplicaRow) -> dict[str, str]:
-    """The execution parameter of :meth:`_History._replica_upsert`: the record's jobs."""
+    """The execution parameter of `_History._replica_upsert`: the record's jobs."""
     return {"replica_jobs": jobs_json(replica.jobs, replica.policies)}
 
 
 class _History(_StoreCore):
-    """The history, the replicas, the prune, the survey: a part of :class:`~lease.LeaseStore`."""
+    """The history, the replicas, the prune, the survey: a part of
+    [LeaseStore][lease.LeaseStore]."""
 
     def rounds(
         self,
@@ -87,7 +88,7 @@ class _History(_StoreCore):
         """Of ``holders``, those on record last seen at or after ``seen_since_ms`` (lease
         clock), each with its record's ``started`` and whether the record lists one of
         ``jobs`` (name -> spec) as leased: what a replica's peers ask of a replica that
-        started, without the rest of its record (see :func:`lists_one_of`: a record of
+        started, without the rest of its record (see `lists_one_of`: a record of
         the same deployment answers from its text, unparsed). One query; none for no
         ``holders``."""
         if not holders:
@@ -109,10 +110,10 @@ class _History(_StoreCore):
         replica. One query.
 
         A record's jobs and policies are written whole only with the ``started`` of the
-        replica that writes them (see :meth:`survey`'s ``refresh``): a reader that keeps
-        what it learnt of a record by ``(holder, started)`` reads the jobs again (with
-        :meth:`replicas` and ``holders``) only for a pair it has not seen, a replica
-        that started since."""
+        replica that writes them (see [survey][lease.LeaseStore.survey]'s ``refresh``): a
+        reader that keeps what it learnt of a record by ``(holder, started)`` reads the jobs
+        again (with [replicas][lease.LeaseStore.replicas] and ``holders``) only for a pair
+        it has not seen, a replica that started since."""
         stmt = sa.select(_p.c.holder, _p.c.started_ms).where(_p.c.seen_ms >= seen_since_ms)
         with translate_errors("read replicas"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).all()
@@ -120,7 +121,8 @@ class _History(_StoreCore):
 
     def record_replica(self, replica: ReplicaRow) -> None:
         """Put ``replica`` on record as seen now (lease clock; its ``seen`` is ignored):
-        insert, or refresh. One statement. :meth:`survey` can do it on its way."""
+        insert, or refresh. One statement. [survey][lease.LeaseStore.survey] can do it on
+        its way."""
         stmt = self._replica_upsert(replica)
         with translate_errors("record a replica"), self._transaction() as conn:
             conn.execute(stmt, _jobs_of(replica))
@@ -150,7 +152,7 @@ class _History(_StoreCore):
             Whether a lease row was deleted, and how many rounds and requests were.
 
         Raises:
-            ValueError: ``name`` is not a name the table holds (see :meth:`ensure`).
+            ValueError: ``name`` is not a name the table holds (see `ensure`).
         """
         (wanted,) = _names([name])
         with translate_errors("forget a job"), self._transaction() as conn:
@@ -203,11 +205,11 @@ class _History(_StoreCore):
         rounds past its ``per_name`` newest (one statement), the replicas not seen for
         ``replicas_gone`` seconds (one more), and the requests for a round now made more
         than ``days`` ago (one more: however they stand, they can no longer run, see
-        :data:`lease.REQUEST_TTL`), in one transaction.
+        `lease.REQUEST_TTL`), in one transaction.
 
         Ranking a name's rounds reads the whole history (about 3 s for a million rows
         on a busy 2-core machine), so these statements have a bound of their own,
-        ``timeout`` seconds, not :attr:`statement_timeout`.
+        ``timeout`` seconds, not `statement_timeout`.
 
         Returns:
             How many rounds and replicas were deleted.
@@ -242,13 +244,14 @@ class _History(_StoreCore):
     def survey(
         self, names: Iterable[str], *, replica: ReplicaRow | None = None, refresh: bool = False
     ) -> Survey:
-        """:meth:`find_cut_short`, and the earliest expiry of a first round's lease still
-        held (the next moment a round of ``names`` may be found cut short without any
-        write before it). One query, whatever the number of names.
+        """[find_cut_short][lease.LeaseStore.find_cut_short], and the earliest expiry of a
+        first round's lease still held (the next moment a round of ``names`` may be found
+        cut short without any write before it). One query, whatever the number of names.
 
         With ``replica``, the replica is put on record as seen now too (as
-        :meth:`record_replica`), in the same statement on PostgreSQL (a data-modifying
-        ``WITH``), in the same transaction elsewhere (two statements).
+        [record_replica][lease.LeaseStore.record_replica]), in the same statement on
+        PostgreSQL (a data-modifying ``WITH``), in the same transaction elsewhere (two
+        statements).
 
         With ``refresh`` too, only the record's ``seen`` is brought to now (an UPDATE of
         one column, in place of the upsert of every job's spec): for a replica whose

@@ -2,10 +2,10 @@
 
 The migrations are alembic's, configured here in code (no ``alembic.ini``, and no
 ``logging.config.fileConfig``: the application's logging is its own). Their version
-table is :data:`~lease._schema.VERSION_TABLE`, so an application's own alembic history
-is never touched. Each :func:`migrate` logs one INFO line of its own on the ``lease``
+table is `VERSION_TABLE`, so an application's own alembic history
+is never touched. Each [migrate][lease.migrate] logs one INFO line of its own on the ``lease``
 logger (the revision, and what it did); alembic's lines are DEBUG records meanwhile
-(:mod:`lease._alembic_log`).
+(`lease._alembic_log`).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
     database, which no other process can open). A replica that waited finds the tables
     at head and does nothing. A database already at head is not locked at all, nor one
     that a newer release migrated with additive revisions (numbered ``0002``, ``0003``,
-    …: see :func:`_newer_additive`), which this release runs beside as it is.
+    …: see `_newer_additive`), which this release runs beside as it is.
 
     Logs one INFO line on the ``lease`` logger: ``lease schema at 0004`` (nothing to
     do), ``lease schema created at 0004`` (a database never migrated), ``lease schema
@@ -126,7 +126,7 @@ def migrate(engine: Engine, *, auto_migrate: bool = True) -> None:
 
 
 def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
-    """:func:`migrate`'s work; returns its line for the log (``None``: said already)."""
+    """[migrate][lease.migrate]'s work; returns its line for the log (``None``: said already)."""
     script = _script()
     head = head_revision()
     with translate_errors("migrate the lease tables"), engine.connect() as conn:

@@ -19,7 +19,7 @@ from ._text import check_holder
 
 
 class _Pause(_StoreCore):
-    """The pause: a part of :class:`~lease.LeaseStore`."""
+    """The pause: a part of [LeaseStore][lease.LeaseStore]."""
 
     def set_paused(
         self,
@@ -35,8 +35,8 @@ class _Pause(_StoreCore):
         state changed, sorted: a name already in that state, or without a row, is left
         as it was.
 
-        A paused row is refused by :meth:`claim` and :meth:`claim_rerun` and left out of
-        :meth:`survey`'s rounds cut short; a round already running is not touched. On
+        A paused row is refused by `claim` and `claim_rerun` and left out of
+        `survey`'s rounds cut short; a round already running is not touched. On
         resume, ``skipped_through`` is raised to now (in seconds), so the instants skipped
         while paused are never caught up at start-up (the catch-up rule honours it).
         The note is a row of ``cronjob_round`` with ``why`` ``'pause'`` or ``'resume'``,
@@ -44,7 +44,7 @@ class _Pause(_StoreCore):
 
         Raises:
             ValueError: ``by`` is empty or too long, ``reason`` is too long
-                (:data:`REASON_LENGTH`), a name is empty or too long.
+                (`REASON_LENGTH`), a name is empty or too long.
         """
         wanted = None if names is None else _names(names)
         check_holder(by)

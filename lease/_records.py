@@ -1,7 +1,7 @@
 """What the holders leave on record beside their leases: round ends, history, replicas.
 
-The values passed to and read from :class:`~lease.LeaseStore` for revision 0002's
-columns and tables (see :mod:`lease._schema`), and the statements' pieces that do not
+The values passed to and read from [LeaseStore][lease.LeaseStore] for revision 0002's
+columns and tables (see `lease._schema`), and the statements' pieces that do not
 depend on the store's clock. The store runs the statements.
 """
 
@@ -67,19 +67,19 @@ class RoundRow:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ending:
-    """The end of a round to record with :meth:`LeaseStore.finish_many`."""
+    """The end of a round to record with [LeaseStore.finish_many][lease.LeaseStore.finish_many]."""
 
     name: str
     token: int
     ended: datetime
     #: ``False`` for a round that raised an error of its own (it still ran to its end).
     succeeded: bool = True
-    #: The failure's summary (bounded with :func:`bounded_error` before it is stored).
+    #: The failure's summary (bounded with `bounded_error` before it is stored).
     error: str | None = None
     #: The history row to add, or ``None`` (history off).
     record: RoundRow | None = None
-    #: The outcome in the record's words (see :data:`COUNTED_FAILURES`); ``None``: the
-    #: record's, else ``'succeeded'`` or ``'failed'`` per :attr:`succeeded`.
+    #: The outcome in the record's words (see `COUNTED_FAILURES`); ``None``: the
+    #: record's, else ``'succeeded'`` or ``'failed'`` per `succeeded`.
     outcome: str | None = None
     #: This attempt failed and the round runs again under the same lease (``'retrying'``):
     #: the row stays ``running`` and held, its attempt becomes 2 (a run after the first:
@@ -129,7 +129,7 @@ class ReplicaRow:
 
 
 def bounded_error(text: str | None) -> str | None:
-    """``text`` cut to :data:`~lease._schema.ERROR_LENGTH` characters, marked when cut,
+    """``text`` cut to `ERROR_LENGTH` characters, marked when cut,
     with characters no database stores (NUL, lone surrogates) replaced."""
     if text is None:
         return None
@@ -226,13 +226,13 @@ def replica_from(row: RowMapping) -> ReplicaRow:
     )
 
 
-#: How many of a reader's jobs :func:`lists_one_of` looks for in a record's text.
+#: How many of a reader's jobs `lists_one_of` looks for in a record's text.
 _SAMPLES: Final = 8
 
 
 def job_needles(jobs: Mapping[str, str]) -> list[str]:
-    """What :func:`lists_one_of` looks for: for a few of ``jobs`` (name -> spec, spread
-    over their names' order), the entry :func:`jobs_json` writes for the job leased on
+    """What `lists_one_of` looks for: for a few of ``jobs`` (name -> spec, spread
+    over their names' order), the entry `jobs_json` writes for the job leased on
     that spec, as it starts after the ``{`` or ``,`` before it."""
     names = sorted(jobs)
     step = max(1, len(names) // _SAMPLES)
@@ -248,7 +248,7 @@ def lists_one_of(text: object, jobs: Mapping[str, str], needles: Iterable[str]) 
     """Whether a record's ``jobs`` column (``text``) lists one of ``jobs`` as leased.
 
     A record of the same deployment lists every job as the reader's own record does:
-    one of ``needles`` (:func:`job_needles`) is in its text, found without parsing it
+    one of ``needles`` (`job_needles`) is in its text, found without parsing it
     (the text of 100,000 jobs is ~5 MB, parsed ~40 MB and a tenth of a second). Any other
     record is parsed and its leased names compared with ``jobs``. A needle cannot match
     inside a value (within a JSON string its quotes would be escaped), nor the end of

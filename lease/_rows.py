@@ -82,11 +82,11 @@ class LeaseRow:
     pause_reason: str | None = None
     #: When a replica first wrote the row — the name's first deployment — on the lease
     #: clock (revision 0005). ``None`` on a row an older release wrote, until a replica of
-    #: this release registers the name (:meth:`LeaseStore.ensure` then fills it).
+    #: this release registers the name (`LeaseStore.ensure` then fills it).
     deployed: datetime | None = None
     #: The next instant at which the row may need a claim (revision 0006): never later
     #: than the row's real next instant, so the rest of an instant can be found by it
-    #: (:meth:`LeaseStore.unclaimed`). ``None`` on a row no replica of this release has
+    #: (`LeaseStore.unclaimed`). ``None`` on a row no replica of this release has
     #: claimed or registered yet.
     due: datetime | None = None
 
@@ -97,7 +97,7 @@ class Claim:
 
     name: str
     instant: datetime
-    #: 1 for a first run, 2 for a second run (:meth:`LeaseStore.claim_rerun`).
+    #: 1 for a first run, 2 for a second run (`LeaseStore.claim_rerun`).
     attempt: int
     #: The fencing token: pass it to renew/give_back/finish/holds.
     token: int
@@ -108,12 +108,12 @@ class Claim:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimBatch:
-    """What one :meth:`LeaseStore.claim_batch` (first runs) or
-    :meth:`LeaseStore.claim_reruns` (second runs) won: rounds of one instant, all under
-    one new token (drawn once per call).
+    """What one [LeaseStore.claim_batch][lease.LeaseStore.claim_batch] (first runs) or
+    [LeaseStore.claim_reruns][lease.LeaseStore.claim_reruns] (second runs) won: rounds of
+    one instant, all under one new token (drawn once per call).
 
     Thousands of names are claimed together at scale: one value for all of them, not a
-    :class:`Claim` each (:meth:`claims` makes those).
+    [Claim][lease.Claim] each ([claims][lease.ClaimBatch.claims] makes those).
     """
 
     instant: datetime
@@ -128,7 +128,7 @@ class ClaimBatch:
     attempt: int = 1
 
     def claims(self) -> list[Claim]:
-        """One :class:`Claim` per name claimed, in order."""
+        """One [Claim][lease.Claim] per name claimed, in order."""
         return [
             Claim(
                 name=name,
@@ -143,7 +143,8 @@ class ClaimBatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CutShort:
-    """A round cut short, which may run a second time (see :meth:`LeaseStore.claim_rerun`)."""
+    """A round cut short, which may run a second time (see
+    [LeaseStore.claim_rerun][lease.LeaseStore.claim_rerun])."""
 
     name: str
     instant: datetime
@@ -154,8 +155,9 @@ class CutShort:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Survey:
-    """What :meth:`LeaseStore.survey` found: the rounds cut short, and when the next one
-    may appear without another write (the earliest expiry of a lease held now)."""
+    """What [LeaseStore.survey][lease.LeaseStore.survey] found: the rounds cut short, and
+    when the next one may appear without another write (the earliest expiry of a lease held
+    now)."""
 
     cut_short: list[CutShort]
     #: The earliest ``expires_ms`` of a first round still held, as a lease-clock time;
@@ -164,7 +166,7 @@ class Survey:
 
 
 class WriteKind(enum.Enum):
-    """What a write did to the leases it names (see :class:`LeaseWrite`)."""
+    """What a write did to the leases it names (see [LeaseWrite][lease.LeaseWrite])."""
 
     #: Claimed or renewed: held until ``expires_ms``.
     HELD = "held"
@@ -172,19 +174,19 @@ class WriteKind(enum.Enum):
     RELEASED = "released"
     #: Given back by a round cut short: free now, and owed a second run.
     GIVEN_BACK = "given_back"
-    #: A round was requested now (run-now, see :class:`lease.Triggers`): ``leases``
+    #: A round was requested now (run-now, see `lease.Triggers`): ``leases``
     #: holds ``(name, 0)``; a sweep takes it.
     REQUESTED = "requested"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseWrite:
-    """A write to the leases, as told to :meth:`LeaseStore.watch`'s callbacks."""
+    """A write to the leases, as told to [LeaseStore.watch][lease.LeaseStore.watch]'s callbacks."""
 
     kind: WriteKind
     #: The ``(name, token)`` pairs written.
     leases: tuple[tuple[str, int], ...]
-    #: For :attr:`WriteKind.HELD`: when the leases expire (epoch ms on the lease clock),
+    #: For `WriteKind.HELD`: when the leases expire (epoch ms on the lease clock),
     #: or ``None`` when the store reads the database's clock and cannot tell.
     expires_ms: int | None = None
     #: For a claim: the instant claimed (epoch seconds); ``None`` for a renewal.
@@ -307,7 +309,7 @@ def _json_rows(
     parameter, typed as ``columns`` (each record keyed by their names).
 
     Thousands of pairs or history rows in one parameter whose text is the same at any
-    count. Dumped by :func:`json.dumps` (C), not as arrays: psycopg dumps an array
+    count. Dumped by `json.dumps` (C), not as arrays: psycopg dumps an array
     element by element in Python, and a history row is eleven of them (10,000 rows:
     30 → 17 µs per round for finish and history together). Every value is a string
     (checked storable: no NUL), an int or ``None``.
@@ -348,7 +350,7 @@ def _names(names: Iterable[str]) -> list[str]:
     return list(unique)
 
 
-#: Names :func:`_names` found valid, not checked again: every claim and every end names
+#: Names `_names` found valid, not checked again: every claim and every end names
 #: them again (10,000 names each instant at scale). Bounded: past it, names are checked
 #: each time, as before.
 _VALID_NAMES: set[str] = set()

@@ -1,4 +1,4 @@
-"""The lease tables: the package's one :class:`~sqlalchemy.MetaData` and its tables.
+"""The lease tables: the package's one `MetaData` and its tables.
 
 - ``cronjob_lease``: one row per lease name: the latest claim, and (since revision
   0002) how the latest rounds under it ended — the record an operator reads.
@@ -16,7 +16,7 @@
 - revision 0006 adds ``due_s`` to ``cronjob_lease``, with an index: the next instant at
   which the row may need a claim, so the rest of an instant is found without names.
 
-``alembic/env.py`` targets :data:`metadata`, and a test checks that the migrations
+``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
 """
 

@@ -2,7 +2,7 @@
 
 A lease is named by a string and claimed for an *instant* (an aware UTC datetime with
 whole seconds). The table keeps one row per name: the latest instant claimed, which run
-of it that is (attempt 1, or 2 for a second run), how it stands (:class:`LeaseState`),
+of it that is (attempt 1, or 2 for a second run), how it stands ([LeaseState][lease.LeaseState]),
 the fencing token of the latest claim, who holds the lease and until when.
 
 The lease clock
@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-#: :meth:`LeaseStore.ensure` writes its rows in transactions of at most this many names,
+#: `LeaseStore.ensure` writes its rows in transactions of at most this many names,
 #: in name order: replicas that start together on a new table (each inserting every
 #: row) take the rows' locks in one order, and each waits at most for one batch of
 #: another's, not for its whole write (ten replicas of 100,000 rows: statements queued
@@ -88,7 +88,7 @@ __all__ = [
 ENSURE_BATCH: Final = 1000
 #: A due at least this long past (ms, lease clock) is stale: the instant went by with no
 #: claim of the row (every replica was down, or the job was removed and registered
-#: again); :meth:`LeaseStore.ensure` moves it on to the due it is given. A due just past
+#: again); `LeaseStore.ensure` moves it on to the due it is given. A due just past
 #: may still be the rest of an instant being claimed right now: it is left alone.
 STALE_DUE_MS: Final = 60_000
 # As SQL text, not bind parameters: PyMySQL's executemany sends the conflict clause of an
@@ -100,9 +100,10 @@ _MS_PER_S = sa.literal_column("1000", sa.BigInteger())
 def _lowered(
     given: sa.ColumnElement[Any], stale_before_ms: sa.ColumnElement[int]
 ) -> sa.ColumnElement[Any]:
-    """A row's ``due_s`` after :meth:`LeaseStore.ensure` gave ``given``: the earlier of the
-    two, the row's own when ``given`` is NULL (a due is lowered, never raised), or
-    ``given`` when the row's is stale (before ``stale_before_ms``, see :data:`STALE_DUE_MS`)."""
+    """A row's ``due_s`` after [LeaseStore.ensure][lease.LeaseStore.ensure] gave ``given``:
+    the earlier of the two, the row's own when ``given`` is NULL (a due is lowered, never
+    raised), or ``given`` when the row's is stale (before ``stale_before_ms``, see
+    `STALE_DUE_MS`)."""
     return sa.case(
         (given.is_(None), _t.c.due_s),
         (
@@ -128,13 +129,14 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         clock: returns "now" as an aware datetime; ``None`` reads the database's clock.
         ttl: a claimed or renewed lease's time-to-live, in seconds (> 0).
         statement_timeout: how long, in seconds (> 0), a statement of the store may run
-            or wait for a lock before it gives up with :class:`DatabaseUnavailable`;
-            :data:`DEFAULT_STATEMENT_TIMEOUT` by default. Applied inside the store's own
-            transactions only (see :meth:`_transaction`): statements that jobs run on
-            the same engine are never bounded. Whole seconds, rounded up, on
-            MariaDB/MySQL; SQLite's bound is the engine's busy timeout instead.
+            or wait for a lock before it gives up with
+            [DatabaseUnavailable][lease.DatabaseUnavailable]; `DEFAULT_STATEMENT_TIMEOUT` by
+            default. Applied inside the store's own transactions only (see `_transaction`):
+            statements that jobs run on the same engine are never bounded. Whole seconds,
+            rounded up, on MariaDB/MySQL; SQLite's bound is the engine's busy timeout
+            instead.
         claim_ahead: how far, in seconds, an instant may lie past the lease clock's now
-            and still be claimed (:data:`CLAIM_AHEAD_LIMIT`); ``None`` for no limit (a
+            and still be claimed (`CLAIM_AHEAD_LIMIT`); ``None`` for no limit (a
             store that claims instants of its own choosing, as tests do).
 
     Raises:
@@ -142,9 +144,10 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         ValueError: ``ttl`` or ``statement_timeout`` is not a positive number of seconds,
             or ``claim_ahead`` is negative.
 
-    Every method raises :class:`DatabaseUnavailable` when the database cannot be
+    Every method raises [DatabaseUnavailable][lease.DatabaseUnavailable] when the database cannot be
     reached, drops the connection, or a statement outlives ``statement_timeout``, and
-    :class:`DatabaseError` when it refuses a statement; no SQLAlchemy exception escapes.
+    [DatabaseError][lease.DatabaseError] when it refuses a statement; no SQLAlchemy
+    exception escapes.
     """
 
     def ensure(
@@ -166,22 +169,22 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         ``due`` gives, by name, the name's next instant (a schedule's next, as the caller
         registered it): a row's ``due_s`` becomes it when it is NULL or later (a new
         schedule that comes sooner), and is never raised but when stale (a minute or more
-        past, :data:`STALE_DUE_MS`: an instant that went by unclaimed); a name ``due``
+        past, `STALE_DUE_MS`: an instant that went by unclaimed); a name ``due``
         leaves out, or maps to ``None``, keeps its value (NULL on a new row). See
-        :meth:`unclaimed`.
+        [unclaimed][lease.LeaseStore.unclaimed].
 
         Its cost: one query reading the rows' spec, due and deployment (by names; the
-        whole table beyond 500 names, as :meth:`read`), then one write statement (run
-        once per batch of parameters) for only the names it would change — missing, of
-        another spec, of a due to lower or a stale one, of no deployment — and no write
-        at all when there are none (a replica starting where its rows are already on
-        record writes nothing). The write goes in name order, in transactions of at most
-        :data:`ENSURE_BATCH` names (one statement each): a failure may leave the earlier
-        batches written, which is harmless (an ensure is idempotent; the next start or
-        the minute check writes the rest). The read only picks the names: the write's
-        own conditions still decide each row, so a row changed by someone else after the
-        read is never made worse (a due lowered meanwhile is not raised back), and the
-        outcome is that of this ensure before or after the other writer's.
+        whole table beyond 500 names, as [read][lease.LeaseStore.read]), then one write
+        statement (run once per batch of parameters) for only the names it would change —
+        missing, of another spec, of a due to lower or a stale one, of no deployment — and
+        no write at all when there are none (a replica starting where its rows are already
+        on record writes nothing). The write goes in name order, in transactions of at most
+        `ENSURE_BATCH` names (one statement each): a failure may leave the earlier batches
+        written, which is harmless (an ensure is idempotent; the next start or the minute
+        check writes the rest). The read only picks the names: the write's own conditions
+        still decide each row, so a row changed by someone else after the read is never made
+        worse (a due lowered meanwhile is not raised back), and the outcome is that of this
+        ensure before or after the other writer's.
 
         Raises:
             ValueError: a name is empty, longer than 200 characters, or starts or ends
@@ -209,8 +212,8 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         specs: Mapping[str, str] | None,
         seconds: Mapping[str, int] | None,
     ) -> None:
-        """:meth:`ensure`'s write, without its read: ``changed`` in name order, one
-        statement and transaction per :data:`ENSURE_BATCH` of them."""
+        """[ensure][lease.LeaseStore.ensure]'s write, without its read: ``changed`` in name
+        order, one statement and transaction per `ENSURE_BATCH` of them."""
         defaults: dict[str, Any] = {
             "instant": NEVER,
             "attempt": 1,
@@ -279,7 +282,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         specs: Mapping[str, str] | None,
         seconds: Mapping[str, int] | None,
     ) -> list[str]:
-        """The names among ``wanted`` whose row :meth:`_ensure`'s upsert would change, as
+        """The names among ``wanted`` whose row `_ensure`'s upsert would change, as
         one query reads them: no row, no deployment, another spec than ``specs`` gives
         (when given), a due NULL, stale or later than ``seconds`` gives. A value this
         package never writes (a hand edit) counts as a change: the upsert's conditions
@@ -308,7 +311,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
     def missing(self, names: Iterable[str]) -> list[str]:
         """Return the names, among ``names``, that have no row (in the order given).
 
-        One query reading names only; :meth:`ensure` recreates them.
+        One query reading names only; [ensure][lease.LeaseStore.ensure] recreates them.
         """
         wanted = _names(names)
         if not wanted:
@@ -360,7 +363,7 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
 
         Each row keeps only its latest claim, so a holder whose every row was claimed
         again by others since does not appear. A row whose instant is not a number is
-        left out (a hand edit; :meth:`read` logs it).
+        left out (a hand edit; [read][lease.LeaseStore.read] logs it).
         """
         stmt = (
             sa.select(_t.c.holder, sa.func.max(_t.c.instant))
@@ -380,8 +383,9 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         }
 
     def read_all(self) -> dict[str, LeaseRow]:
-        """Read every row, by name (malformed ones logged and left out, as :meth:`read`;
-        the rows of chores, see :meth:`take_turn`, left out too)."""
+        """Read every row, by name (malformed ones logged and left out, as
+        [read][lease.LeaseStore.read]; the rows of chores, see
+        [take_turn][lease.LeaseStore.take_turn], left out too)."""
         with translate_errors("read leases"), self._transaction(read=True) as conn:
             rows = conn.execute(sa.select(_t)).mappings().all()
         found: dict[str, LeaseRow] = {}
@@ -407,11 +411,11 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
         return any(wanted in replica_from(row).jobs for row in replicas)
 
     def watch(self, callback: Callable[[LeaseWrite], None]) -> Callable[[], None]:
-        """Call ``callback`` with each :class:`LeaseWrite` that any store of this process
+        """Call ``callback`` with each [LeaseWrite][lease.LeaseWrite] that any store of this process
         makes to this store's database, in the writing thread. Returns the function that
         stops it.
 
-        Claims (:attr:`WriteKind.HELD`) are told before their transaction commits, so a
+        Claims (`WriteKind.HELD`) are told before their transaction commits, so a
         claimer that waited on those rows learns who took them as soon as it returns;
         ends and give-backs after it commits. A write whose commit fails may have been
         told as held: a watcher must treat a hold as "may be held", never as certain.

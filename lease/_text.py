@@ -6,7 +6,7 @@ string still cannot be stored, and one such value fails the whole statement that
 it — with every other job's name in the same batch:
 
 - a NUL character: PostgreSQL refuses it in text (SQLite and MariaDB store it);
-- a lone surrogate (``'\\udc80'``, as :func:`os.listdir` yields for undecodable bytes): it
+- a lone surrogate (``'\\udc80'``, as `os.listdir` yields for undecodable bytes): it
   is not Unicode, so no driver can encode it as UTF-8.
 
 Anything else round-trips unchanged on all three (``tests/test_lease.py`` stores control
@@ -56,8 +56,8 @@ def check_holder(holder: str) -> str:
         ``holder``, unchanged.
 
     Raises:
-        ValueError: ``holder`` is not a string of 1 to :data:`HOLDER_LENGTH` characters,
-            or holds a character some database cannot store (see :func:`unstorable`).
+        ValueError: ``holder`` is not a string of 1 to `HOLDER_LENGTH` characters,
+            or holds a character some database cannot store (see [unstorable][lease.unstorable]).
     """
     if not isinstance(holder, str) or not 0 < len(holder) <= HOLDER_LENGTH:
         shown = repr(holder)

@@ -16,10 +16,10 @@ instant makes one round, never two.
 A **per-instance** request names the replica to run it (``replica``); no lease.
 
 A **catch-up** request (``instant`` set) asks for a scheduled instant skipped while the
-name was paused: it is claimed with :meth:`LeaseStore.claim` like any instant, so it runs
-at most once and never after a later instant started.
+name was paused: it is claimed with [LeaseStore.claim][lease.LeaseStore.claim] like any
+instant, so it runs at most once and never after a later instant started.
 
-A request not taken within :data:`REQUEST_TTL` seconds expires: it never fires weeks
+A request not taken within `REQUEST_TTL` seconds expires: it never fires weeks
 later when a replica that registers the name finally starts.
 """
 
@@ -68,7 +68,7 @@ class TriggerState(enum.StrEnum):
     DONE = "done"
     #: Not run: the lease was held, or the job paused (``outcome`` says which).
     REFUSED = "refused"
-    #: Not taken within :data:`REQUEST_TTL`.
+    #: Not taken within `REQUEST_TTL`.
     EXPIRED = "expired"
 
 
@@ -131,9 +131,9 @@ class Triggers:
         """Ask for a round of ``name`` now: one request per entry of ``replicas``
         (``None``: any holder of the lease). Returns the requests' ids, in that order.
 
-        Tells this process's watchers (:meth:`LeaseStore.watch`) after the commit, so a
-        scheduler on a fake clock takes it at its next sweep; on PostgreSQL, notifies
-        :data:`TRIGGER_CHANNEL` too, so listening replicas take it at once.
+        Tells this process's watchers ([LeaseStore.watch][lease.LeaseStore.watch]) after the
+        commit, so a scheduler on a fake clock takes it at its next sweep; on PostgreSQL,
+        notifies `TRIGGER_CHANNEL` too, so listening replicas take it at once.
         """
         check_holder(by)
         for replica in replicas:

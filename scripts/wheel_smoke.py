@@ -119,14 +119,22 @@ def build_wheel(work: Path) -> Path:
 
 def install(case: str, wheel: Path, where: Path) -> Path:
     """Install ``wheel`` (with the case's extra) into a new venv; return the venv."""
+    return install_wheel(wheel, where, CASES[case])
+
+
+def install_wheel(wheel: Path, where: Path, extras: str = "", *others: str) -> Path:
+    """Install ``wheel`` with ``extras`` ("" for none, "flask,postgres" for two) and the
+    requirements ``others`` into a new venv in the new folder ``where``; return the venv.
+
+    The documentation's tests (tests/test_docs_integrations.py) install an integration
+    page's extras this way, with the framework the page's example imports."""
     where.mkdir()
     venv = where / "venv"
     # No pip of its own (ensurepip takes seconds): this interpreter's pip installs into it.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    extra = CASES[case]
-    target = f"{wheel}[{extra}]" if extra else str(wheel)
+    target = f"{wheel}[{extras}]" if extras else str(wheel)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
-    done = subprocess.run([*pip, target], capture_output=True, text=True)
+    done = subprocess.run([*pip, target, *others], capture_output=True, text=True)
     if done.returncode != 0:
         raise SmokeFailed(f"pip install {target} failed:\n{done.stdout}{done.stderr}")
     return venv
@@ -146,7 +154,8 @@ def run_on(case: str, venv: Path, where: Path) -> None:
     )
     (where / "smoke_jobs.py").write_text(JOBS)
     with scratch_database(case, where) as url:
-        run(case, venv / "bin" / "cronjob", url, where)
+        command = [str(venv / "bin" / "cronjob"), "run", "--database-url", url, "smoke_jobs"]
+        run(case, command, where)
 
 
 @contextmanager
@@ -173,11 +182,12 @@ def scratch_database(case: str, where: Path) -> Iterator[str]:
         engine.dispose()
 
 
-def run(case: str, command: Path, url: str, where: Path) -> None:
-    """Run the scheduler for :data:`RUN_SECONDS` after it starts, SIGTERM it, check it."""
+def run(case: str, argv: list[str], where: Path, env: dict[str, str] | None = None) -> None:
+    """Run the scheduler (``argv``: a ``cronjob run`` that imports ``smoke_jobs``, in
+    ``where``) for `RUN_SECONDS` after it starts, SIGTERM it, check it."""
     out = where / "rounds.txt"
-    argv = [str(command), "run", "--database-url", url, "smoke_jobs"]
-    with watched(argv, cwd=where, env={"SMOKE_OUT": str(out)}, stdout_too=True) as smoke:
+    env = {**(env or {}), "SMOKE_OUT": str(out)}
+    with watched(argv, cwd=where, env=env, stdout_too=True) as smoke:
         try:
             if not smoke.started.wait(PATIENCE) or smoke.process.poll() is not None:
                 raise SmokeFailed(f"cronjob run did not start:\n{smoke.output}")

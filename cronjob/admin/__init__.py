@@ -1,18 +1,20 @@
 """The operator's side of cronjob: what an operator reads, changes and runs.
 
 Everything a person (or a script) uses to look at and steer the replicas lives here, apart
-from the engine that runs rounds (:mod:`cronjob.engine`):
+from the engine that runs rounds (`cronjob.engine`):
 
-- This package, :mod:`cronjob.admin` (public): the admin API. ``_status`` reads what the
-  scheduler did (:func:`status`, :func:`history`); ``_control`` writes the pause
-  (:func:`pause`, :func:`resume`); ``_trigger`` requests a round now (:func:`trigger`,
-  :func:`wait`); ``_forget`` deletes a retired job's record (`forget`); ``_base`` holds
-  what they share (the database, the schema check, the errors).
+- This package, [cronjob.admin][] (public): the admin API. ``_status`` reads what the
+  scheduler did ([status][cronjob.admin.status], [history][cronjob.admin.history]);
+  ``_control`` writes the pause ([pause][cronjob.admin.pause],
+  [resume][cronjob.admin.resume]); ``_trigger`` requests a round now
+  ([trigger][cronjob.admin.trigger], [wait][cronjob.admin.wait]); ``_forget`` deletes a
+  retired job's record (`forget`); ``_base`` holds what they share (the database, the schema
+  check, the errors).
 - ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
   ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
   ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``, ``forget``;
   ``_format``: the cells the tables and the page share.
-- ``_web``: the status page as a WSGI or ASGI app (public as :mod:`cronjob.web`);
+- ``_web``: the status page as a WSGI or ASGI app (public as [cronjob.web][]);
   ``_page`` renders its HTML.
 
 The admin API needs no application module and starts no scheduler: it reads and writes

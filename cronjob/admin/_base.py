@@ -1,4 +1,4 @@
-"""What :mod:`cronjob.admin`'s readers and writers share: the errors, the store on a
+"""What [cronjob.admin][]'s readers and writers share: the errors, the store on a
 database at this release's revision (never migrated), who the operator is, and times."""
 
 from __future__ import annotations

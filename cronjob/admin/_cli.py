@@ -1,11 +1,11 @@
 """The ``cronjob`` command line.
 
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
-modules that register jobs and runs the scheduler (see :mod:`cronjob.admin._run`);
+modules that register jobs and runs the scheduler (see `cronjob.admin._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
-:mod:`cronjob.admin._read_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
+`cronjob.admin._read_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
 and run a job now on every replica, and ``cronjob forget`` deletes a retired job's record
-(see :mod:`cronjob.admin._control_cli`).
+(see `cronjob.admin._control_cli`).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default

@@ -1,6 +1,6 @@
-"""What an operator writes: the pause (requests for a round now are in :mod:`._trigger`).
+"""What an operator writes: the pause (requests for a round now are in `_trigger`).
 
-Re-exported by :mod:`cronjob.admin`, whose readers show what these write. The pause is
+Re-exported by [cronjob.admin][], whose readers show what these write. The pause is
 stored on the lease row, which the replicas already read, so every replica obeys without
 a redeploy.
 """
@@ -42,7 +42,7 @@ REASON_LENGTH: Final = lease.REASON_LENGTH
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PauseChange:
-    """What :func:`pause` or :func:`resume` did to one job."""
+    """What [pause][cronjob.admin.pause] or [resume][cronjob.admin.resume] did to one job."""
 
     job: str
     #: ``False`` when the job was already in the state asked for: nothing was written.
@@ -70,11 +70,11 @@ def pause(
 ) -> PauseChange:
     """Pause job ``name`` on every replica: from its next instant, no replica claims it
     (the claim statement refuses a paused row), nor re-runs or catches it up. A round
-    running now runs to its end. Noted in the history (:attr:`Why.PAUSE`).
+    running now runs to its end. Noted in the history (`Why.PAUSE`).
 
     Args:
         database: a URL, or an engine (not disposed).
-        reason: why, at most :data:`REASON_LENGTH` characters.
+        reason: why, at most `REASON_LENGTH` characters.
         by: who; ``user@host`` of this process by default.
         now: when, on the lease clock; the database's clock by default.
 
@@ -83,8 +83,8 @@ def pause(
 
     Raises:
         UnknownJob: no job ``name`` is on record; nothing was written.
-        ValueError: ``reason`` is longer than :data:`REASON_LENGTH`; nothing was written.
-        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+        ValueError: ``reason`` is longer than `REASON_LENGTH`; nothing was written.
+        TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
     """
     return _set_paused(database, name, paused=True, reason=reason, by=by, now=now)[0]
 
@@ -96,9 +96,9 @@ def pause_all(
     by: str | None = None,
     now: datetime | None = None,
 ) -> tuple[PauseChange, ...]:
-    """Pause every leased job on record (a maintenance window), as :func:`pause` each,
-    in one transaction. A job a later release registers (no row yet) is not paused.
-    Returns one change per job on record, sorted by name."""
+    """Pause every leased job on record (a maintenance window), as
+    [pause][cronjob.admin.pause] each, in one transaction. A job a later release registers
+    (no row yet) is not paused. Returns one change per job on record, sorted by name."""
     return _set_paused(database, None, paused=True, reason=reason, by=by, now=now)
 
 
@@ -114,8 +114,8 @@ def resume(
     it was paused are never run — not caught up at start-up, not re-run by the sweep —
     except, with ``catch_up``, the latest of them within the last day, which a replica
     claims within a sweep (15 s) as any catch-up: once, and not if a later instant
-    started first. Noted in the history (:attr:`Why.RESUME`); ``changed`` is ``False``
-    (nothing written) if it was not paused. Raises as :func:`pause`."""
+    started first. Noted in the history (`Why.RESUME`); ``changed`` is ``False``
+    (nothing written) if it was not paused. Raises as [pause][cronjob.admin.pause]."""
     changes = _set_paused(
         database, name, paused=False, reason=None, by=by, now=now, catch_up=catch_up
     )
@@ -129,7 +129,7 @@ def resume_all(
     by: str | None = None,
     now: datetime | None = None,
 ) -> tuple[PauseChange, ...]:
-    """Resume every paused job, as :func:`resume` each, in one transaction."""
+    """Resume every paused job, as [resume][cronjob.admin.resume] each, in one transaction."""
     return _set_paused(database, None, paused=False, reason=None, by=by, now=now, catch_up=catch_up)
 
 

@@ -1,8 +1,8 @@
 """``cronjob pause``, ``resume``, ``trigger`` and ``forget``: an operator's control of the
 jobs on every replica.
 
-Thin layers over :func:`cronjob.admin.pause`, :func:`~cronjob.admin.resume`,
-:func:`~cronjob.admin.trigger`, `cronjob.admin.forget` and friends. Exit statuses: 0 done,
+Thin layers over [cronjob.admin.pause][], [resume][cronjob.admin.resume],
+[trigger][cronjob.admin.trigger], `cronjob.admin.forget` and friends. Exit statuses: 0 done,
 or nothing to do
 (already paused, not paused: said so) — for ``trigger --wait``, the round succeeded; 1
 ``trigger --wait``: the round failed, was given up, refused, expired, or still ran at the

@@ -1,6 +1,6 @@
 """What an operator deletes: a retired job's record (``cronjob forget``).
 
-Re-exported by :mod:`cronjob.admin`. A job that no live replica registers any more (it was
+Re-exported by [cronjob.admin][]. A job that no live replica registers any more (it was
 renamed or removed from the code) keeps its lease row and its history, shown as retired
 by `status`; [forget][cronjob.admin.forget] removes them.
 """

@@ -1,11 +1,11 @@
 """The status page's HTML: the jobs and replicas, one job's recent rounds, an error.
 
-Pure functions from :mod:`cronjob.admin`'s values to a whole document: server-rendered,
-every value escaped with :func:`html.escape` (an exception message holding markup shows
+Pure functions from [cronjob.admin][]'s values to a whole document: server-rendered,
+every value escaped with `html.escape` (an exception message holding markup shows
 as text), one inline stylesheet, no script and no external asset, readable on a phone
 (a viewport meta tag; on a narrow screen each table row becomes a card). Links are made
 under ``prefix``, the path the application mounted the page at. Serving it is
-:mod:`cronjob.web`'s concern.
+[cronjob.web][]'s concern.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``cronjob status`` and ``cronjob history``: what the scheduler did, for people and scripts.
 
-Both read the database through :mod:`cronjob.admin` and need no application module.
+Both read the database through [cronjob.admin][] and need no application module.
 Neither writes, nor migrates: a database without the tables, or at an older revision,
 gets one line saying which, and is left as it was.
 

@@ -74,7 +74,7 @@ def freeze_start_up() -> None:
     in a process of its own can do the same after its start-up.
 
     Only the freeze, which runs no code of anyone's: the collection that clears start-up's
-    garbage first (:func:`gc.collect`, which runs finalizers) is made before the
+    garbage first (`gc.collect`, which runs finalizers) is made before the
     scheduler's threads start, with nothing else running.
     """
     gc.freeze()
@@ -89,7 +89,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     The stop signals are blocked first, in this thread and so in every thread started
     from it (the scheduler's, and any a job module starts as it is imported), and taken
-    by this thread with :func:`signal.sigwait` once the scheduler runs. No handler runs
+    by this thread with `signal.sigwait` once the scheduler runs. No handler runs
     inside whatever code a signal happens to interrupt (a handler that needs a lock the
     interrupted code holds never returns), and no signal is delivered to a thread other
     than the one waiting for it (which would then never wake). Restored on return.

@@ -1,14 +1,15 @@
 """What the scheduler did, read from the database the replicas share; and the pause.
 
 Everything here reads the tables the replicas keep current (``cronjob_lease``,
-``cronjob_round``, ``cronjob_replica``, see :mod:`lease`) and needs no application module:
-a job's spec is on record, so its next instant is computed from it. Only :func:`pause`,
-:func:`resume` and their ``_all`` forms, :func:`trigger` and `forget` write (the pause on
-the lease row, a note in the history; a request for a round now; the deletion of a retired
-job's record), see :mod:`cronjob.admin._control`, :mod:`cronjob.admin._trigger` and
-`cronjob.admin._forget`.
-Nothing migrates: a database without the tables, or at an older revision, is an
-error that says which (:class:`TablesMissing`, :class:`SchemaOutdated`).
+``cronjob_round``, ``cronjob_replica``, see [lease][]) and needs no application module:
+a job's spec is on record, so its next instant is computed from it. Only
+[pause][cronjob.admin.pause], [resume][cronjob.admin.resume] and their ``_all`` forms,
+[trigger][cronjob.admin.trigger] and `forget` write (the pause on the lease row, a note in
+the history; a request for a round now; the deletion of a retired job's record), see
+`cronjob.admin._control`, `cronjob.admin._trigger` and `cronjob.admin._forget`. Nothing
+migrates: a database without the tables, or at an older revision, is an error that says
+which ([TablesMissing][cronjob.admin.TablesMissing],
+[SchemaOutdated][cronjob.admin.SchemaOutdated]).
 
 Times are aware UTC datetimes. "Now" is the database's clock unless given: the same clock
 the leases and the replicas' ``last_seen`` are kept on.
@@ -66,7 +67,7 @@ __all__ = [
 #: The slack on top of two periods before a job without a successful end counts as
 #: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
 STALE_SLACK_SECONDS: Final = 60.0
-#: The most rounds :func:`history` returns at once.
+#: The most rounds `history` returns at once.
 HISTORY_LIMIT: Final = 10_000
 
 
@@ -75,7 +76,7 @@ class Activity(enum.StrEnum):
 
     IDLE = "idle"
     RUNNING = "running"
-    #: Paused by an operator (:func:`pause`): no replica starts a round of it.
+    #: Paused by an operator (`pause`): no replica starts a round of it.
     PAUSED = "paused"
     #: On record, but no live replica registers it while some replica is live (renamed
     #: or removed from the code): never stale nor failing, no next instant. `forget`
@@ -97,7 +98,7 @@ class JobStatus:
     per_instance: bool
     #: The next instant after "now" per the spec on record; ``None`` while paused (no
     #: instant runs until it is resumed: see `paused`) and when retired (no replica
-    #: runs it: see [Activity.RETIRED][cronjob.admin.Activity.RETIRED]).
+    #: runs it: see `Activity.RETIRED`).
     next_instant: datetime | None
     activity: Activity
     #: The replica running it now, and since when (the claim).
@@ -121,18 +122,18 @@ class JobStatus:
     specs_seen: tuple[str, ...]
     #: One line each: failing, stale, specs that disagree. Empty when healthy.
     problems: tuple[str, ...]
-    #: Paused since, by whom, why (:func:`pause`); ``None`` when not paused. A paused
-    #: job with a round running shows :attr:`Activity.RUNNING`: the round runs to its end.
+    #: Paused since, by whom, why (`pause`); ``None`` when not paused. A paused
+    #: job with a round running shows `Activity.RUNNING`: the round runs to its end.
     paused_since: datetime | None = None
     paused_by: str | None = None
     pause_reason: str | None = None
-    #: Paused (:func:`pause`): no instant of it runs, so it has no :attr:`next_instant`.
+    #: Paused (`pause`): no instant of it runs, so it has no `next_instant`.
     paused: bool = False
-    #: Requests for a round now (:func:`trigger`) not ended yet: pending, running, or
+    #: Requests for a round now (`trigger`) not ended yet: pending, running, or
     #: cut short and to be taken again; oldest first.
     requests: tuple[RequestStatus, ...] = ()
     #: The job's policies as the live replica that started last registered them
-    #: (:meth:`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
+    #: (`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
     #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
     #: empty without options, or when no live replica of this release registers it.
     policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
@@ -169,7 +170,7 @@ class Status:
     @property
     def retired(self) -> tuple[JobStatus, ...]:
         """The jobs on record that no live replica registers, while some replica is live
-        ([Activity.RETIRED][cronjob.admin.Activity.RETIRED]), in the order of the jobs."""
+        (`Activity.RETIRED`), in the order of the jobs."""
         return tuple(job for job in self.jobs if job.activity is Activity.RETIRED)
 
     @property
@@ -182,9 +183,9 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     """Read every job's state and the live replicas.
 
     A job on record that no live replica registers, while at least one replica is live,
-    is retired ([Activity.RETIRED][cronjob.admin.Activity.RETIRED]): it has no next
+    is retired (`Activity.RETIRED`): it has no next
     instant and no problem. A replica is live when its record was refreshed within
-    [REPLICA_LIVE_SECONDS][cronjob.admin.REPLICA_LIVE_SECONDS]; the one read of the
+    `REPLICA_LIVE_SECONDS`; the one read of the
     live replicas' records that lists them tells which jobs they register. With no live
     replica (all of them restarting), nothing is retired: the jobs show as they are.
 
@@ -263,16 +264,16 @@ def history(
     Args:
         database: a URL, or an engine (not disposed).
         name: the job.
-        limit: at most this many rounds (1 to :data:`HISTORY_LIMIT`).
+        limit: at most this many rounds (1 to `HISTORY_LIMIT`).
         failed: only rounds that failed, timed out, missed their start deadline or
-            were given up (:data:`FAILED_OUTCOMES`).
+            were given up (`FAILED_OUTCOMES`).
         since: only rounds that ended at or after this aware time.
 
     Raises:
         UnknownJob: no job ``name`` is on record (no lease row, no round, no replica
             registering it).
         ValueError: ``limit`` is out of range, ``since`` is naive.
-        TablesMissing, SchemaOutdated, SchemaNewer: as :func:`status`.
+        TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")

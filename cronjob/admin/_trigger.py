@@ -1,8 +1,8 @@
 """What an operator writes: requests for a round now (run-now), and reads back of them.
 
-Re-exported by :mod:`cronjob.admin`. Requests are stored in ``cronjob_trigger``, which
+Re-exported by [cronjob.admin][]. Requests are stored in ``cronjob_trigger``, which
 every replica's sweep reads, so every replica obeys without a redeploy. The pause, which
-a forced request overrides, is in :mod:`._control`.
+a forced request overrides, is in `_control`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Refusal(enum.StrEnum):
     PAUSED = "paused"
     #: A per-instance job that no live replica registers, or ``replica`` is not live:
     #: nobody to run it. (A leased job's request is written even then: see
-    #: :attr:`TriggerRequest.live_replicas`.)
+    #: `TriggerRequest.live_replicas`.)
     NO_REPLICA = "no replica"
 
 
@@ -52,8 +52,8 @@ class TriggerRefused(CronjobError, RuntimeError):
 
     Attributes:
         job: The job.
-        why: The :class:`Refusal`.
-        running_on: For :attr:`Refusal.BUSY`, the replica holding the lease.
+        why: The [Refusal][cronjob.admin.Refusal].
+        running_on: For `Refusal.BUSY`, the replica holding the lease.
     """
 
     def __init__(self, message: str, *, job: str, why: Refusal, running_on: str | None = None):
@@ -64,13 +64,13 @@ class TriggerRefused(CronjobError, RuntimeError):
 
 
 #: Where a request stands: ``lease.TriggerState`` (pending, running, cut, done, refused,
-#: expired), under the name :func:`requests` readers know it by.
+#: expired), under the name `requests` readers know it by.
 RequestState = lease.TriggerState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TriggerRequest:
-    """A request written by :func:`trigger`."""
+    """A request written by [trigger][cronjob.admin.trigger]."""
 
     job: str
     #: One id per request: one for a leased job, one per replica for a per-instance job.
@@ -80,11 +80,11 @@ class TriggerRequest:
     force: bool
     #: The replicas asked (a per-instance job); empty for a leased job.
     replicas: tuple[str, ...]
-    #: When it expires if no replica has taken it (:data:`lease.REQUEST_TTL` on).
+    #: When it expires if no replica has taken it (`lease.REQUEST_TTL` on).
     expires: datetime
     #: The live replicas that have the job (register it) as it was requested. Empty:
     #: none does (all restarting in a deploy, or none started yet): the request is on
-    #: record and runs if a replica that has the job starts before :attr:`expires`.
+    #: record and runs if a replica that has the job starts before `expires`.
     live_replicas: tuple[str, ...] = ()
 
     @property
@@ -145,13 +145,13 @@ def trigger(
     ``ctx.instant``, the moment of the request. It is in the history as ``'manual'``
     with who asked. Cut short, it runs a second time (still manual), as the seed says.
     A per-instance job runs on every live replica that registers it, or on ``replica``.
-    A request no replica takes within :data:`lease.REQUEST_TTL` seconds expires.
+    A request no replica takes within `lease.REQUEST_TTL` seconds expires.
 
     When no live replica has a leased job (all restarting in a deploy, say), the request
     is still written — a replica that starts with the job within the ttl takes it — and
-    the returned request says so: :attr:`TriggerRequest.live_replicas` is empty. A
+    the returned request says so: `TriggerRequest.live_replicas` is empty. A
     per-instance request names its replicas, which a restart replaces, so with none
-    live it is refused (:attr:`Refusal.NO_REPLICA`) and nothing is written; so is one
+    live it is refused (`Refusal.NO_REPLICA`) and nothing is written; so is one
     naming a ``replica`` that is not live. ``force`` overrides only the pause.
 
     Args:
@@ -163,7 +163,7 @@ def trigger(
 
     Raises:
         UnknownJob: no job ``name`` is on record; nothing was written.
-        TriggerRefused: a round holds the job's lease now (:attr:`Refusal.BUSY`), it is
+        TriggerRefused: a round holds the job's lease now (`Refusal.BUSY`), it is
             paused without ``force``, or no live replica runs the per-instance job (or
             ``replica`` is not live); nothing was written.
         ValueError: ``replica`` given for a leased job, or a live replica that does not
@@ -260,7 +260,7 @@ def requests(
     name: str | None = None,
 ) -> tuple[RequestStatus, ...]:
     """The requests ``ids``, or every open one (of job ``name`` if given), oldest first.
-    A pending request past :data:`lease.REQUEST_TTL` reads as expired."""
+    A pending request past `lease.REQUEST_TTL` reads as expired."""
     with store_on(database) as store:
         rows = lease.Triggers(store).read(None if ids is None else list(ids), name=name)
         now = at_ms(store.now_ms())

@@ -1,6 +1,6 @@
 """The status page, as a WSGI or an ASGI app an application mounts where it chooses.
 
-It shows what :mod:`cronjob.admin` reads — the jobs on record, one job's recent rounds,
+It shows what [cronjob.admin][] reads — the jobs on record, one job's recent rounds,
 the live replicas — and changes nothing: it answers ``GET`` and ``HEAD`` only, runs no
 script and loads no asset, and every value on it is escaped. Put it behind the
 application's own authentication: it shows job names, replicas and error messages.
@@ -18,7 +18,7 @@ links follow): ``/`` the jobs and replicas; ``/job?name=NAME`` a job and its lat
 gets a page that says which (status 503); an unknown job, 404.
 
 ``cronjob status --serve HOST:PORT`` serves it with the standard library's server
-(:func:`serve`).
+([serve][cronjob.web.serve]).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def wsgi_app(database: str | sa.Engine | None = None, *, clock: Clock | None = N
         database: the database the replicas share: a URL or a sync ``Engine`` (not
             disposed); by default ``$CRONJOB_DATABASE_URL``, else the embedded SQLite file.
         clock: "now" for next instants, staleness and liveness; by default the database's
-            clock (a :class:`~cronjob.testing.FakeClock` in tests).
+            clock (a [FakeClock][cronjob.testing.FakeClock] in tests).
 
     Links follow the ``SCRIPT_NAME`` the page is mounted at.
     """
@@ -156,7 +156,7 @@ def wsgi_app(database: str | sa.Engine | None = None, *, clock: Clock | None = N
 
 
 def asgi_app(database: str | sa.Engine | None = None, *, clock: Clock | None = None) -> ASGIApp:
-    """The status page as an ASGI application (arguments as :func:`wsgi_app`).
+    """The status page as an ASGI application (arguments as [wsgi_app][cronjob.web.wsgi_app]).
 
     The database is read in a worker thread, so the application's loop keeps serving.
     Links follow the scope's ``root_path``; a ``path`` that includes it (as Starlette's

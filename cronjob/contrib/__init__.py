@@ -4,6 +4,6 @@
   ``INSTALLED_APPS``, ``manage.py cronjob``, fenced ORM transactions.
 - ``cronjob.contrib.flask`` (``[flask]``): the ``Cronjob`` extension and ``flask cronjob``.
 
-The pytest plugin (:mod:`cronjob.pytest_plugin`) needs no extra. Importing this package
+The pytest plugin (`cronjob.pytest_plugin`) needs no extra. Importing this package
 imports no framework.
 """

@@ -1,10 +1,10 @@
-"""Flask: the :class:`Cronjob` extension and ``flask cronjob ...``.
+"""Flask: the `Cronjob` extension and ``flask cronjob ...``.
 
 ``Cronjob(app)`` (or ``cronjob_ext.init_app(app)`` in an application factory) reads:
 
 - ``CRONJOB_DATABASE_URL``: the lease table's database; unset, the application's
   ``SQLALCHEMY_DATABASE_URI`` (Flask-SQLAlchemy's), else ``$CRONJOB_DATABASE_URL``, else
-  the embedded SQLite file, as for :class:`cronjob.Scheduler`.
+  the embedded SQLite file, as for [cronjob.Scheduler][].
 - ``CRONJOB_IMPORTS``: modules that register jobs, imported by ``init_app`` (a module
   that raises fails the application's creation, naming it).
 
@@ -35,7 +35,7 @@ class Cronjob:
     """The Flask extension: configuration, job modules, and the ``flask cronjob`` command.
 
     Args:
-        app: The application; ``None`` to call :meth:`init_app` later (a factory).
+        app: The application; ``None`` to call `init_app` later (a factory).
     """
 
     def __init__(self, app: Flask | None = None) -> None:
@@ -63,7 +63,7 @@ class Cronjob:
         return str(url) if url else None
 
     def scheduler(self, app: Flask | None = None, **options: Any) -> Scheduler:
-        """A :class:`cronjob.Scheduler` on the configured database, not started.
+        """A [cronjob.Scheduler][] on the configured database, not started.
 
         For a scheduler inside the web workers (``scheduler.start()`` in the factory;
         see the README for when to prefer ``flask cronjob run``). ``options`` are the
@@ -92,7 +92,7 @@ def _import_all(modules: Iterable[str]) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @with_appcontext
 def command(args: tuple[str, ...]) -> None:
-    """``flask cronjob ARGS...``: :func:`cronjob.admin._cli.main` with the app's defaults."""
+    """``flask cronjob ARGS...``: `cronjob.admin._cli.main` with the app's defaults."""
     extension = current_app.extensions.get(EXTENSION)
     url = extension.database_url() if isinstance(extension, Cronjob) else None
     status = main(list(args), prog="flask cronjob", database_url=url, jobs_imported=True)

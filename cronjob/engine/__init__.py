@@ -1,9 +1,9 @@
-"""The engine: everything that runs rounds, behind the :class:`Scheduler` façade.
+"""The engine: everything that runs rounds, behind the [Scheduler][cronjob.Scheduler] façade.
 
-Nothing here is public; :mod:`cronjob` re-exports :class:`Scheduler`. The parts, one
-private module each (the package docstring of :mod:`cronjob` draws who owns what):
+Nothing here is public; `cronjob` re-exports [Scheduler][cronjob.Scheduler]. The parts, one
+private module each (the package docstring of `cronjob` draws who owns what):
 
-- ``_scheduler``: :class:`Scheduler`, the façade: it wires the parts and holds the
+- ``_scheduler``: [Scheduler][cronjob.Scheduler], the façade: it wires the parts and holds the
   lifecycle (start, drain, stop).
 - ``_options``: the façade's options, their defaults and checks (the caller's thread).
 - ``_dispatcher``: the heap of instants, the rounds in flight (the dispatcher thread);
@@ -25,8 +25,8 @@ private module each (the package docstring of :mod:`cronjob` draws who owns what
 - ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.
 
 The engine imports the public face's building blocks (``cronjob._clock``, ``_round``,
-``_registry``, ``_schedule``, ``_exceptions``, ``_history``) and :mod:`lease`; it never
-imports :mod:`cronjob` itself, :mod:`cronjob.admin` or :mod:`cronjob.web`.
+``_registry``, ``_schedule``, ``_exceptions``, ``_history``) and [lease][]; it never
+imports `cronjob` itself, [cronjob.admin][] or [cronjob.web][].
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """The claims of an instant: this replica's share, the rest after a grace, the rounds held.
 
 The dispatcher's heap says which leased jobs are due at an instant (a little ahead of it:
-see :meth:`Claims.lead`); :meth:`Claims.claim_due` claims them. This replica's share (see
+see `Claims.lead`); `Claims.claim_due` claims them. This replica's share (see
 ``_peers``) goes out in one statement as far ahead as claims take (``_lead``), and the
-rounds it wins are held until the instant (:meth:`Claims.start_held`); what the other
-replicas' shares left unclaimed is claimed once a grace has passed (:meth:`Claims.claim_rest`),
+rounds it wins are held until the instant (`Claims.start_held`); what the other
+replicas' shares left unclaimed is claimed once a grace has passed (`Claims.claim_rest`),
 with the jobs of this replica's share its early claim did not win; an instant too small to
 share is claimed whole, at the instant. Every claim's statement runs on the control thread
 and its result comes back through the inbox; the rounds won are handed to the dispatcher
-(:meth:`~cronjob.engine._dispatcher.Dispatcher.start_rounds`), the jobs not won go back in
+(`start_rounds`), the jobs not won go back in
 its heap. Leases won that will not run here (too late, draining, stopped) are given back.
 
 Threads: everything here runs on the dispatcher's thread and is part of its scheduling
-state, except :meth:`Claims.give_back`, on the control thread once the dispatcher has gone.
+state, except `Claims.give_back`, on the control thread once the dispatcher has gone.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["SATURATED_AFTER", "Claims"]
 
 #: Seconds a sync round may run, or wait for a worker thread, before the threads count
-#: as saturated (see :meth:`Claims.workers_saturated`): a saturated replica claims no
+#: as saturated (see `Claims.workers_saturated`): a saturated replica claims no
 #: sync job of an instant, which another replica then takes.
 SATURATED_AFTER = 1.0
 
@@ -71,7 +71,7 @@ class _Rest:
 
 @dataclass
 class _Held:
-    """Rounds won ahead of their instant (see :meth:`Claims.lead`), started at it."""
+    """Rounds won ahead of their instant (see `Claims.lead`), started at it."""
 
     instant: datetime
     start: Callable[[], None]
@@ -121,7 +121,7 @@ class Claims:
     def lead(self) -> float:
         """Seconds ahead of an instant its share's claim goes out: as long as claims take
         (see ``_lead``); while this replica needs to be seen by the others (see
-        :attr:`Peers.lead`), ahead of any replica's claims. Every round still starts at
+        `Peers.lead`), ahead of any replica's claims. Every round still starts at
         its instant."""
         if self._peers.lead:
             return LEAD_MAX + self._peers.lead
@@ -215,7 +215,7 @@ class Claims:
 
     def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
         """Draining before the instant of rounds won ahead: hand them on, as rounds cut
-        short (another replica's sweep runs them; see :meth:`hand_back`)."""
+        short (another replica's sweep runs them; see `hand_back`)."""
         why = "was won ahead of its instant, then a drain began"
         self.hand_back(won, token, instant, why, logging.INFO)
         for state in won:
@@ -260,7 +260,7 @@ class Claims:
 
     def workers_saturated(self) -> bool:
         """Whether the worker threads are saturated: each held by a sync round that has
-        run for :data:`SATURATED_AFTER` or more (jobs that run long or hang), or some sync
+        run for `SATURATED_AFTER` or more (jobs that run long or hang), or some sync
         round has waited that long for a thread (more work than the threads get through).
 
         A sync round holds a thread from its start until its end, leased or per-instance;
@@ -316,11 +316,11 @@ class Claims:
     ) -> None:
         """Claim ``instant`` for ``states`` in one statement, then start what was won
         (a round won ahead of its instant starts at the instant). Each claimed row keeps
-        its job's next instant (``due_s``, see :meth:`lease.LeaseStore.unclaimed`).
+        its job's next instant (``due_s``, see [lease.LeaseStore.unclaimed][]).
 
         With ``rest`` (the others' shares, after the grace), the names are not sent:
         one query asks which rows of ``instant`` are still unclaimed
-        (:meth:`lease.LeaseStore.unclaimed`, normally none), and only those of
+        ([lease.LeaseStore.unclaimed][], normally none), and only those of
         ``states`` are claimed, by name (no statement when there are none). Past the
         query's limit, every name is claimed, as before it existed.
 
@@ -328,7 +328,7 @@ class Claims:
         start. A claim the database could not answer leaves the instant owed: recovery
         catches it up once the database answers again (unless a later instant came first).
         With ``lost_later`` (a share claimed ahead of its instant), jobs not won are
-        claimed once more with the rest of the instant (see :meth:`_claim_later`).
+        claimed once more with the rest of the instant (see `_claim_later`).
         """
         dispatcher = self._dispatcher
         names = [state.job.name for state in states]

@@ -1,9 +1,9 @@
 """The two channels between the scheduler's threads: the inbox and the control thread.
 
-- :class:`Inbox`: any thread posts a message (a callable) for the dispatcher thread,
+- `Inbox`: any thread posts a message (a callable) for the dispatcher thread,
   which runs it next time it wakes. This is the only way other threads change the
   scheduling state.
-- :class:`Control`: the dispatcher hands a database statement to the one control
+- `Control`: the dispatcher hands a database statement to the one control
   thread, which runs it and posts ``done(result or exception)`` back through the inbox.
   The dispatcher itself never waits on the database. A result that arrives once the
   dispatcher has gone (the inbox is closed) goes to ``orphaned`` instead, on the control
@@ -86,7 +86,7 @@ class Control:
         """Run ``work`` on the control thread; post ``done(result or exception)`` back.
 
         If the inbox is closed by the time ``work`` returns, ``orphaned(result)`` runs
-        instead, on the control thread (not for an exception). After :meth:`shutdown`
+        instead, on the control thread (not for an exception). After `shutdown`
         the work is dropped and neither is called.
         """
 

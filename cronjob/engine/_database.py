@@ -2,9 +2,9 @@
 
 The lease statements always run synchronously, on the control thread. Given an
 ``AsyncEngine`` or an async URL, they run on a sync engine made by
-:func:`lease.create_engine` on the same URL with the sync driver, and the async engine
+[lease.create_engine][] on the same URL with the sync driver, and the async engine
 serves ``ctx.transaction_async()``. Given a sync URL or engine and async jobs,
-``transaction_async`` gets an async engine made by :func:`lease.create_async_engine`
+``transaction_async`` gets an async engine made by [lease.create_async_engine][]
 with the matching async driver. With no async driver, or no greenlet, installed, it
 gets the error naming what to install instead, raised to the jobs that call it (the
 others run). Engines passed in are not ours to dispose.

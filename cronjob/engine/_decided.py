@@ -11,7 +11,7 @@ the failure policies.
   as any failed round.
 
 A round with a timeout can end two ways at once (its job returning as the policies
-record it): :meth:`DecidedEnds.take_end` lets one of them settle it.
+record it): `DecidedEnds.take_end` lets one of them settle it.
 
 Threads: the records are written on the control thread; ``take_end`` on either.
 """
@@ -186,7 +186,7 @@ def round_where(ctx: Round) -> str:
 
 def error_summary(error: BaseException) -> str:
     """``"Type: message"`` of a job's failure, for the record: never its traceback or
-    locals (bounded when stored, see :func:`lease.RoundRow`)."""
+    locals (bounded when stored, see [lease.RoundRow][])."""
     kind = type(error).__qualname__
     try:
         message = str(error)

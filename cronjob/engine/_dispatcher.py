@@ -10,7 +10,7 @@ control thread and their results come back through the inbox, so a slow database
 delay a deadline.
 
 Claiming the instants (the shares, the rest after a grace, the rounds held until their
-instant) is the :class:`~cronjob.engine._claiming.Claims` part's, on this same thread.
+instant) is the `Claims` part's, on this same thread.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class _Due(NamedTuple):
 class Dispatcher:
     """Owns the jobs' states, the heap of their next instants and the rounds in flight.
 
-    Everything here runs on the dispatcher thread (:meth:`serve`), except
-    :meth:`post_rounds_ended` (through the inbox) and the ``drained`` and ``decided``
+    Everything here runs on the dispatcher thread (`serve`), except
+    `post_rounds_ended` (through the inbox) and the ``drained`` and ``decided``
     events. The parts it calls (runner, keeper, recovery) are wired in by the scheduler
     before the thread starts; it builds its own (peers, claims, policies, summary).
     """
@@ -330,8 +330,8 @@ class Dispatcher:
         claimed_at: float,
         reason: Reason,
     ) -> None:
-        """:meth:`start_round` for each ``(state, token)`` of ``rounds``, handed to the
-        worker threads :data:`START_BATCH` at a time (the rounds one claim won): one lock
+        """`start_round` for each ``(state, token)`` of ``rounds``, handed to the
+        worker threads `START_BATCH` at a time (the rounds one claim won): one lock
         per batch, and the first rounds run while the next are built."""
         for first in range(0, len(rounds), START_BATCH):
             runs: list[Run] = []
@@ -416,7 +416,7 @@ class Dispatcher:
         self._inbox.post(lambda: self.rounds_ended(ends))
 
     def rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
-        """:meth:`round_ended` for each of ``ends``."""
+        """`round_ended` for each of ``ends``."""
         for run, ended in ends:
             self.round_ended(run, ended)
 
@@ -458,7 +458,7 @@ class Dispatcher:
             self.keeper.release(run)
 
     def begin_drain(self) -> None:
-        """Stop starting rounds and cancel the running ones with :class:`Shutdown`."""
+        """Stop starting rounds and cancel the running ones with [Shutdown][cronjob.Shutdown]."""
         if self.draining:
             return
         self.draining = True

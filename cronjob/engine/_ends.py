@@ -1,17 +1,17 @@
 """The end of a round: classified, put on record, then posted to the dispatcher.
 
 When a job returns or raises, the round's thread hands its end to
-:meth:`EndRecorder.end_round`. The end is classified (see :func:`cronjob._round.classify`;
+`EndRecorder.end_round`. The end is classified (see `cronjob._round.classify`;
 for a job with a policy, ``_police``: a timeout, a retry), counted, logged and recorded: a
-round that ran to its end is written by the :class:`~cronjob.engine._finisher.Finisher` in
-a batch with others (its :class:`lease.Ending` built on the finisher's thread from the
-round's :class:`_Later`, the history pruned in the batches' wake); a round cut short gives
+round that ran to its end is written by the `Finisher` in
+a batch with others (its [lease.Ending][] built on the finisher's thread from the
+round's `_Later`, the history pruned in the batches' wake); a round cut short gives
 its lease back at once so another replica can run it a second time; a manual round's end
 is written with its request. Then the end is posted to the dispatcher (``ended``), which
 schedules the job's next instant; the failure policies hear of it first (see
-:mod:`cronjob.engine._failures`).
+`cronjob.engine._failures`).
 
-Threads: :meth:`EndRecorder.end_round` runs on the round's thread (its worker, or a thread
+Threads: `EndRecorder.end_round` runs on the round's thread (its worker, or a thread
 of the loop's ``to_thread`` for an async round); the records of a batch and its report
 (``_ending_of``, ``_batch_written``) on the finisher's. It keeps no scheduling state: the
 dispatcher learns of each end through ``ended``, on its own thread.
@@ -56,7 +56,7 @@ class EndRecorder:
         history: Keep the round history (a row with each end recorded, pruned as it
             says); ``None`` keeps none.
         failures: Told of every round's end once settled (the self-pause, the failure
-            hooks: see :mod:`cronjob.engine._failures`); ``None`` when no job has either.
+            hooks: see `cronjob.engine._failures`); ``None`` when no job has either.
         hold: The finisher's ``hold`` (rounds wait for a worker thread: ends are held back
             to share a batch); ``None`` writes each end at once.
     """
@@ -424,7 +424,7 @@ class EndRecorder:
 
 class _Later:
     """The end of a round that ran to its end, handed to the finisher, which builds the
-    record to write from it (see :meth:`EndRecorder._ending`)."""
+    record to write from it (see `EndRecorder._ending`)."""
 
     __slots__ = ("context", "ended", "ending", "error", "outcome", "run")
 

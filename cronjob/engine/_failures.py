@@ -1,6 +1,6 @@
 """What a job's policy does when its rounds fail: pause the job, call the failure hook.
 
-:class:`Failures` is told of every round's end once it is settled (on the finisher's
+`Failures` is told of every round's end once it is settled (on the finisher's
 thread for an end recorded with others, on the round's own thread otherwise: a
 per-instance round, a manual one). It never runs user code there:
 
@@ -13,18 +13,18 @@ per-instance round, a manual one). It never runs user code there:
   An attempt to be retried, a round cut short or given up, a missed start deadline
   neither count nor end the run. The history is the replicas' shared record, so failures
   on every replica count together; two replicas that decide at once both write the
-  pause, and :meth:`lease.LeaseStore.set_paused` changes a paused row no more, so the
+  pause, and [lease.LeaseStore.set_paused][] changes a paused row no more, so the
   job is paused (and noted, and the warning logged) once. Should the history keep fewer
   counted rows than N, they decide, unless the history may have been pruned of the
   job's older rounds (the job is older than the history keeps, or the history holds as
   many of its rounds as it keeps per job): then the lease row's failures in a row do.
 - **The failure hook** (a job's ``on_failure``, else its registry's): called once per
   round that ended ``failed``, ``timed_out`` or ``missed_deadline``, with its
-  :class:`cronjob.admin.RoundRecord`, on one daemon thread of its own (``cronjob-hooks``),
+  [cronjob.admin.RoundRecord][], on one daemon thread of its own (``cronjob-hooks``),
   started on the first call: a scheduler whose jobs have no hook has no such thread.
   Hooks run one at a time, in the order the rounds ended; what a hook raises is logged
   with its traceback and the next one runs. At stop the scheduler waits up to
-  :data:`HOOKS_STOP_SECONDS` (real seconds) for the hooks queued; a hook still running
+  `HOOKS_STOP_SECONDS` (real seconds) for the hooks queued; a hook still running
   then is left to its daemon thread, and the rest queued are dropped, with a warning.
 """
 
@@ -79,7 +79,7 @@ def check_history(jobs: tuple[Job, ...], history: object) -> None:
 
     Args:
         jobs: The registry's jobs.
-        history: The scheduler's :class:`~cronjob.History`, or ``None``.
+        history: The scheduler's [History][cronjob.History], or ``None``.
 
     Raises:
         ValueError: a job has ``pause_after_failures`` and there is no history, or the
@@ -114,7 +114,7 @@ def hooked(registry: Registry) -> bool:
 class Hooks:
     """One daemon thread that calls the failure hooks handed to it, one at a time.
 
-    Started by the first :meth:`call_later`; :meth:`close` lets the calls queued run,
+    Started by the first `call_later`; `close` lets the calls queued run,
     for a bounded time.
     """
 

@@ -2,7 +2,7 @@
 
 For a leased round, the transaction checks, inside itself, that the round still holds its
 lease (its fencing token) when it opens and again just before it commits, and refuses
-with :class:`~cronjob.LeaseLost` once it does not; a crashed replica's transactions are
+with [LeaseLost][cronjob.LeaseLost] once it does not; a crashed replica's transactions are
 refused too, as a killed process's would die. A per-instance round gets a plain
 transaction. The async form runs the same checks on the async engine.
 """
@@ -91,7 +91,7 @@ class Fencing:
 
     @contextlib.asynccontextmanager
     async def transaction_async(self, run: Run) -> AsyncIterator[AsyncConnection]:
-        """:meth:`transaction` on the async engine: the same checks, awaited."""
+        """`transaction` on the async engine: the same checks, awaited."""
         ctx = run.ctx
         if self._flags.crashed:
             raise LeaseLost(f"job {ctx.name!r}: the replica crashed")
@@ -120,7 +120,7 @@ class Fencing:
     ) -> None:
         """Check ``run``'s lease inside a transaction that is not ours (a framework's ORM).
 
-        The same statement :meth:`transaction` runs (:meth:`lease.LeaseStore.holds`),
+        The same statement `transaction` runs ([lease.LeaseStore.holds][]),
         built for ``dialect`` and run by ``fetch`` on the caller's connection, which tells
         whether it found a row. Call it when the transaction opens and, with
         ``final=True``, just before it commits. A per-instance round passes unchecked.

@@ -1,10 +1,10 @@
 """The ends of rounds, recorded in batches by one thread of their own.
 
-A worker whose round ran to its end hands the end to :meth:`Finisher.finish_later` and
+A worker whose round ran to its end hands the end to `Finisher.finish_later` and
 is free for the next round at once: what it hands in is the runner's own record of the
-end, and the finisher thread builds the :class:`lease.Ending` to write from it (the
+end, and the finisher thread builds the [lease.Ending][] to write from it (the
 outcome, the error, the history row), so that work is not done while rounds wait for a
-worker. It writes every end waiting with one :meth:`lease.LeaseStore.finish_many`
+worker. It writes every end waiting with one [lease.LeaseStore.finish_many][]
 transaction (one UPDATE per distinct ``ended`` second and outcome, usually one, and one
 INSERT of their history rows), then tells the runner, once for the batch, which ends
 were recorded. With one round ending at a time that is one or two statements per round;
@@ -13,7 +13,7 @@ statements, and the round workers never queue behind the database to record them
 
 While rounds still wait for a worker thread (the ``hold`` predicate: thousands of rounds
 of one instant starting), the finisher holds the ends back, for at most
-:data:`HOLD_LIMIT` seconds on its clock or until :data:`BATCH_LIMIT` wait: the workers
+`HOLD_LIMIT` seconds on its clock or until `BATCH_LIMIT` wait: the workers
 run the queued rounds without the finisher taking the interpreter from them for a
 statement every dozen ends, and the instant's ends share a few large batches instead of
 hundreds of small ones. A round that ends while no round waits is written at once.
@@ -49,7 +49,7 @@ HOLD_LIMIT = 0.1
 T = TypeVar("T")
 
 #: What became of an end: ``True`` (recorded), ``False`` (another claim replaced the
-#: token) or the :class:`lease.LeaseError` raised.
+#: token) or the `lease.LeaseError` raised.
 Result = bool | BaseException
 
 
@@ -60,12 +60,12 @@ class Finisher(Generic[T]):
         store: The lease store.
         ending: Builds the end to write from an item handed in (on the thread).
         done: Called on the thread once per batch written, with each item and its
-            :data:`Result`, in the order they were handed in.
+            `Result`, in the order they were handed in.
         name: The thread's name.
         after_batch: Called on the thread after each batch is written, before ``done``
-            (the history's pruning, see :class:`cronjob._history.Pruner`).
+            (the history's pruning, see `cronjob._history.Pruner`).
         hold: While it returns ``True`` (rounds wait for a worker thread), ends are held
-            back, up to :data:`HOLD_LIMIT` on ``clock``; :meth:`poke` when it turns
+            back, up to `HOLD_LIMIT` on ``clock``; `poke` when it turns
             ``False``. ``None`` writes every end at once (a clock that counts work in
             progress: a fake clock's ``advance`` must never wait on a hold).
         clock: The clock ``hold`` waits on; needed with ``hold``.
@@ -104,8 +104,8 @@ class Finisher(Generic[T]):
         self._thread.start()
 
     def finish_later(self, item: T) -> None:
-        """Record the end of a round soon (as :meth:`lease.LeaseStore.finish`, with the
-        :class:`lease.Ending` that ``ending`` builds from ``item``): its outcome, and its
+        """Record the end of a round soon (as [lease.LeaseStore.finish][], with the
+        [lease.Ending][] that ``ending`` builds from ``item``): its outcome, and its
         history row if it carries one. ``done`` is told what became of it.
 
         Raises:

@@ -5,7 +5,7 @@ The rules (SPEC.md, "Timing rules"):
 - every lease this replica holds is renewed every 5 s, all in one statement; a failed
   renewal is retried after 1 s;
 - a lease is lost when a renewal finds it taken, or when 10 s pass without a successful
-  renewal; the round is then cancelled with :class:`~cronjob.LeaseLost`;
+  renewal; the round is then cancelled with [LeaseLost][cronjob.LeaseLost];
 - a round still running 5 s after its lease was lost ends the process, and never later
   than 0.5 s before the lease can expire, so no other replica can claim the job while
   this one still runs it.
@@ -59,10 +59,10 @@ EXIT_LOG_GRACE = 0.2
 
 
 def exit_process(message: str) -> None:
-    """End the process with :data:`EXIT_LEASE_LOST` (the default ``on_fatal``).
+    """End the process with `EXIT_LEASE_LOST` (the default ``on_fatal``).
 
     The message is logged as critical from a thread of its own, and the process ends
-    :data:`EXIT_LOG_GRACE` real seconds later at the latest: a log handler blocked on a
+    `EXIT_LOG_GRACE` real seconds later at the latest: a log handler blocked on a
     full pipe, a network or a held lock must not eat the margin before the lease can
     expire. (A real-time bound on purpose: it ends a real process.)
     """
@@ -173,7 +173,7 @@ class LeaseKeeper:
         self._maybe_renew(mono)
 
     def next_wake(self) -> float | None:
-        """The earliest monotonic time :meth:`tick` has something to do, or ``None``."""
+        """The earliest monotonic time `tick` has something to do, or ``None``."""
         candidates: list[float] = []
         if self._renew_at is not None and not self._renewing:
             candidates.append(self._renew_at)
@@ -277,7 +277,7 @@ class LeaseKeeper:
         default ends the process). Its leases then expire as a dead process's do.
 
         ``settle``, if given, is first handed the seconds left before a lease this
-        replica holds could expire (less :data:`EXIT_MARGIN`): what it may still do
+        replica holds could expire (less `EXIT_MARGIN`): what it may still do
         before the process ends (let the failure hooks queued run)."""
         self._flags.crashed = True
         if settle is not None:

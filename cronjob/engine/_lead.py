@@ -2,7 +2,7 @@
 
 A claim is a round trip to the database, and at scale thousands of rows: sent at the
 instant, every round it wins starts that long after the instant. The dispatcher sends
-the claim of a scheduled instant :attr:`ClaimLead.seconds` ahead of it instead (the time
+the claim of a scheduled instant `ClaimLead.seconds` ahead of it instead (the time
 its recent claims took, from the wake that sent them to their answer, with a margin) and
 holds the rounds it won until the instant comes. No round starts before its instant;
 only the lease is taken that much earlier.
@@ -29,7 +29,7 @@ DECAY: Final = 0.9
 
 class ClaimLead:
     """The recent claims' duration, as a decaying maximum: one slow claim raises the lead
-    at once; it then falls back by :data:`DECAY` per claim while claims are fast again.
+    at once; it then falls back by `DECAY` per claim while claims are fast again.
 
     Not thread-safe: the dispatcher thread owns it.
     """
@@ -39,7 +39,7 @@ class ClaimLead:
 
     @property
     def seconds(self) -> float:
-        """How many seconds ahead of an instant to send its claim (0 to :data:`LEAD_MAX`)."""
+        """How many seconds ahead of an instant to send its claim (0 to `LEAD_MAX`)."""
         return min(LEAD_MAX, self._recent * MARGIN)
 
     def took(self, seconds: float) -> None:

@@ -1,6 +1,6 @@
 """The listener: a request for a round now wakes the sweep at once, on PostgreSQL.
 
-``cronjob trigger`` (:meth:`lease.Triggers.request`) sends ``NOTIFY cronjob_trigger`` in
+``cronjob trigger`` ([lease.Triggers.request][]) sends ``NOTIFY cronjob_trigger`` in
 the transaction that writes the request. Each replica on PostgreSQL keeps one connection
 of its own (outside the pool, so it never takes a slot from the jobs) that ``LISTEN``\\ s
 on that channel, in a daemon thread; a notification asks the dispatcher to sweep now, so
@@ -14,7 +14,7 @@ Behind a transaction pooler (PgBouncer's ``pool_mode = transaction``) a ``LISTEN
 on whichever server connection the pooler lends for that one statement, and the
 notifications go there, not to us. Declared in the URL (``?pooler=transaction``), the
 listener is not started (one INFO line). Undeclared, its first connection proves that
-notifications arrive: it sends one to itself and waits :data:`PROBE_WAIT` seconds; if
+notifications arrive: it sends one to itself and waits `PROBE_WAIT` seconds; if
 none comes it gives up for good, with one WARNING that names the URL parameter.
 """
 
@@ -38,9 +38,9 @@ __all__ = ["Listener"]
 log = logging.getLogger("cronjob")
 
 #: Seconds a ``notifies`` call waits before the thread checks whether it should stop
-#: (:meth:`Listener.close` wakes it at once; this is only for when that fails).
+#: (`Listener.close` wakes it at once; this is only for when that fails).
 POLL_STOP = 5.0
-#: Seconds :meth:`Listener.close` waits for the thread (a daemon: it ends by itself).
+#: Seconds `Listener.close` waits for the thread (a daemon: it ends by itself).
 CLOSE_WAIT = 1.0
 #: Seconds before a lost listening connection is opened again (doubling up to the last).
 RETRY = (1.0, 2.0, 4.0, 8.0, 15.0)
@@ -51,7 +51,7 @@ PROBE_WAIT = 5.0
 
 class Listener:
     """Calls ``wake`` (from its own thread) whenever a request is written to ``engine``'s
-    database; :meth:`close` stops it within :data:`POLL_STOP` seconds."""
+    database; `close` stops it within `POLL_STOP` seconds."""
 
     def __init__(self, engine: sa.Engine, wake: Callable[[], object]) -> None:
         self._engine = engine
@@ -66,7 +66,7 @@ class Listener:
     @staticmethod
     def applies(engine: sa.Engine, clock: Clock) -> bool:
         """Whether to listen: PostgreSQL, on a clock that is not a fake one, and not
-        behind a transaction pooler (:func:`lease.behind_transaction_pooler`; said in
+        behind a transaction pooler ([lease.behind_transaction_pooler][]; said in
         one INFO line)."""
         if engine.dialect.name != "postgresql" or clock.in_process:
             return False
@@ -82,9 +82,9 @@ class Listener:
         self._thread.start()
 
     def close(self, send: Callable[[Callable[[], None]], object] | None = None) -> None:
-        """Stop listening and wait for the thread, at most :data:`CLOSE_WAIT` seconds: a
+        """Stop listening and wait for the thread, at most `CLOSE_WAIT` seconds: a
         notification on a channel of this listener's own wakes it at once (else it
-        notices within :data:`POLL_STOP`, and ends by itself, a daemon).
+        notices within `POLL_STOP`, and ends by itself, a daemon).
 
         Args:
             send: runs the notification's statement (the scheduler's control thread, whose

@@ -31,7 +31,7 @@ a round that ended in error: the qualified class name of the job's exception for
 ``failed`` and ``retrying`` (an attempt that failed), ``timeout`` for ``timed_out``; a
 round cut short or given up was cancelled, not in error, and has none.
 
-Each part calls the :class:`JobMetrics` of the job it handles (``state.metrics``) where
+Each part calls the `JobMetrics` of the job it handles (``state.metrics``) where
 the event already happens: the runner as a round starts and ends, the keeper on a loss,
 the sweeper on a second run, the dispatcher on a catch-up and on skipped instants. An
 event builds its attribute set (a small dict) and costs a call into the API; with no
@@ -206,7 +206,7 @@ class JobMetrics:
     def overrun(self, schedule: Schedule, started: datetime, ended: datetime) -> None:
         """Count the instants that came due while a round ran, from ``started`` through
         ``ended``: the dispatcher schedules the job after ``ended``, so they are skipped
-        (at most :data:`SKIP_COUNT_LIMIT` counted)."""
+        (at most `SKIP_COUNT_LIMIT` counted)."""
         count, when = 0, schedule.next(started)
         while when is not None and when <= ended and count < SKIP_COUNT_LIMIT:
             count += 1

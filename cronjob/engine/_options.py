@@ -1,6 +1,6 @@
 """The scheduler's options: their defaults and their checks.
 
-:class:`~cronjob.engine._scheduler.Scheduler` takes its options from the caller and
+[Scheduler][cronjob.Scheduler] takes its options from the caller and
 checks them here as it is built, on the caller's thread, so that bad input fails at the
 earliest moment (before any database is reached); what a part does with an option lives
 in that part. Nothing here keeps state.
@@ -35,7 +35,7 @@ def check_options(*, history: History | None, max_workers: int, drain_timeout: f
     """Refuse options the scheduler cannot run with.
 
     Raises:
-        TypeError: ``history`` is neither a :class:`cronjob.History` nor ``None``.
+        TypeError: ``history`` is neither a [cronjob.History][] nor ``None``.
         ValueError: ``max_workers`` is below 1, or ``drain_timeout`` is negative.
     """
     if history is not None and not isinstance(history, History):

@@ -1,6 +1,6 @@
 """The peers: which replicas are alive, and how an instant's rounds are shared among them.
 
-An instant with at least :data:`SPREAD_FROM` jobs per live replica is split among them in
+An instant with at least `SPREAD_FROM` jobs per live replica is split among them in
 two claims per replica (a smaller one is claimed whole by every replica, the first winning,
 in one claim each, as before):
 
@@ -8,28 +8,28 @@ in one claim each, as before):
    on (their names' order), and dealt out in turn to the live replicas (sorted by id),
    starting at a replica that moves on with each instant: every replica gets
    ``J // R`` or ``J // R + 1`` of them, at every instant.
-2. **The rest, after a grace** (:data:`GRACE`, on the scheduler's clock). Whatever a
+2. **The rest, after a grace** (`GRACE`, on the scheduler's clock). Whatever a
    replica that is slow, draining, saturated or dead left unclaimed is taken by the
    others: the claim condition lets each instant be claimed once, so the first to
    claim a job wins it and the rest find it taken. A replica alone in its view sends
    only the first claim.
 
 Who is alive is learned from the lease table and the replicas' record: the replicas on
-record within :data:`RECORD_WITHIN` that run a job of ours (each one's sweep records it
+record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it
 at start and every 15 s), and the holders of claims at instants within the last day
-(:meth:`lease.LeaseStore.holders`), plus this replica. A read takes each recent record's
-``(holder, started)`` only (:meth:`lease.LeaseStore.replica_starts`), and the jobs of
+([lease.LeaseStore.holders][]), plus this replica. A read takes each recent record's
+``(holder, started)`` only ([lease.LeaseStore.replica_starts][]), and the jobs of
 the records whose pair it has not seen yet: a record's jobs are written only with its
-replica's ``started`` (see :meth:`lease.LeaseStore.survey`), so a pair once read keeps
+replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once read keeps
 its answer, and a replica that starts again (under the same id too, a millisecond or
 more later on its clock) is read anew. The jobs (~50 bytes each) are read once per
 replica start, not at every read, and only to ask whether one of ours is among them
-(:meth:`lease.LeaseStore.leasing`: a replica of the same deployment answers from the
+([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
 record's text, which is not parsed). One read (two queries; three when a record is new) at
 start, then a few more while reads change the view (replicas starting together), the
-first :data:`FIRST_GAP` apart and twice as long each time a read changed nothing, up to
-:data:`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
-every :data:`CHECK_GAP` (never while the views agree). Holders alone would show only the
+first `FIRST_GAP` apart and twice as long each time a read changed nothing, up to
+`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
+every `CHECK_GAP` (never while the views agree). Holders alone would show only the
 replicas that won some row lately: views would take many reads to agree. A replica of
 the view that claimed nothing at such an instant is *suspected* (dead, draining,
 saturated) and left out until it is seen claiming a later instant. Views that disagree
@@ -143,7 +143,7 @@ class Peers:
 
     @property
     def lead(self) -> float:
-        """Seconds ahead of an instant this replica claims its share: :data:`LEAD` while
+        """Seconds ahead of an instant this replica claims its share: `LEAD` while
         the others seem not to see it (its last share was all taken by others), else 0."""
         return LEAD if self._unseen else 0.0
 

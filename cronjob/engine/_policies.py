@@ -2,12 +2,12 @@
 
 Both are timers on the dispatcher thread (one heap, on the clock's monotonic time), never
 a thread per round: the dispatcher wakes at the earliest of them as it does for its other
-deadlines (see :meth:`PolicyTimers.next_wake`).
+deadlines (see `PolicyTimers.next_wake`).
 
 - **timeout**: a round of a job with a ``timeout`` tells the dispatcher when it started
-  (:meth:`PolicyTimers.watch`, through the inbox); still running ``timeout`` seconds
-  later, it is cancelled with :class:`~cronjob.TimedOut` and, if leased, its lease row
-  is marked so that it never runs a second time. Still running :data:`TIMEOUT_GRACE`
+  (`PolicyTimers.watch`, through the inbox); still running ``timeout`` seconds
+  later, it is cancelled with [TimedOut][cronjob.TimedOut] and, if leased, its lease row
+  is marked so that it never runs a second time. Still running `TIMEOUT_GRACE`
   seconds after that, a leased round ends the process as a round outliving its lost
   lease does (the keeper's forced exit): its lease is still renewed until then, so no
   other replica can run the job alongside it, and the job runs again once the lease
@@ -15,7 +15,7 @@ deadlines (see :meth:`PolicyTimers.next_wake`).
   left to its thread; its job's next instant waits for it, as for any round still running.
 - **retries**: an attempt that failed with attempts left ends ``retrying`` (its worker
   decides, see ``RoundRunner._police``); once its end is on record the dispatcher hands
-  it here (:meth:`PolicyTimers.backoff`) and the next attempt starts when its delay has
+  it here (`PolicyTimers.backoff`) and the next attempt starts when its delay has
   passed, for the same instant, under the same lease (kept by the keeper meanwhile),
   unless the job's next instant is due by then, the lease was lost, or the scheduler
   began to drain: then the round is given up, on record.
@@ -50,7 +50,7 @@ __all__ = ["TIMEOUT_GRACE", "PolicyTimers", "backoff_delay"]
 log = logging.getLogger("cronjob")
 
 #: Seconds a round may go on after its timeout cancelled it before a leased one ends the
-#: process (as :data:`cronjob.engine._keeper.EXIT_AFTER_LOST` after a lost lease).
+#: process (as `cronjob.engine._keeper.EXIT_AFTER_LOST` after a lost lease).
 TIMEOUT_GRACE: Final = 5.0
 
 #: The source of the retries' full jitter (tests seed it or replace it).
@@ -61,7 +61,7 @@ _TIMEOUT, _ESCALATE, _RETRY = 0, 1, 2
 
 def backoff_delay(backoff: timedelta, retry: int) -> float:
     """The delay before the ``retry``-th retry (1 for the first): full jitter, a uniform
-    draw up to ``backoff * 2**(retry-1)``, capped at :data:`RETRY_BACKOFF_CAP`."""
+    draw up to ``backoff * 2**(retry-1)``, capped at `RETRY_BACKOFF_CAP`."""
     ceiling = min(RETRY_BACKOFF_CAP, backoff.total_seconds() * 2.0 ** min(retry - 1, 64))
     return JITTER.uniform(0.0, ceiling)
 
@@ -107,7 +107,7 @@ class PolicyTimers:
         self._backoffs: dict[Run, datetime | None] = {}
 
     def next_wake(self) -> float | None:
-        """The earliest monotonic time :meth:`tick` has something to do, or ``None``."""
+        """The earliest monotonic time `tick` has something to do, or ``None``."""
         while self._timers and not self._current(self._timers[0]):
             heapq.heappop(self._timers)
         return self._timers[0].when if self._timers else None
@@ -168,7 +168,7 @@ class PolicyTimers:
         self._push(mono + TIMEOUT_GRACE, run, _ESCALATE)
 
     def _escalate(self, run: Run) -> None:
-        """The round ignored its timeout's cancellation for :data:`TIMEOUT_GRACE`."""
+        """The round ignored its timeout's cancellation for `TIMEOUT_GRACE`."""
         ctx, dispatcher = run.ctx, self._dispatcher
         if not isinstance(ctx.cause, TimedOut) or self._flags.crashed:
             return
@@ -207,7 +207,7 @@ class PolicyTimers:
 
         The delay runs from now, as this is told: should the retry then start at or
         after the job's next instant (a slow record of the end, a clock stepped), it is
-        given up at once, the round on record as failed (see :meth:`_give_up_failed`).
+        given up at once, the round on record as failed (see `_give_up_failed`).
 
         Returns:
             ``False`` when the retry does not happen and the round ends now (the

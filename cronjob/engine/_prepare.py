@@ -1,12 +1,12 @@
 """The start of a round: its ``Round`` and ``Run`` built, its fenced transactions wired.
 
-:class:`RoundMaker` builds what one round is made of (on the dispatcher's thread, or the
-sweep's and policies' callbacks there): the :class:`~cronjob._round.Round` its job sees and
-the :class:`~cronjob.engine._state.Run` the parts keep of it. The round is not started:
-the runner does that (:meth:`cronjob.engine._runner.RoundRunner.submit_many`). The fenced
+`RoundMaker` builds what one round is made of (on the dispatcher's thread, or the
+sweep's and policies' callbacks there): the [Round][cronjob.Round] its job sees and
+the `Run` the parts keep of it. The round is not started:
+the runner does that (`cronjob.engine._runner.RoundRunner.submit_many`). The fenced
 transactions every round is handed (``ctx.transaction()``, ``ctx.transaction_async()``,
 the fence check) are made once and run on the round's own thread; each finds its round's
-``Run`` on the round itself (:func:`run_of`).
+``Run`` on the round itself (`run_of`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ __all__ = ["RoundMaker", "run_of"]
 
 
 class RoundMaker:
-    """Builds rounds (see :meth:`prepare`).
+    """Builds rounds (see `prepare`).
 
     Args:
         clock: The scheduler's clock, on each round.
         replica_id: This replica's id, on each round.
-        fencing: The fenced transactions' checks (see :mod:`cronjob.engine._fencing`).
+        fencing: The fenced transactions' checks (see `cronjob.engine._fencing`).
     """
 
     def __init__(self, *, clock: Clock, replica_id: str, fencing: Fencing) -> None:

@@ -4,18 +4,18 @@ The seed's rules, as this part applies them:
 
 - **Database down at start**: retried with back-off (1 s doubling to 30 s), logged.
   Per-instance jobs run meanwhile; leased instants that come due are skipped. A
-  database that refuses (:class:`lease.DatabaseRefused`: no such database, credentials,
+  database that refuses ([lease.DatabaseRefused][]: no such database, credentials,
   a privilege) is not down: the start fails on it.
 - **Catch-up**: once the database is reached, each leased job whose most recent instant
   (within the last 24 h, measured on that instant) was not claimed and not overrun runs
   it once, on one replica. A job that never ran is owed it only if it comes after the
-  job's first deployment (its lease row's first write, :attr:`lease.LeaseRow.deployed`):
+  job's first deployment (its lease row's first write, `lease.LeaseRow.deployed`):
   the instants before were never its to run.
 - **Outage**: a claim the database could not answer leaves its instant owed. Recovery
   then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
   catch-up rule: the most recent instant each job missed, once, on one replica; the
   claim itself decides which replica, so replicas recovering together run it once.
-- **Sweep** and **check**: once the database is ready, :class:`~cronjob.engine._sweep.Sweeper`
+- **Sweep** and **check**: once the database is ready, `Sweeper`
   (re-runs of rounds cut short, missing rows, clock skew).
 
 Dispatcher thread only; the statements run on the control thread.
@@ -61,7 +61,7 @@ class Recovery:
         control: Where the statements run.
         dispatcher: Claims and starts the rounds recovery finds owed.
         replica_id: The holder named in claims.
-        migrate: Brings the tables to head (raises :class:`lease.DatabaseUnavailable`
+        migrate: Brings the tables to head (raises [lease.DatabaseUnavailable][]
             while the database is down).
         describe_database: The database's URL, password hidden, for logs.
     """
@@ -338,7 +338,7 @@ class Recovery:
         return min(candidates, default=None)
 
     def sweep(self, now: float) -> None:
-        """Sweep for rounds cut short if it is time (see :class:`Sweeper`)."""
+        """Sweep for rounds cut short if it is time (see `Sweeper`)."""
         if self.db_ready:
             self.sweeper.sweep(now)
 

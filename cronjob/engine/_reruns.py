@@ -1,8 +1,8 @@
 """Second runs: the rounds a sweep found cut short, claimed and started as attempt 2.
 
-The sweep (:mod:`cronjob.engine._sweep`) finds the rounds cut short among this replica's
-jobs; :meth:`Reruns.claim` claims the second run of those whose job is idle here, in one
-statement per instant (:meth:`lease.LeaseStore.claim_reruns`), and starts the rounds won.
+The sweep (`cronjob.engine._sweep`) finds the rounds cut short among this replica's
+jobs; `Reruns.claim` claims the second run of those whose job is idle here, in one
+statement per instant ([lease.LeaseStore.claim_reruns][]), and starts the rounds won.
 A replica that died with thousands of rounds in flight, or an instant's claim given back
 because it came back too late, costs one statement, not one per job: under load those
 are the statements that would keep the control thread behind.

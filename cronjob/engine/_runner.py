@@ -1,16 +1,16 @@
 """The round runner: runs rounds (sync on worker threads, async on a loop).
 
 A round runs inside its unit of work (its root span, its trace id in logs and SQL; see
-:mod:`cronjob.engine._tracing`). When the job returns or raises, the round's thread hands
-its end to the :class:`~cronjob.engine._ends.EndRecorder`, which classifies it, records it
-(in batches, through the :class:`~cronjob.engine._finisher.Finisher`) and posts it to the
+`cronjob.engine._tracing`). When the job returns or raises, the round's thread hands
+its end to the `EndRecorder`, which classifies it, records it
+(in batches, through the `Finisher`) and posts it to the
 dispatcher. A round is built, before it is handed here, by the
-:class:`~cronjob.engine._prepare.RoundMaker` (:attr:`RoundRunner.prepare`).
+`RoundMaker` (`RoundRunner.prepare`).
 
-Threads: :meth:`RoundRunner.prepare`, :meth:`~RoundRunner.submit_many` and
-:meth:`~RoundRunner.cancel` are called on the dispatcher's thread (cancel also on the
+Threads: `RoundRunner.prepare`, `submit_many` and
+`cancel` are called on the dispatcher's thread (cancel also on the
 control thread's callbacks there); a round then runs on a worker thread or the loop. The
-runner also owns the fenced transactions' engines (see :mod:`cronjob.engine._fencing`)
+runner also owns the fenced transactions' engines (see `cronjob.engine._fencing`)
 and disposes the async engine it was handed to own, on the loop its connections belong to.
 """
 
@@ -54,7 +54,7 @@ log = logging.getLogger("cronjob")
 
 
 class Start(enum.Enum):
-    """What became of a round handed to :meth:`RoundRunner.submit`."""
+    """What became of a round handed to `RoundRunner.submit`."""
 
     #: It runs, or waits in the queue for a worker thread (counted, its lease renewed).
     STARTED = "started"
@@ -66,7 +66,7 @@ class Start(enum.Enum):
 
 
 class RoundRunner:
-    """Runs rounds; hands each end to its :class:`~cronjob.engine._ends.EndRecorder`.
+    """Runs rounds; hands each end to its `EndRecorder`.
 
     Args:
         clock: The scheduler's clock.
@@ -90,7 +90,7 @@ class RoundRunner:
         started: Told of each round of a job with a policy as it starts (from its
             thread; it posts it to the dispatcher, which times it out).
         failures: Told of every round's end once settled (the self-pause, the failure
-            hooks: see :mod:`cronjob.engine._failures`); ``None`` when no job has either.
+            hooks: see `cronjob.engine._failures`); ``None`` when no job has either.
     """
 
     def __init__(
@@ -157,7 +157,7 @@ class RoundRunner:
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
         self._maker = RoundMaker(clock=clock, replica_id=replica_id, fencing=self._fencing)
         #: Build the round of a job for an instant, not started yet (see
-        #: :meth:`RoundMaker.prepare <cronjob.engine._prepare.RoundMaker.prepare>`).
+        #: `RoundMaker.prepare`).
         self.prepare = self._maker.prepare
 
     @property
@@ -171,15 +171,15 @@ class RoundRunner:
         """Start ``run`` on a worker thread or the loop.
 
         Returns:
-            :attr:`Start.STARTED` if it runs or waits for a busy worker thread;
-            :attr:`Start.SHUT_DOWN` if the runner was shut down meanwhile;
-            :attr:`Start.NO_THREAD` (logged) if no thread could be started and none is
+            `Start.STARTED` if it runs or waits for a busy worker thread;
+            `Start.SHUT_DOWN` if the runner was shut down meanwhile;
+            `Start.NO_THREAD` (logged) if no thread could be started and none is
             alive: the round will never run, and the caller hands its lease back.
         """
         return self.submit_many([run])[0]
 
     def submit_many(self, runs: list[Run]) -> list[Start]:
-        """:meth:`submit` each of ``runs``; the sync ones handed to the worker threads in
+        """`submit` each of ``runs``; the sync ones handed to the worker threads in
         one go (the rounds of an instant start together). Returns what became of each."""
         starts: list[Start] = []
         sync: list[Run] = []
@@ -236,7 +236,7 @@ class RoundRunner:
 
         The cause is recorded first, then an async task's cancellation is queued on its
         loop, then waiters are woken (queued after it, from this same thread): a job
-        waiting in ``ctx.wait_async`` always sees :class:`asyncio.CancelledError` there,
+        waiting in ``ctx.wait_async`` always sees `asyncio.CancelledError` there,
         and the fake clock counts it as running again before this returns.
         """
         if not run.ctx._cancel(cause, wake=False):
@@ -367,7 +367,7 @@ class RoundRunner:
 
     def _missed(self, run: Run) -> bool:
         """Whether ``run``'s round, about to start, missed its job's start deadline (it is
-        then not run: marked :attr:`Outcome.MISSED_DEADLINE`, and logged).
+        then not run: marked `Outcome.MISSED_DEADLINE`, and logged).
 
         Checked for every round of the instant's schedule (scheduled, caught up, a second
         run); not for a retry (bounded by the job's next instant instead) nor a manual

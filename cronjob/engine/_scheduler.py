@@ -2,10 +2,10 @@
 
 ``Scheduler`` checks the database, builds the parts (see the package docstring,
 "Threads", and docs/architecture.md), starts the dispatcher thread, and drains and stops
-them. The rules themselves live in the parts: :mod:`._dispatcher` (instants, rounds in
-flight), :mod:`._claiming` (claims), :mod:`._runner` (rounds), :mod:`._ends` (their ends),
-:mod:`._keeper` (renewal, loss, forced exit), :mod:`._recovery` (database retry, catch-up,
-the sweep). The options' defaults and checks are :mod:`._options`'.
+them. The rules themselves live in the parts: `_dispatcher` (instants, rounds in
+flight), `_claiming` (claims), `_runner` (rounds), `_ends` (their ends),
+`_keeper` (renewal, loss, forced exit), `_recovery` (database retry, catch-up,
+the sweep). The options' defaults and checks are `_options`'.
 """
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ class Scheduler:
     job on every replica.
 
     Args:
-        database: A SQLAlchemy URL, :class:`~sqlalchemy.Engine` or
-            :class:`~sqlalchemy.ext.asyncio.AsyncEngine` (an engine passed in is not
+        database: A SQLAlchemy URL, `Engine` or
+            `AsyncEngine` (an engine passed in is not
             disposed by the scheduler). ``None`` reads ``$CRONJOB_DATABASE_URL`` and,
             without it, uses the SQLite file ``cronjob.sqlite`` in the working directory.
             An ``AsyncEngine`` or an async URL (``postgresql+asyncpg://…``) serves the
             jobs' ``ctx.transaction_async()``; the lease statements then run on a sync
             engine the scheduler makes on the same URL with the sync driver (psycopg,
-            sqlite3, PyMySQL) through :func:`lease.create_engine`.
+            sqlite3, PyMySQL) through [lease.create_engine][].
         registry: The jobs to run; ``None`` for the default registry.
         clock: Where time is read and waited on; ``None`` for the system clock. Given a
             fake clock, lease times follow it too; otherwise they are the database's.
@@ -82,7 +82,7 @@ class Scheduler:
             lost. The default logs it as critical and ends the process (status 70);
             tests pass a recorder and find the scheduler crashed.
         sql_comments: Annotate each statement a round runs on the scheduler's engine with
-            the job name and trace id (see :mod:`execctx`).
+            the job name and trace id (see [execctx][]).
         loop: An asyncio loop to run async jobs on. ``async with`` (and so
             ``cronjob.lifespan``) uses the loop that enters it; otherwise, by default, the
             scheduler runs its own in a thread when it has async jobs.
@@ -93,7 +93,7 @@ class Scheduler:
             running; see ``cronjob.engine._metrics``); by default OpenTelemetry's global provider
             (nothing is recorded unless an SDK is configured).
         history: How long the round history (``cronjob history NAME``) keeps rounds, see
-            :class:`History`; ``None`` keeps none. Each job's state (last outcome, last
+            [History][cronjob.History]; ``None`` keeps none. Each job's state (last outcome, last
             error, failures in a row, ...) is on record either way.
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
@@ -175,8 +175,9 @@ class Scheduler:
     @property
     def ready(self) -> bool:
         """Whether this replica is up: started, and its database reached with the lease
-        tables at head; ``False`` before :meth:`start`, while a database that was down at
-        start has not been reached yet, once a drain or stop began, and after a crash.
+        tables at head; ``False`` before [start][cronjob.Scheduler.start], while a database
+        that was down at start has not been reached yet, once a drain or stop began, and
+        after a crash.
 
         For a readiness probe; safe to read from any thread. A scheduler with no jobs is
         ready once started (it needs no database). An outage *after* start does not
@@ -245,8 +246,8 @@ class Scheduler:
 
         A registry with no jobs opens no connection and starts nothing. A database that
         is down is retried in the background with back-off (and logged); per-instance jobs
-        run meanwhile (:attr:`ready` tells when it is reached). A failed start leaves
-        nothing running and the engine it created disposed.
+        run meanwhile ([ready][cronjob.Scheduler.ready] tells when it is reached). A failed
+        start leaves nothing running and the engine it created disposed.
 
         Raises:
             lease.DatabaseRefused: the server answered and refused: the database does not
@@ -256,7 +257,7 @@ class Scheduler:
             lease.MigrationRequired: ``auto_migrate=False`` and the tables are not at head.
             RuntimeError: the scheduler was already started.
             ValueError: a job's ``pause_after_failures`` cannot be counted: the scheduler
-                keeps no history, or too few rounds per job (see :mod:`._failures`).
+                keeps no history, or too few rounds per job (see `_failures`).
         """
         with self._lock:
             if self._started:
@@ -370,7 +371,8 @@ class Scheduler:
         )
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Stop starting rounds, cancel the running ones with :class:`Shutdown`, and wait.
+        """Stop starting rounds, cancel the running ones with [Shutdown][cronjob.Shutdown],
+        and wait.
 
         A round whose job then raises its cancellation is cut short: its lease is given
         back and it runs a second time elsewhere. One that returns or raises its own error
@@ -474,7 +476,7 @@ class Scheduler:
     def _connect(
         self, *, check_dialect: bool, async_jobs: bool = False
     ) -> tuple[Engine, lease.LeaseStore]:
-        """Make or take the engines (see :mod:`._database`); return the lease statements'
+        """Make or take the engines (see `_database`); return the lease statements'
         engine and its store."""
         engines = connect(
             self._database,

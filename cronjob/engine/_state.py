@@ -2,7 +2,7 @@
 
 Both belong to the dispatcher thread (see the package docstring, "Threads"): only the
 dispatcher and the parts it calls create or change them. A round's worker thread reads
-its own :class:`Run` and sets ``ended`` once, before it hands the end back.
+its own `Run` and sets ``ended`` once, before it hands the end back.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _WHY = {"catch-up after an outage": "catch-up", "start-up": "start"}
 class Reason(enum.Enum):
     """Why a round runs: on its span (``cronjob.reason``) and in its start line.
 
-    :attr:`text` is the value as a plain attribute, :attr:`why` the word the history
+    `text` is the value as a plain attribute, `why` the word the history
     keeps (``cronjob.admin.Why``): read for every round, thousands a second at scale,
     and an enum's ``value`` is a property that costs a call each time.
     """
@@ -72,7 +72,7 @@ class JobState:
     busy: bool = False
     #: The round in flight, if any.
     run: Run | None = None
-    #: Where the job's rounds are measured (see :mod:`cronjob.engine._metrics`).
+    #: Where the job's rounds are measured (see `cronjob.engine._metrics`).
     metrics: JobMetrics = NO_METRICS
     #: A per-instance job paused by an operator, as the latest sweep read it (a leased
     #: job's pause is in its lease row, which the claim itself reads).
@@ -95,7 +95,7 @@ class JobState:
         """The job's first instant strictly after ``instant`` (``None``: none): the claim
         of ``instant`` writes it on the lease row, and the end of its round schedules it.
         Asked of the job's schedule, which every job on its spec shares and which keeps
-        its last answer (see :class:`cronjob.Schedule`): the jobs due at one instant
+        its last answer (see [cronjob.Schedule][]): the jobs due at one instant
         compute it once."""
         return self.job.schedule.next(instant)
 
@@ -129,12 +129,12 @@ class Run:
     started_mono: float = 0.0
     #: Monotonic clock time the round was made, to wait for a worker thread.
     queued_mono: float = 0.0
-    #: The request a manual round runs for (:attr:`Reason.MANUAL`); ``None`` otherwise.
+    #: The request a manual round runs for (`Reason.MANUAL`); ``None`` otherwise.
     request: lease.TriggerRow | None = None
     #: How the job ended, once it did (set by its worker; counted in the summary line).
     outcome: Outcome | None = None
     #: Its attempt failed and the round runs again after this many seconds (set by its
-    #: worker with :attr:`Outcome.RETRYING`; ``None`` if the retry is given up).
+    #: worker with `Outcome.RETRYING`; ``None`` if the retry is given up).
     retry_delay: float | None = None
     #: The failure of the attempt that ended ``retrying``: logged in one line then, its
     #: traceback kept for the one line that tells the retry is given up (if it is).

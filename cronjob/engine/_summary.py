@@ -21,7 +21,7 @@ SUMMARY_PERIOD = 60.0
 
 
 class RoundSummary:
-    """Counts the rounds started and ended; logs them once :data:`SUMMARY_PERIOD` passed.
+    """Counts the rounds started and ended; logs them once `SUMMARY_PERIOD` passed.
 
     Args:
         since: The monotonic time the count starts from.

@@ -3,36 +3,37 @@
 - **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
   cut short that run a second time (attempt 2): not run to its end, or its end not on
   record; not run a second time already; no later instant claimed since. Those of one
-  instant are claimed in one statement (see :mod:`cronjob.engine._reruns`); the claim
+  instant are claimed in one statement (see `cronjob.engine._reruns`); the claim
   lets one replica win each, so two replicas never both run it.
 - **Replica record**: each sweep puts this replica on record as seen now, in its own
-  statement on PostgreSQL, its transaction elsewhere (:meth:`lease.LeaseStore.survey`):
+  statement on PostgreSQL, its transaction elsewhere ([lease.LeaseStore.survey][]):
   whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only
   (whole again if it is gone); ``cronjob status`` lists the replicas seen lately.
 - **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
   the lease table, written by ``cronjob pause``) with each sweep, and skips their
   instants while paused: a pause reaches every replica within one sweep.
 - **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep also reads the
-  open requests (one query; see :class:`lease.Triggers`) and takes those for this
+  open requests (one query; see [lease.Triggers][]) and takes those for this
   replica's jobs: a manual round under the job's lease (refused if the lease is held),
   its second run if it was cut short, a per-instance job's round asked of this replica,
   or the catch-up of an instant skipped while paused (claimed as any instant). Requests
-  older than :data:`lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
-  request's ``NOTIFY`` wakes the sweep at once (see :mod:`cronjob.engine._listen`).
+  older than `lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
+  request's ``NOTIFY`` wakes the sweep at once (see `cronjob.engine._listen`).
 - **Check**: at start and then every minute, a job whose lease row has gone (deleted by
   hand, a backup restored from before the job existed, a start-up ``ensure`` that
   failed) gets it back, logged, since claims only update rows; and a clock that
   disagrees with the database's by more than 2 s is logged as an error (a replica far
-  ahead has its claims refused, see :data:`lease.CLAIM_AHEAD_LIMIT`).
+  ahead has its claims refused, see `lease.CLAIM_AHEAD_LIMIT`).
 
-On a fake clock (every replica in this process, see :attr:`Clock.in_process`) the
-sweeper watches the lease writes of the process (:meth:`lease.LeaseStore.watch`) and
-sends no statement while nothing can be found: a sweep that found nothing runs again
-only once a lease is given back, or a lease held without its end recorded may have
-expired (a replica crashed); it then runs on its 15 s grid, so tests see the same sweeps
-at the same fake times. The check runs at start, then only when a claim of this replica
-missed a job that no replica of the process holds (its row may be gone), at most once a
-minute. A fake day of three replicas then costs the claims and the ends, no more.
+On a fake clock (every replica in this process, see
+[Clock.in_process][cronjob.Clock.in_process]) the sweeper watches the lease writes of the
+process ([lease.LeaseStore.watch][]) and sends no statement while nothing can be found: a
+sweep that found nothing runs again only once a lease is given back, or a lease held without
+its end recorded may have expired (a replica crashed); it then runs on its 15 s grid, so
+tests see the same sweeps at the same fake times. The check runs at start, then only when a
+claim of this replica missed a job that no replica of the process holds (its row may be
+gone), at most once a minute. A fake day of three replicas then costs the claims and the
+ends, no more.
 
 Dispatcher thread only (``_on_write`` excepted); statements run on the control thread.
 """

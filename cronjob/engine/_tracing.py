@@ -25,9 +25,9 @@ class RoundScope:  # used as a function too: ``with round_scope(...) as scope``
     ``catch-up``, ``catch-up after an outage``, ``re-run``); spans the job opens are its
     children, and every log record and (instrumented) SQL statement made inside carries
     the job name and trace id. Entering it returns the scope itself, which puts the
-    round's outcome on the span (:meth:`outcome`).
+    round's outcome on the span (`outcome`).
 
-    An object over :func:`execctx.work`'s, not a generator: entered once per round,
+    An object over [execctx.work][]'s, not a generator: entered once per round,
     thousands of times a second at scale.
     """
 

@@ -1,6 +1,6 @@
 """A pool of daemon threads for rounds and lease statements.
 
-Not :class:`concurrent.futures.ThreadPoolExecutor`: the interpreter joins its threads at
+Not `concurrent.futures.ThreadPoolExecutor`: the interpreter joins its threads at
 exit, so one job that ignores its cancellation would keep the process from ever exiting
 after a drain. These threads are daemons: the process ends when it means to.
 
@@ -13,13 +13,13 @@ Two promises the executor does not make:
   thread fails (the OS limit: ``RuntimeError: can't start new thread``) and other
   threads are alive, the work stays queued for the first of them to free up, and the
   failure is logged; when no thread is alive to run it, the work is withdrawn and
-  :class:`NoWorkerThread` tells the caller, distinct from :class:`WorkersClosed`.
+  `NoWorkerThread` tells the caller, distinct from `WorkersClosed`.
 
 Work accounting for a fake clock: a work item queued while every thread is busy is
 *parked* (the ``park`` hook uncounts it), so a queued round behind a job waiting on the
 clock does not keep fake time from moving; it is counted again (``unpark``) when a thread
 is about to take it, before the thread's previous item stops being counted
-(:meth:`Workers.hand_over`), so there is no moment when the pool looks idle. A thread
+(`Workers.hand_over`), so there is no moment when the pool looks idle. A thread
 that has handed over is on its way back for more: until it is back, an item queued is
 its to take, not parked (its item stops being counted before the thread reaches the
 queue, and fake time must not move past an item a thread is about to run).
@@ -51,7 +51,7 @@ class WorkersClosed(RuntimeError):
 class NoWorkerThread(Exception):
     """Raised when work cannot run because no thread could be started and none is alive.
 
-    The work was withdrawn: it will never run. Not a :class:`RuntimeError`, so it is
+    The work was withdrawn: it will never run. Not a `RuntimeError`, so it is
     never mistaken for a pool that was shut down.
     """
 
@@ -70,7 +70,7 @@ class Workers:
             thread free to take it; its work accounting is suspended.
         unpark: Called (under the pool's lock) when a parked item is about to be taken.
         drained: Called (outside the pool's lock) by the thread that takes the last
-            queued item: nothing waits for a thread any more (see :attr:`queued`).
+            queued item: nothing waits for a thread any more (see `queued`).
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class Workers:
         self._park = park
         self._unpark = unpark
         self._drained = drained
-        #: Whether anyone counts work (a fake clock): without, :meth:`hand_over` has
+        #: Whether anyone counts work (a fake clock): without, `hand_over` has
         #: nothing to tell, so it skips the pool's lock (the thread's next look at the
         #: queue settles the count).
         self._accounting = park is not _nothing or unpark is not _nothing
@@ -103,7 +103,7 @@ class Workers:
         self._starting = 0
         #: Queued items whose accounting is suspended (no thread was free for them).
         self._parked = 0
-        #: Threads whose item has handed over (:meth:`hand_over`) and that have not yet
+        #: Threads whose item has handed over (`hand_over`) and that have not yet
         #: come back to the queue: takers, as the idle ones (with accounting only).
         self._returning = 0
         self._local = threading.local()
@@ -135,13 +135,13 @@ class Workers:
             self._queue(work)
 
     def submit_many(self, works: list[Callable[[], None]]) -> list[NoWorkerThread | None]:
-        """:meth:`submit` each of ``works`` in order, taking the pool's lock once.
+        """`submit` each of ``works`` in order, taking the pool's lock once.
 
         Thousands of rounds of one instant are started together: one lock for all of them
         instead of one each, which the worker threads taking the first of them contend for.
 
         Returns:
-            For each item, ``None`` (queued) or the :class:`NoWorkerThread` that
+            For each item, ``None`` (queued) or the `NoWorkerThread` that
             withdrew it.
 
         Raises:
@@ -161,7 +161,7 @@ class Workers:
         return outcomes
 
     def _queue(self, work: Callable[[], None]) -> None:
-        """:meth:`submit` with the pool's lock held."""
+        """`submit` with the pool's lock held."""
         if self._closed:
             raise WorkersClosed(f"{self._name}: the worker pool is shut down")
         self._pending.append(work)

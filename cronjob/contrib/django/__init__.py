@@ -8,10 +8,10 @@ Add ``"cronjob.contrib.django"`` to ``INSTALLED_APPS``. Settings (all optional):
 - ``CRONJOB_DATABASE``: the alias in ``DATABASES`` that holds the lease table (default
   ``"default"``); it must be a primary on PostgreSQL, MariaDB/MySQL or SQLite.
 - ``CRONJOB_DATABASE_URL``: a SQLAlchemy URL that overrides the alias (then
-  :func:`fenced` cannot check leases on Django's connection: keep the two together).
+  `fenced` cannot check leases on Django's connection: keep the two together).
 
 Layout: ``apps`` (the app and its discovery of job modules), ``_database`` (the URL),
-``_fenced`` (:func:`fenced`), ``management/commands/cronjob`` (the command).
+``_fenced`` (`fenced`), ``management/commands/cronjob`` (the command).
 """
 
 from __future__ import annotations

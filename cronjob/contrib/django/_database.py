@@ -60,7 +60,7 @@ def database_url() -> str:
 
 
 def url_from_settings(config: Mapping[str, Any], vendor: str, alias: str) -> str:
-    """Build the SQLAlchemy URL of one ``DATABASES`` entry (see :func:`database_url`)."""
+    """Build the SQLAlchemy URL of one ``DATABASES`` entry (see `database_url`)."""
     from django.core.exceptions import ImproperlyConfigured
 
     where = f"cronjob: DATABASES[{alias!r}]"

@@ -23,7 +23,7 @@ def fenced(ctx: Round, *, using: str | None = None) -> Iterator[None]:
     Like ``ctx.transaction()`` for the Django ORM: inside the transaction, on Django's
     own connection, it checks that the round still holds its lease (the same statement,
     the row's fencing token) when the block starts and again just before it commits,
-    and raises :class:`cronjob.LeaseLost` otherwise, rolling the block's writes back.
+    and raises [cronjob.LeaseLost][] otherwise, rolling the block's writes back.
     A per-instance round, or one built by ``cronjob.testing.make_round``, gets a plain
     ``atomic()``. As Django does around a request, connections of the job's thread that
     are past ``CONN_MAX_AGE`` (with the default 0, all of them) are closed before the
