@@ -188,6 +188,11 @@ class PolicyTimers:
             "then the job runs again"
         )
         ends, keeper = dispatcher.runner.ends.decided, dispatcher.keeper
+        if run.request is not None:
+            # A manual round's end is its request's to record, and its lease row's
+            # instant, attempt and state are the schedule's: the exit alone, as before.
+            keeper.force_exit(run, message)
+            return
 
         def done(result: bool | BaseException | None) -> None:
             if result is None or self._flags.crashed:
