@@ -1,7 +1,7 @@
 """Run a scheduler command in a process of its own: start it, wait until it has started,
 SIGTERM it, and tell how it ended; then read the lease rows it left (tests of
 ``cronjob run`` and the framework commands, and ``scripts/wheel_smoke.py``); or run a
-``python -m`` command to its end."""
+``python -m`` command or a ``python -c`` program to its end."""
 
 from __future__ import annotations
 
@@ -95,8 +95,26 @@ def run_module(
     """``python -m MODULE ARGS`` with this interpreter, in ``cwd``, ``env`` over this
     process's environment; it must end within ``timeout`` s. Its output is captured as
     text; its exit status is the caller's to check."""
+    return _python(["-m", module, *args], cwd=cwd, env=env, timeout=timeout)
+
+
+def run_code(
+    code: str,
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE ARGS``, as `run_module` runs a module (a program the test
+    writes, run apart from the test's own imports and state)."""
+    return _python(["-c", code, *args], cwd=cwd, env=env, timeout=timeout)
+
+
+def _python(
+    args: list[str], *, cwd: Path | None, env: dict[str, str] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
