@@ -85,34 +85,12 @@ def run_until_started(
     return status, run.output
 
 
-def run_module(
-    module: str,
-    *args: str,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-    timeout: float = 60,
+def run_python(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m MODULE ARGS`` with this interpreter, in ``cwd``, ``env`` over this
-    process's environment; it must end within ``timeout`` s. Its output is captured as
-    text; its exit status is the caller's to check."""
-    return _python(["-m", module, *args], cwd=cwd, env=env, timeout=timeout)
-
-
-def run_code(
-    code: str,
-    *args: str,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-    timeout: float = 120,
-) -> subprocess.CompletedProcess[str]:
-    """``python -c CODE ARGS``, as `run_module` runs a module (a program the test
-    writes, run apart from the test's own imports and state)."""
-    return _python(["-c", code, *args], cwd=cwd, env=env, timeout=timeout)
-
-
-def _python(
-    args: list[str], *, cwd: Path | None, env: dict[str, str] | None, timeout: float
-) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` (``-m MODULE …``, ``-c CODE …``) with this interpreter, in ``cwd``,
+    ``env`` over this process's environment; it must end within ``timeout`` s. Its output
+    is captured as text; its exit status is the caller's to check."""
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,

@@ -15,7 +15,7 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from tests._process import run_code
+from tests._process import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +118,7 @@ def test_the_demo_runs_on_the_base_install(tmp_path):
         print(json.dumps(sorted({{(r.job, r.outcome.value) for r in ran}})))
         """
     )
-    done = run_code(code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT)
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
         ["long-export", "cut short"],  # still exporting when the scheduler stops
@@ -155,7 +155,7 @@ def test_the_demo_report_counts_only_the_applications_jobs(tmp_path):
         print("\\n".join(line for line in lines if line.startswith("report for")))
         """
     )
-    done = run_code(code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT)
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "report for 2026-03-02T09:00:10+00:00: 2 job(s) on record",  # report, long-export

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._process import run_code
+from tests._process import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(python|text)\n(.*?)^```", re.S | re.M)
@@ -111,7 +111,7 @@ def test_the_failure_hook_example_pages_three_times_then_the_job_pauses(tmp_path
         print("paused by", job.paused_by)
         """
     )
-    done = run_code(code, f"sqlite:///{tmp_path / 'pages.sqlite'}", cwd=REPO)
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'pages.sqlite'}", cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     pages = [line for line in lines if line.startswith("PAGE: ")]
