@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -635,6 +636,23 @@ def publish(name: str, benchmark: str, rows: list[dict[str, Any]], *, merge: boo
             "results": rows,
         },
         merge=merge,
+    )
+    print(f"written to {path}")
+    return path
+
+
+def save_run(benchmark: str, **fields: Any) -> Path:
+    """Save one run of ``benchmark`` to ``results/BENCHMARK.json``: its name, the time, the
+    Python and SQLAlchemy versions, then ``fields``; and say where."""
+    path = save(
+        benchmark,
+        {
+            "benchmark": benchmark,
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+            "sqlalchemy": sa.__version__,
+            **fields,
+        },
     )
     print(f"written to {path}")
     return path

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import platform
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -32,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 import lease
-from benchmarks._harness import save
+from benchmarks._harness import save_run
 from benchmarks.bench_lease import DATABASES
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -172,15 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r.get('parameter_sets', '-'):>8} {r.get('rows_inserted', '-'):>8} "
                 f"{r.get('rows_updated', '-'):>8}"
             )
-    document = {
-        "benchmark": "ensure",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "sqlalchemy": sa.__version__,
-        "jobs": args.jobs,
-        "results": results,
-    }
-    print(f"written to {save('ensure', document)}")
+    save_run("ensure", jobs=args.jobs, results=results)
 
 
 if __name__ == "__main__":

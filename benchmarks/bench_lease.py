@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import time
 import uuid
@@ -32,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 import lease
-from benchmarks._harness import save
+from benchmarks._harness import save_run
 from tests._helpers import statements
 
 POSTGRES_URL = os.environ.get(
@@ -91,13 +90,20 @@ def _count(engine: sa.Engine, operation: Callable[[], object]) -> int:
     return len(sent)
 
 
+def seeded(engine: sa.Engine, jobs: int) -> tuple[lease.LeaseStore, list[str]]:
+    """Migrate the database of ``engine`` and ensure the leases of ``solo`` and of ``jobs``
+    jobs named ``job-0``, ``job-1``…: the store, and those jobs' names."""
+    lease.migrate(engine)
+    store = lease.LeaseStore(engine)
+    names = [f"job-{i}" for i in range(jobs)]
+    store.ensure(["solo", *names])
+    return store, names
+
+
 def bench(url: str, *, cycles: int, jobs: int) -> dict[str, Any]:
     engine = lease.create_engine(url)
     try:
-        lease.migrate(engine)
-        store = lease.LeaseStore(engine)
-        names = [f"job-{i}" for i in range(jobs)]
-        store.ensure(["solo", *names])
+        store, names = seeded(engine, jobs)
         instant = START
 
         def next_instant() -> datetime:
@@ -169,15 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<10} {result['claims_per_s']:>10.0f} {result['batch_round_ms']:>10.1f}  "
             f"{counts['claim']}/{counts['renew']}/{counts['finish']}/{counts['find_cut_short']}"
         )
-    document = {
-        "benchmark": "lease",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "sqlalchemy": sa.__version__,
-        "cycles": args.cycles,
-        "results": results,
-    }
-    print(f"written to {save('lease', document)}")
+    save_run("lease", cycles=args.cycles, results=results)
 
 
 if __name__ == "__main__":

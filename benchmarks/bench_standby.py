@@ -39,6 +39,7 @@ from typing import Any
 
 import lease
 from benchmarks import _harness, _table
+from benchmarks.bench_lease import seeded
 from tests.faults._standby import StandbyPair
 from tests.faults.harness import JobSpec, Scenario, schema_url, wall_now
 
@@ -55,10 +56,7 @@ def claims(*, synchronous: bool, lag: float, cycles: int, jobs: int) -> dict[str
     with StandbyPair(synchronous=synchronous, lag=lag) as pair:
         engine = lease.create_engine(pair.url)
         try:
-            lease.migrate(engine)
-            store = lease.LeaseStore(engine)
-            names = [f"job-{i}" for i in range(jobs)]
-            store.ensure(["solo", *names])
+            store, names = seeded(engine, jobs)
             instant = START
             one: list[float] = []
             for n in range(cycles + 20):  # the first 20 warm the pool and caches

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -16,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 import cronjob
 import lease
-from cronjob import web
+from cronjob import admin, web
 from cronjob.testing import FakeClock
 
 if TYPE_CHECKING:
@@ -126,6 +127,17 @@ def wsgi_call(
     return status, headers, body.decode()
 
 
+class SweepingClock(FakeClock):
+    """A fake clock on which the sweep runs every 15 s, as on the system clock, and with
+    it the refresh of each replica's record: a fake clock otherwise skips the sweeps that
+    nothing could have changed (see ``engine/_sweep.py``), and a replica would look gone
+    after a minute."""
+
+    @property
+    def in_process(self) -> bool:
+        return False
+
+
 def replica_row(now: Any, jobs: int, spec: str = "0 * * * * *") -> lease.ReplicaRow:
     """Replica ``r1`` as its sweep puts it on record at ``now``, with ``jobs`` leased jobs
     of ``spec`` named ``job-00000``, ``job-00001``…"""
@@ -150,3 +162,20 @@ def run_sql(url: str, *sql: str) -> None:
                 conn.execute(sa.text(statement))
     finally:
         engine.dispose()
+
+
+@contextmanager
+def nightly_scheduler(url: str) -> Iterator[threading.Event]:
+    """Replica ``a`` on the system clock with one job, ``nightly`` (03:00, so no schedule
+    runs it in a test), once the first sweep is over (it runs as the scheduler starts, the
+    next one 15 s later); yields the event a round of ``nightly`` sets."""
+    started = threading.Event()
+    registry = cronjob.Registry()
+    registry.register(lambda ctx: started.set(), "0 0 3 * * *", "nightly")
+    with cronjob.Scheduler(url, registry=registry, replica_id="a") as scheduler:
+        assert scheduler.ready
+        deadline = time.monotonic() + 10
+        while not admin.status(url).replicas:  # its first sweep is over
+            assert time.monotonic() < deadline, "the first sweep did not come"
+            time.sleep(0.01)
+        yield started

@@ -1,7 +1,7 @@
 """Run a scheduler command in a process of its own: start it, wait until it has started,
 SIGTERM it, and tell how it ended; then read the lease rows it left (tests of
 ``cronjob run`` and the framework commands, and ``scripts/wheel_smoke.py``); or run a
-``python -m`` command to its end."""
+``python -m`` command or a ``python -c`` program to its end."""
 
 from __future__ import annotations
 
@@ -85,18 +85,14 @@ def run_until_started(
     return status, run.output
 
 
-def run_module(
-    module: str,
-    *args: str,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-    timeout: float = 60,
+def run_python(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m MODULE ARGS`` with this interpreter, in ``cwd``, ``env`` over this
-    process's environment; it must end within ``timeout`` s. Its output is captured as
-    text; its exit status is the caller's to check."""
+    """``python ARGS`` (``-m MODULE …``, ``-c CODE …``) with this interpreter, in ``cwd``,
+    ``env`` over this process's environment; it must end within ``timeout`` s. Its output
+    is captured as text; its exit status is the caller's to check."""
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, *args],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from tests._process import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,13 +118,7 @@ def test_the_demo_runs_on_the_base_install(tmp_path):
         print(json.dumps(sorted({{(r.job, r.outcome.value) for r in ran}})))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
         ["long-export", "cut short"],  # still exporting when the scheduler stops
@@ -161,13 +155,7 @@ def test_the_demo_report_counts_only_the_applications_jobs(tmp_path):
         print("\\n".join(line for line in lines if line.startswith("report for")))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'demo.sqlite'}", cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "report for 2026-03-02T09:00:10+00:00: 2 job(s) on record",  # report, long-export

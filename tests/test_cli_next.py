@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cronjob.admin._cli import main
-from tests._process import run_module
+from tests._process import run_python
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -203,12 +203,12 @@ class TestRunSubcommand:
 
 class TestModuleEntryPoint:
     def test_python_dash_m_cronjob_runs_the_cli(self):
-        done = run_module("cronjob", "next", "@hourly", "-n", "1", "--after", "2026-01-01")
+        done = run_python("-m", "cronjob", "next", "@hourly", "-n", "1", "--after", "2026-01-01")
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[1] == "  2026-01-01T01:00:00+00:00"
 
     def test_python_dash_m_cronjob_exits_2_on_bad_input(self):
-        done = run_module("cronjob", "next", "@often")
+        done = run_python("-m", "cronjob", "next", "@often")
         assert done.returncode == 2
         assert done.stderr.startswith("cronjob: error: unknown descriptor '@often'")
         assert "Traceback" not in done.stderr

@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 import lease
 from cronjob.contrib.django._database import url_from_settings
-from tests._process import lease_names, run_module, run_until_started
+from tests._process import lease_names, run_python, run_until_started
 from tests.conftest import POSTGRES_URL, _reachable
 
 PROJECT = Path(__file__).resolve().parent / "django_project"
@@ -27,8 +27,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "django_project"
 
 
 def django(*args: str, tmp_path: Path, db: str = "sqlite", apps: str = "", timeout: float = 120):
-    return run_module(
-        "django", *args, cwd=tmp_path, env=django_env(tmp_path, db, apps), timeout=timeout
+    return run_python(
+        "-m", "django", *args, cwd=tmp_path, env=django_env(tmp_path, db, apps), timeout=timeout
     )
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests._process import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(python|text)\n(.*?)^```", re.S | re.M)
@@ -111,13 +111,7 @@ def test_the_failure_hook_example_pages_three_times_then_the_job_pauses(tmp_path
         print("paused by", job.paused_by)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'pages.sqlite'}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python("-c", code, f"sqlite:///{tmp_path / 'pages.sqlite'}", cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     pages = [line for line in lines if line.startswith("PAGE: ")]

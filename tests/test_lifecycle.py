@@ -22,7 +22,7 @@ import cronjob
 import lease
 from cronjob.testing import FakeClock
 from tests._helpers import run_sql
-from tests._process import run_module, run_until_started
+from tests._process import run_python, run_until_started
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -418,7 +418,7 @@ class TestDatabaseRefused:
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60):
-    return run_module("cronjob", *args, cwd=cwd, env=env, timeout=timeout)
+    return run_python("-m", "cronjob", *args, cwd=cwd, env=env, timeout=timeout)
 
 
 def refused_run(tmp_path: Path, module: str, source: str) -> list[str]:

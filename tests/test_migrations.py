@@ -311,6 +311,26 @@ def _old_job_running(db_engine: sa.Engine, **running: Any) -> None:
         conn.execute(_OLD.update().where(_OLD.c.name == "old-job").values(**running))
 
 
+def _upgraded_under_a_round(
+    db_engine: sa.Engine, revision: str, now: datetime, *, holder: str
+) -> int:
+    """Upgrade to ``revision``, whose release makes the rows and runs a round of
+    ``old-job`` at ``now`` (token 42, ``holder``'s for 15 s); then the new release starts
+    and upgrades to head, live. Returns the round's ``expires_ms``."""
+    TestUpgradeTo0002.upgrade_to(db_engine, revision)
+    expires = int(now.timestamp() * 1000) + 15_000
+    _old_job_running(
+        db_engine,
+        instant=int(now.timestamp()),
+        state="running",
+        token=42,
+        holder=holder,
+        expires_ms=expires,
+    )
+    lease.migrate(db_engine)
+    return expires
+
+
 class TestUpgradeTo0002:
     """Revision 0002 only adds, so a live database upgrades under rounds in flight and a
     replica of release 0001 (whose statements name only 0001's columns) keeps working."""
@@ -328,18 +348,8 @@ class TestUpgradeTo0002:
     ):
         from datetime import timedelta
 
-        self.upgrade_to(db_engine, "0001")
         t0 = manual_clock.now()
-        expires = int(t0.timestamp() * 1000) + 15_000
-        _old_job_running(  # release 0001 made the rows and runs a round
-            db_engine,
-            instant=int(t0.timestamp()),
-            state="running",
-            token=42,
-            holder="old-replica",
-            expires_ms=expires,
-        )
-        lease.migrate(db_engine)  # the new release starts: 0001 -> 0002, live
+        expires = _upgraded_under_a_round(db_engine, "0001", t0, holder="old-replica")
         new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
         new.ensure(["new-job"], specs={"new-job": "0 * * * * *"})
         assert lease.current_revision(db_engine) == HEAD
@@ -603,18 +613,8 @@ class TestUpgradeTo0006:
     ):
         from datetime import timedelta
 
-        TestUpgradeTo0002.upgrade_to(db_engine, "0005")
         t0 = manual_clock.now()
-        expires = int(t0.timestamp() * 1000) + 15_000
-        _old_job_running(  # release 0005 made the rows and runs a round
-            db_engine,
-            instant=int(t0.timestamp()),
-            state="running",
-            token=42,
-            holder="old",
-            expires_ms=expires,
-        )
-        lease.migrate(db_engine)  # the new release starts: 0005 -> 0006, live
+        expires = _upgraded_under_a_round(db_engine, "0005", t0, holder="old")
         assert lease.current_revision(db_engine) == HEAD
         new = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
         row = new.read(["old-job"])["old-job"]

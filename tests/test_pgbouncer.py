@@ -25,9 +25,10 @@ from conftest import POSTGRES_URL, START
 from sqlalchemy import event
 
 import lease
-from cronjob import Registry, Scheduler, admin
+from cronjob import admin
 from cronjob.engine import _listen
 from cronjob.engine._listen import Listener
+from tests._helpers import nightly_scheduler
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 
@@ -241,15 +242,7 @@ class TestListening:
         """On the system clock, so the listener would apply: the request is taken by the
         sweep, 15 s after the first."""
         caplog.set_level(logging.INFO, logger="cronjob")
-        started = threading.Event()
-        registry = Registry()
-        registry.register(lambda ctx: started.set(), "0 0 3 * * *", "nightly")
-        with Scheduler(pgbouncer_url, registry=registry, replica_id="a") as scheduler:
-            assert scheduler.ready
-            deadline = time.monotonic() + 10
-            while not admin.status(pgbouncer_url).replicas:  # its first sweep is over
-                assert time.monotonic() < deadline, "the first sweep did not come"
-                time.sleep(0.05)
+        with nightly_scheduler(pgbouncer_url) as started:
             assert "cronjob-listener" not in {t.name for t in threading.enumerate()}
             admin.trigger(pgbouncer_url, "nightly", by="ops")
             assert started.wait(25), "the sweep did not take the request"

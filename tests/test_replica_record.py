@@ -23,19 +23,9 @@ import lease
 import lease._records as lease_records
 from cronjob import Registry, admin
 from cronjob.testing import FakeClock
-from tests._helpers import replica_row
+from tests._helpers import SweepingClock, replica_row
 
 JOBS = 40
-
-
-class SweepingClock(FakeClock):
-    """A fake clock on which the sweep runs every 15 s, as on the system clock: a
-    fake clock otherwise skips the sweeps that nothing could have changed, the
-    refresh of the record with them (see ``engine/_sweep.py``)."""
-
-    @property
-    def in_process(self) -> bool:
-        return False
 
 
 @pytest.fixture

@@ -30,23 +30,13 @@ from cronjob._history import PRUNE_CHORE
 from cronjob.admin import Activity, Outcome
 from cronjob.admin._cli import main
 from cronjob.testing import FakeClock, crash
-from tests._helpers import wsgi_call
+from tests._helpers import SweepingClock, wsgi_call
 from tests._process import Watched, watched
 from tests.faults.harness import wait_until
 from tests.test_outage import outage as outage  # the fixture: a cut path to the database
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-
-
-class SweepingClock(FakeClock):
-    """A fake clock on which the sweep runs every 15 s, as on the system clock, and with
-    it the refresh of each replica's record: a fake clock otherwise skips the sweeps that
-    nothing could have changed, and a replica would look gone after a minute."""
-
-    @property
-    def in_process(self) -> bool:
-        return False
 
 
 @pytest.fixture

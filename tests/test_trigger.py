@@ -29,6 +29,7 @@ from cronjob.admin import Refusal, RequestState, Why
 from cronjob.admin._cli import main
 from cronjob.admin._control_cli import EXIT_NO_REPLICA, EXIT_REFUSED, run_trigger
 from cronjob.testing import FakeClock, crash
+from tests._helpers import nightly_scheduler
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -441,15 +442,7 @@ class TestListening:
     def test_on_postgresql_a_request_is_taken_at_once_not_at_the_next_sweep(self, postgres_url):
         """On the system clock: the scheduler's first sweep runs as it starts, the next one
         15 s later; the request's NOTIFY wakes a sweep in between."""
-        started = threading.Event()
-        registry = Registry()
-        registry.register(lambda ctx: started.set(), "0 0 3 * * *", "nightly")
-        with Scheduler(postgres_url, registry=registry, replica_id="a") as scheduler:
-            assert scheduler.ready
-            deadline = time.monotonic() + 10
-            while not admin.status(postgres_url).replicas:  # its first sweep is over
-                assert time.monotonic() < deadline, "the first sweep did not come"
-                time.sleep(0.01)
+        with nightly_scheduler(postgres_url) as started:
             asked = time.monotonic()
             admin.trigger(postgres_url, "nightly", by="ops")
             assert started.wait(10), "the request waited for the next sweep"

@@ -17,7 +17,6 @@ job's, or one for a ``--replica`` not live, is not), and ``--wait`` does not wai
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -25,7 +24,7 @@ from typing import Any, TextIO
 from .. import admin
 from .._clock import Clock
 from ._format import _cell, _time
-from ._read_cli import EXIT_USAGE, _database, _guarded, _jsonable
+from ._read_cli import EXIT_USAGE, _database, _guarded, _print_json
 
 __all__ = [
     "EXIT_NO_REPLICA",
@@ -256,11 +255,11 @@ def run_trigger(
             )
         if not args.wait or request.no_live_replica:
             if args.json:
-                print(json.dumps(_jsonable(request), indent=2), file=out)
+                _print_json(request, out)
             return EXIT_NO_REPLICA if request.no_live_replica else 0
         found = admin.wait(database, request, timeout=args.timeout, clock=clock)
         if args.json:
-            print(json.dumps([_jsonable(r) for r in found], indent=2), file=out)
+            _print_json(found, out)
         else:
             for r in found:
                 print(_ended(r), file=out)
@@ -283,7 +282,7 @@ def run_forget(
             print(f"cronjob: error: refused: {exc}", file=err)
             return EXIT_USAGE
         if args.json:
-            print(json.dumps(_jsonable(done), indent=2), file=out)
+            _print_json(done, out)
             return 0
         rounds = f"{done.rounds} round{'s' if done.rounds != 1 else ''} of history"
         requests = f"{done.requests} request{'s' if done.requests != 1 else ''} for a round now"

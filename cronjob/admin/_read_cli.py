@@ -121,7 +121,7 @@ def run_status(
                 raise admin.UnknownJob(f"no job named {args.name!r} is on record")
             report = dataclasses.replace(report, jobs=jobs)
         if args.json:
-            print(json.dumps(_jsonable(report) | {"healthy": report.healthy}, indent=2), file=out)
+            _print_json(_jsonable(report) | {"healthy": report.healthy}, out)
         else:
             _print_status(report, out)
         problems = report.problems
@@ -145,7 +145,7 @@ def run_history(
             _database(args), args.name, limit=args.limit, failed=args.failed, since=args.since
         )
         if args.json:
-            print(json.dumps([_jsonable(r) for r in rounds], indent=2), file=out)
+            _print_json(rounds, out)
             return 0
         if not rounds:
             print(f"no rounds of {_cell(args.name)} on record", file=out)
@@ -253,6 +253,12 @@ def _print_table(headers: list[str], rows: list[list[str]], out: TextIO) -> None
     for row in [headers, *rows]:
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         print("  ".join(cells).rstrip(), file=out)
+
+
+def _print_json(value: Any, out: TextIO) -> None:
+    """Print ``value`` on ``out`` as indented JSON: dataclasses as objects, instants in
+    ISO 8601 UTC, durations in seconds, enums as their values."""
+    print(json.dumps(_jsonable(value), indent=2), file=out)
 
 
 def _jsonable(value: Any) -> Any:
