@@ -206,7 +206,6 @@ class TestForget:
         a = replicas(jobs("report", "tick"), "a")
         replicas(jobs("tick"), "b")
         clock.advance(2 * 60)
-        admin.trigger(db_url, "report", now=clock.now())  # an open request of it
         with pytest.raises(admin.ForgetRefused) as refused:
             admin.forget(db_url, "report", now=clock.now())
         assert str(refused.value) == (
@@ -216,6 +215,9 @@ class TestForget:
         assert (refused.value.job, refused.value.registered_by) == ("report", ("a",))
         assert job_status(db_url, clock, "report").activity is Activity.IDLE
         a.stop()
+        # An open request of it, once no replica runs it (while one did, PostgreSQL's
+        # NOTIFY could have it taken at once, in real time).
+        admin.trigger(db_url, "report", now=clock.now())
         ran = rounds_of(db_url, "report")
         assert ran >= 2
         done = admin.forget(db_url, "report", now=clock.now())
@@ -335,6 +337,9 @@ class TestCleanStop:
         messages = [r.getMessage() for r in caplog.records]
         assert "lease statements still running after 10s at stop" in messages
 
+    # The servers only: SQLite's outage is a write lock, which lets the probes' reads
+    # through, so the database is not reliably "known lost" when the stop comes.
+    @pytest.mark.parametrize("db_url", ["postgres", "mysql"], indirect=True)
     def test_a_stop_while_the_database_is_known_lost_sends_nothing(self, outage, clock, caplog):
         """A claim failed (the database is being probed): the stop does not try the
         delete at all, and says so."""
