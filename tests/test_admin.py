@@ -366,6 +366,7 @@ class TestReplicas:
         old.register(lambda ctx: None, "0 0 * * * *", "report")
         new.register(lambda ctx: None, "0 30 * * * *", "report")
         replicas(old, "old")
+        clock.advance(0)  # its start-up's ensure written (on its control thread) first
         replicas(new, "new")  # started last: its spec is the one on the lease row
         clock.advance(0)
         job = job_status(db_url, clock, "report")
