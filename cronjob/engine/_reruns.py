@@ -136,10 +136,11 @@ class Reruns:
             return {}
         if not result.names:
             return {}
-        late = too_late(claimed_at, self._clock.monotonic())
+        now = self._clock.monotonic()
+        late = too_late(claimed_at, now)
         if dispatcher.draining or late:
             # Handed back unrun, and so still owed: a later sweep claims it again.
-            took = self._clock.monotonic() - claimed_at
+            took = now - claimed_at
             why = (
                 f"(a second run) came back {took:.1f} s after it was sent, when its leases "
                 "may be lost already"
