@@ -14,6 +14,9 @@ Layout: the public face at the top, one private module per concern, and two wing
   [job][cronjob.job] and [job_per_instance][cronjob.job_per_instance],
   [Registry][cronjob.Registry]; ``_policy``: [Policy][cronjob.Policy], a job's timeout,
   retries, start deadline, self-pause and failure hook, validated at registration.
+- ``_registry`` also holds the tasks ([task][cronjob.task]), whose schedules are data:
+  [cronjob.schedules][] adds them in the application's transaction; ``_bounds``: their
+  start/end windows and one-off instants.
 - ``_round``: [Round][cronjob.Round], what a job receives, and how its outcome is classified;
   ``_records``: a round's record in the history, as the admin API and the hooks give it.
 - ``_clock`` / ``_fakeclock``: time, real and fake (see [cronjob.testing][]);
@@ -55,6 +58,7 @@ Importing this package does no I/O and starts nothing.
 
 from __future__ import annotations
 
+from . import schedules as schedules
 from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._exceptions import Cancelled as Cancelled
@@ -70,11 +74,14 @@ from ._lifespan import lifespan as lifespan
 from ._policy import Policy as Policy
 from ._registry import Job as Job
 from ._registry import Registry as Registry
+from ._registry import Task as Task
 from ._registry import default_registry as default_registry
 from ._registry import job as job
 from ._registry import job_per_instance as job_per_instance
 from ._registry import register as register
 from ._registry import register_per_instance as register_per_instance
+from ._registry import register_task as register_task
+from ._registry import task as task
 from ._round import Outcome as Outcome
 from ._round import Round as Round
 from ._round import Trigger as Trigger
@@ -100,6 +107,7 @@ __all__ = [
     "Scheduler",
     "Shutdown",
     "SystemClock",
+    "Task",
     "TimedOut",
     "Trigger",
     "default_registry",
@@ -109,11 +117,16 @@ __all__ = [
     "parse",
     "register",
     "register_per_instance",
+    "register_task",
+    "schedules",
+    "task",
 ]
 
 # Public objects name the public module, so reprs and docs never show `_x`.
 for _name in __all__:
     _obj = globals()[_name]
+    if _name == "schedules":
+        continue
     if getattr(_obj, "__module__", "").startswith(("cronjob._", "cronjob.engine.")):
         _obj.__module__ = __name__
 del _name, _obj

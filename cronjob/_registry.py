@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from inspect import Parameter
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import lease
 
+from ._callables import check_fn, is_async, taken_message
 from ._exceptions import RegistrationError, ScheduleError
 from ._policy import DEFAULT_POLICY, FailureHook, Policy, PolicyOptions, check_hook, make_policy
 from ._schedule import Schedule, parse
@@ -24,11 +21,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Job",
     "Registry",
+    "Task",
     "default_registry",
     "job",
     "job_per_instance",
     "register",
     "register_per_instance",
+    "register_task",
+    "task",
 ]
 
 #: The longest job name: the name is the lease row's key.
@@ -55,6 +55,9 @@ class Job:
             instants. Per-instance jobs only: a leased job's start-up run is its catch-up.
         policy: Its timeout, retries, start deadline, self-pause and failure hook
             ([Policy][cronjob.Policy]); the defaults keep the seed's behaviour.
+        task: For a schedule made of data, the task that runs it; ``None`` for a
+            registered job.
+        args: For a schedule made of data, the JSON text of its arguments.
 
     Raises:
         RegistrationError: ``run_at_start`` on a leased job.
@@ -67,6 +70,8 @@ class Job:
     is_async: bool
     run_at_start: bool = False
     policy: Policy = DEFAULT_POLICY
+    task: str | None = None
+    args: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_at_start, bool):
@@ -82,6 +87,25 @@ class Job:
                 "runs it as it starts); a leased job catches up its latest missed instant "
                 "at start instead"
             )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """A registered task: code whose schedules are data (see `cronjob.schedules`).
+
+    Attributes:
+        name: The task's name, which schedules name; unique among a registry's jobs and
+            tasks.
+        fn: Called with each round of each of its schedules (``ctx.name`` is the
+            schedule's id, ``ctx.args`` its arguments).
+        is_async: As for [Job][cronjob.Job].
+        policy: Its job policies, applied to every round of every one of its schedules.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    policy: Policy = DEFAULT_POLICY
 
 
 class Registry:
@@ -105,11 +129,12 @@ class Registry:
         #: The hook for jobs without their own ``on_failure``; ``None``: none.
         self.on_failure = check_hook(on_failure)
         self._jobs: dict[str, Job] = {}
+        self._tasks: dict[str, Task] = {}
         self._lock = threading.Lock()
         self._frozen_by: str | None = None
 
     def __repr__(self) -> str:
-        return f"<Registry of {len(self._jobs)} job(s)>"
+        return f"<Registry of {len(self._jobs)} job(s), {len(self._tasks)} task(s)>"
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -119,6 +144,63 @@ class Registry:
         """The registered jobs, in registration order."""
         with self._lock:
             return tuple(self._jobs.values())
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        """The registered tasks, in registration order."""
+        with self._lock:
+            return tuple(self._tasks.values())
+
+    def register_task(self, fn: F, name: str, **policy: Unpack[PolicyOptions]) -> F:
+        """Register ``fn`` as the task ``name``: code whose schedules are rows, added at
+        run time with `cronjob.schedules.add`.
+
+        Each of its schedules runs as a leased job does (once per instant across the
+        replicas, under its own lease, named by the schedule's id), with these policies.
+
+        Args:
+            fn: Called with each round's [Round][cronjob.Round]; as for
+                [register][cronjob.Registry.register].
+            name: The task's name, which schedules name: unique among the registry's jobs
+                and tasks, checked as a job's name.
+            **policy: As for [register][cronjob.Registry.register].
+
+        Returns:
+            ``fn`` unchanged.
+
+        Raises:
+            RegistrationError: no name, a name taken by a job or task or that some
+                database cannot store, ``fn`` not callable with one argument, a policy
+                that cannot be honoured.
+            RuntimeError: a scheduler running this registry has already started.
+        """
+        _check_name(name)
+        check_fn(fn, name)
+        made = make_policy(name, leased=True, options=policy)
+        task = Task(name=name, fn=fn, is_async=is_async(fn), policy=made)
+        with self._lock:
+            self._refuse_after_start(name, "task")
+            taken = self._jobs.get(name) or self._tasks.get(name)
+            if taken is not None:
+                raise RegistrationError(taken_message(name, taken.fn, fn))
+            self._tasks[name] = task
+        return fn
+
+    def task(self, *, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
+        """Decorate a function to [register_task][cronjob.Registry.register_task] it:
+        ``@registry.task(name="tenant-report")``."""
+
+        def decorate(fn: F) -> F:
+            return self.register_task(fn, name, **policy)
+
+        return decorate
+
+    def _refuse_after_start(self, name: str, kind: str = "job") -> None:
+        if self._frozen_by is not None:
+            raise RuntimeError(
+                f"cannot register {kind} {name!r}: the scheduler {self._frozen_by} has already "
+                "started with this registry; register jobs and tasks at import time"
+            )
 
     def register(
         self,
@@ -233,7 +315,7 @@ class Registry:
         policy: PolicyOptions,
     ) -> None:
         _check_name(name)
-        _check_fn(fn, name)
+        check_fn(fn, name)
         made = make_policy(name, leased=leased, options=policy)
         try:
             schedule = parse(spec)
@@ -246,19 +328,15 @@ class Registry:
             fn=fn,
             schedule=schedule,
             leased=leased,
-            is_async=_is_async(fn),
+            is_async=is_async(fn),
             run_at_start=run_at_start,
             policy=made,
         )
         with self._lock:
-            if self._frozen_by is not None:
-                raise RuntimeError(
-                    f"cannot register job {name!r}: the scheduler {self._frozen_by} has "
-                    "already started with this registry; register jobs at import time"
-                )
-            taken = self._jobs.get(name)
+            self._refuse_after_start(name)
+            taken = self._jobs.get(name) or self._tasks.get(name)
             if taken is not None:
-                raise RegistrationError(_taken_message(name, taken.fn, fn))
+                raise RegistrationError(taken_message(name, taken.fn, fn))
             self._jobs[name] = job
 
     def derive(
@@ -291,9 +369,10 @@ class Registry:
                 continue
             fn = replace.get(name, job.fn)
             if fn is not job.fn:
-                _check_fn(fn, name)
-                job = dataclasses.replace(job, fn=fn, is_async=_is_async(fn))
+                check_fn(fn, name)
+                job = dataclasses.replace(job, fn=fn, is_async=is_async(fn))
             derived._jobs[name] = job
+        derived._tasks = dict(self._tasks)
         return derived
 
     def _freeze(self, by: str) -> tuple[Job, ...]:
@@ -324,85 +403,6 @@ def _check_name(name: object) -> None:
         # row, and the one that claims every job sharing an instant, carry all the names
         # at once, so one unstorable name would fail them for every job.
         raise RegistrationError(f"job name {name!r} {problem}")
-
-
-def _check_fn(fn: object, name: str) -> None:
-    if not callable(fn):
-        raise RegistrationError(f"job {name!r}: {fn!r} is not callable")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature: trust them
-        return
-    try:
-        signature.bind(object())
-    except TypeError:
-        pass
-    else:
-        return
-    parameters = signature.parameters.values()
-    positional = (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD)
-    if not any(p.kind in (*positional, Parameter.VAR_POSITIONAL) for p in parameters):
-        problem = "takes no arguments: too few"
-    else:
-        required = [
-            p.name
-            for p in parameters
-            if p.default is Parameter.empty
-            and p.kind not in (Parameter.VAR_POSITIONAL, Parameter.VAR_KEYWORD)
-        ]
-        problem = f"requires {len(required)} arguments ({', '.join(required)}): too many"
-    raise RegistrationError(
-        f"job {name!r}: {_describe(fn)} {problem}; a job must accept the round as its one "
-        "positional argument, e.g. def job(ctx): ..."
-    )
-
-
-def _origin(fn: object) -> tuple[str, str]:
-    """Return the module and qualified name of ``fn``, as far as they can be told."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not hasattr(fn, "__qualname__"):
-        fn = type(fn)  # a callable instance: name its class
-    return getattr(fn, "__module__", None) or "?", getattr(fn, "__qualname__", repr(fn))
-
-
-def _describe(fn: object) -> str:
-    """Name ``fn`` as ``module.qualname``."""
-    return ".".join(_origin(fn))
-
-
-def _taken_message(name: str, first: object, second: object) -> str:
-    """Say who took ``name`` first, and spot a module imported under a second name."""
-    message = f"job name {name!r} is already taken by {_describe(first)}"
-    first_module, second_module = _origin(first)[0], _origin(second)[0]
-    first_file = getattr(sys.modules.get(first_module), "__file__", None)
-    second_file = getattr(sys.modules.get(second_module), "__file__", None)
-    if first_module != second_module and first_file is not None and first_file == second_file:
-        # One file run as two modules (`app.jobs` and `jobs`, when both the project and
-        # the package are on sys.path) registers every job twice.
-        message += (
-            f": {first_file} was imported twice, as {first_module} and as {second_module}; "
-            "import it under one name"
-        )
-    return message
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """Tell whether calling ``fn`` returns a coroutine, without calling it.
-
-    True for a coroutine function or method, for an object whose ``__call__`` is one,
-    and for a `functools.partial` (however nested) of either. A plain function that
-    returns a coroutine (``lambda ctx: work(ctx)``) cannot be told here; the round runner
-    awaits what it returns.
-    """
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if inspect.iscoroutinefunction(fn):
-        return True
-    if inspect.isroutine(fn) or inspect.isclass(fn):
-        return False  # a function, method or builtin that is not async; a class constructs
-    # An instance: inspect.iscoroutinefunction looks at the object, not at its __call__.
-    return inspect.iscoroutinefunction(type(fn).__call__)
 
 
 #: The registry that `register` and ``Scheduler(registry=None)`` use.
@@ -446,3 +446,16 @@ def job_per_instance(
     [Registry.job][cronjob.Registry.job].
     """
     return default_registry.job_per_instance(spec, name=name, run_at_start=run_at_start, **policy)
+
+
+def register_task(fn: F, name: str, **policy: Unpack[PolicyOptions]) -> F:
+    """Register a task in the default registry; see
+    [Registry.register_task][cronjob.Registry.register_task]."""
+    return default_registry.register_task(fn, name, **policy)
+
+
+def task(*, name: str, **policy: Unpack[PolicyOptions]) -> Callable[[F], F]:
+    """Register the decorated function as a task in the default registry:
+    ``@cronjob.task(name="tenant-report")``; see
+    [Registry.register_task][cronjob.Registry.register_task]."""
+    return default_registry.task(name=name, **policy)

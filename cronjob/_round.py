@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._exceptions import Cancelled, LeaseLost, Retry
 
@@ -91,11 +92,16 @@ class Round:
             for a scheduled one.
         trace_id: The round's trace id (32 hex digits, W3C format), in its logs and SQL.
         replica: The id of the replica running the round.
+
+    A round of a schedule made of data (see `cronjob.schedules`) has the schedule's id as
+    its ``name``; [task][cronjob.Round.task] and [args][cronjob.Round.args] tell which
+    task runs it and with what.
     """
 
     __slots__ = (
         "_cause",
         "_clock",
+        "_data",
         "_event",
         "_fence",
         "_run",
@@ -125,8 +131,12 @@ class Round:
         fence: FenceCheck | None = None,
         trigger: Trigger = Trigger.SCHEDULE,
         requested_by: str | None = None,
+        task: str | None = None,
+        args: str | None = None,
     ) -> None:
         self.name = name
+        # A schedule's (task, JSON text of its args); None for a registered job's round.
+        self._data = None if task is None else (task, args or "{}")
         self.trigger = trigger
         self.requested_by = requested_by
         self.instant = instant
@@ -146,6 +156,20 @@ class Round:
         #: leased round's), for the factories above: they are made once per scheduler,
         #: not once per round.
         self._run: object = None
+
+    @property
+    def task(self) -> str:
+        """The task that runs this round: a schedule's task, or a registered job's own
+        name."""
+        data = self._data
+        return self.name if data is None else data[0]
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The schedule's arguments, decoded from their JSON anew at each read (the
+        round may change what it is given); ``{}`` for a registered job."""
+        data = self._data
+        return {} if data is None else json.loads(data[1])
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""

@@ -25,6 +25,7 @@ outcomes — nothing about what the holder runs.
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
 #                rerun), _history (history, replicas, prune, survey), _pause, _core
 #                (plumbing, the fence check), _rows (values), _dialect
+#   _schedules   schedules made of data: their rows and change counter
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
 #   _engine      engines suited to leases (SQLite's single connection), their async
 #                counterparts and driver swaps, URL redaction
@@ -57,6 +58,19 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._schedules import ScheduleRow as ScheduleRow
+from ._schedules import bump_schedule_rev as bump_schedule_rev
+from ._schedules import insert_schedules as insert_schedules
+from ._schedules import leased_names as leased_names
+from ._schedules import read_schedule_rev as read_schedule_rev
+from ._schedules import read_schedules as read_schedules
+from ._schedules import remove_schedule as remove_schedule
+from ._schedules import replace_schedules as replace_schedules
+from ._schedules import schedule_lease_rows as schedule_lease_rows
+from ._schedules import schedule_values as schedule_values
+from ._schedules import taken_schedule_ids as taken_schedule_ids
+from ._schedules import tell_on_commit as tell_on_commit
+from ._schedules import update_schedule as update_schedule
 from ._schema import REASON_LENGTH as REASON_LENGTH
 from ._schema import TABLE_NAME as TABLE_NAME
 from ._schema import VERSION_TABLE as VERSION_TABLE
@@ -86,6 +100,19 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "ScheduleRow",
+    "bump_schedule_rev",
+    "insert_schedules",
+    "leased_names",
+    "read_schedule_rev",
+    "read_schedules",
+    "remove_schedule",
+    "replace_schedules",
+    "schedule_lease_rows",
+    "schedule_values",
+    "taken_schedule_ids",
+    "tell_on_commit",
+    "update_schedule",
     "CLAIM_AHEAD_LIMIT",
     "COUNTED_FAILURES",
     "Claim",

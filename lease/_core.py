@@ -55,6 +55,17 @@ DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 _WATCHERS: dict[str, list[Callable[[LeaseWrite], None]]] = {}
 _WATCH_LOCK = threading.Lock()
 
+
+def _tell_key(key: str, write: LeaseWrite) -> None:
+    """Call the watchers of the database ``key`` names with ``write`` (see `watch`)."""
+    if not _WATCHERS.get(key):  # the usual case, without taking the lock
+        return
+    with _WATCH_LOCK:
+        watchers = list(_WATCHERS.get(key, ()))
+    for watcher in watchers:
+        watcher(write)
+
+
 #: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
 #: Replicas' clocks must agree to within a schedule's granularity (the seed); one running
 #: further ahead than this would claim instants the others have not reached yet, and
@@ -318,12 +329,7 @@ class _StoreCore:
 
     def _tell(self, write: LeaseWrite) -> None:
         """Call the watchers of this database with ``write`` (see `watch`)."""
-        if not _WATCHERS.get(self._key):  # the usual case, without taking the lock
-            return
-        with _WATCH_LOCK:
-            watchers = list(_WATCHERS.get(self._key, ()))
-        for watcher in watchers:
-            watcher(write)
+        _tell_key(self._key, write)
 
     @contextlib.contextmanager
     def _transaction(

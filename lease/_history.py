@@ -41,7 +41,7 @@ from ._text import check_holder
 
 def _jobs_of(replica: ReplicaRow) -> dict[str, str]:
     """The execution parameter of `_History._replica_upsert`: the record's jobs."""
-    return {"replica_jobs": jobs_json(replica.jobs, replica.policies)}
+    return {"replica_jobs": jobs_json(replica.jobs, replica.policies, replica.tasks)}
 
 
 class _History(_StoreCore):

@@ -126,6 +126,9 @@ class ReplicaRow:
     #: The policies of the jobs that have any (``name -> Policy.describe()``, JSON-ready);
     #: a job without options, or a row written by an older release, has none here.
     policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The tasks it registered (whose schedules are data); with their policies in
+    #: ``policies``. A row written by an older release has none.
+    tasks: frozenset[str] = frozenset()
 
 
 def bounded_error(text: str | None) -> str | None:
@@ -192,28 +195,35 @@ def round_from(row: RowMapping) -> RoundRow:
 
 def _parsed(
     text: object,
-) -> tuple[dict[str, tuple[str, bool]], dict[str, Mapping[str, Any]]]:
-    """A ``jobs`` column's jobs (``{name: (spec, leased)}``) and policies; a value that
-    is not what we write reads as none."""
+) -> tuple[dict[str, tuple[str, bool]], dict[str, Mapping[str, Any]], frozenset[str]]:
+    """A ``jobs`` column's jobs (``{name: (spec, leased)}``), policies and tasks; a value
+    that is not what we write reads as none."""
     jobs: dict[str, tuple[str, bool]] = {}
     policies: dict[str, Mapping[str, Any]] = {}
+    tasks: set[str] = set()
     try:
         listed = json.loads(text) if isinstance(text, str | bytes) else None
     except ValueError:
         listed = None
     if isinstance(listed, dict):
         for name, entry in listed.items():
-            if isinstance(entry, dict) and isinstance(entry.get("spec"), str):
+            if not isinstance(entry, dict):
+                continue
+            if isinstance(entry.get("spec"), str):
                 jobs[str(name)] = (entry["spec"], bool(entry.get("leased", True)))
-                policy = entry.get("policy")
-                if isinstance(policy, dict) and policy:
-                    policies[str(name)] = policy
-    return jobs, policies
+            elif entry.get("task") is True:
+                tasks.add(str(name))
+            else:
+                continue
+            policy = entry.get("policy")
+            if isinstance(policy, dict) and policy:
+                policies[str(name)] = policy
+    return jobs, policies, frozenset(tasks)
 
 
 def replica_from(row: RowMapping) -> ReplicaRow:
     """A replica's row as read; a ``jobs`` value that is not what we write reads as none."""
-    jobs, policies = _parsed(row["jobs"])
+    jobs, policies, tasks = _parsed(row["jobs"])
     return ReplicaRow(
         holder=row["holder"],
         host=row["host"],
@@ -223,6 +233,7 @@ def replica_from(row: RowMapping) -> ReplicaRow:
         seen=_EPOCH + int(row["seen_ms"]) * _MS,
         jobs=jobs,
         policies=policies,
+        tasks=tasks,
     )
 
 
@@ -260,20 +271,27 @@ def lists_one_of(text: object, jobs: Mapping[str, str], needles: Iterable[str]) 
         return False
     if any(needle in text for needle in needles):
         return True
-    listed, _policies = _parsed(text)
-    return any(leased and name in jobs for name, (_spec, leased) in listed.items())
+    listed, _policies, tasks = _parsed(text)
+    return any(leased and name in jobs for name, (_spec, leased) in listed.items()) or any(
+        name in jobs for name in tasks
+    )
 
 
 def jobs_json(
     jobs: Mapping[str, tuple[str, bool]],
     policies: Mapping[str, Mapping[str, Any]] | None = None,
+    tasks: Iterable[str] = (),
 ) -> str:
     """The ``jobs`` column of a replica: ``{name: {"spec": ..., "leased": ...}}``, and
     ``"policy": {...}`` beside them for a job that has one. An older release's reader
-    takes ``spec`` and ``leased`` and ignores the key it does not know."""
+    takes ``spec`` and ``leased`` and ignores the key it does not know. A task is
+    ``{name: {"task": true}}``: with no ``spec``, an older reader skips it."""
     entries: dict[str, dict[str, Any]] = {}
-    for name, (spec, leased) in sorted(jobs.items()):
-        entry: dict[str, Any] = {"spec": spec, "leased": leased}
+    listed: list[tuple[str, dict[str, Any]]] = [
+        (name, {"spec": spec, "leased": leased}) for name, (spec, leased) in jobs.items()
+    ]
+    listed += [(name, {"task": True}) for name in tasks]
+    for name, entry in sorted(listed, key=lambda pair: pair[0]):
         policy = None if policies is None else policies.get(name)
         if policy:
             entry["policy"] = dict(policy)

@@ -177,6 +177,9 @@ class WriteKind(enum.Enum):
     #: A round was requested now (run-now, see `lease.Triggers`): ``leases``
     #: holds ``(name, 0)``; a sweep takes it.
     REQUESTED = "requested"
+    #: Schedules made of data changed (told as their transaction commits; ``leases`` is
+    #: empty): a reader of the change counter waits for the commit with a locking read.
+    SCHEDULES = "schedules"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,9 @@
   (the job's first deployment), so catch-up owes a job that never ran the instants after it.
 - revision 0006 adds ``due_s`` to ``cronjob_lease``, with an index: the next instant at
   which the row may need a claim, so the rest of an instant is found without names.
+- ``cronjob_schedule`` (revision 0008): one row per schedule made of data (a task's
+  schedule added at run time), removed ones kept as tombstones; ``cronjob_schedule_rev``:
+  one row, the change counter every change of a schedule raises in its transaction.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -34,6 +37,8 @@ __all__ = [
     "REASON_LENGTH",
     "REPLICA_TABLE",
     "ROUND_TABLE",
+    "SCHEDULE_REV_TABLE",
+    "SCHEDULE_TABLE",
     "TABLE_NAME",
     "TRIGGER_TABLE",
     "VERSION_TABLE",
@@ -41,6 +46,8 @@ __all__ = [
     "metadata",
     "replica_table",
     "round_table",
+    "schedule_rev_table",
+    "schedule_table",
     "trigger_table",
 ]
 
@@ -55,6 +62,10 @@ ROUND_TABLE = "cronjob_round"
 REPLICA_TABLE = "cronjob_replica"
 #: The table of requests for rounds now (run-now) and catch-ups on resume.
 TRIGGER_TABLE = "cronjob_trigger"
+#: The table of schedules made of data (revision 0008).
+SCHEDULE_TABLE = "cronjob_schedule"
+#: The one-row table of the schedules' change counter (revision 0008).
+SCHEDULE_REV_TABLE = "cronjob_schedule_rev"
 #: The longest error summary kept, in characters (longer ones are cut, marked so).
 ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
@@ -217,6 +228,53 @@ trigger_table = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=True),
     sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
     sa.Index("ix_cronjob_trigger_state", "state"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+schedule_table = sa.Table(
+    SCHEDULE_TABLE,
+    metadata,
+    # The schedule's id: the name of its lease row and of its rounds in the history.
+    sa.Column("id", _Name, primary_key=True),
+    # The task (registered at import time) whose function runs it.
+    sa.Column("task", _Name, nullable=False),
+    # Its spec (as a job's), or NULL for a one-off schedule (``at_s``).
+    sa.Column("spec", sa.Text(), nullable=True),
+    # Epoch seconds of a one-off schedule's one instant; NULL for a spec.
+    sa.Column("at_s", sa.BigInteger(), nullable=True),
+    # JSON: the arguments its rounds see (at most 64 KiB; a MEDIUMTEXT on MariaDB/MySQL,
+    # whose TEXT holds 65,535 bytes).
+    sa.Column(
+        "args",
+        sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"),
+        nullable=False,
+    ),
+    # Epoch seconds: no instant before ``start_s`` or after ``end_s``; NULL: unbounded.
+    sa.Column("start_s", sa.BigInteger(), nullable=True),
+    sa.Column("end_s", sa.BigInteger(), nullable=True),
+    # The change counter's value when the row last changed: replicas read the rows
+    # changed since the value they last saw.
+    sa.Column("rev", sa.BigInteger(), nullable=False),
+    # 1: removed (a tombstone, so replicas learn of the removal from the changes).
+    sa.Column("removed", sa.SmallInteger(), nullable=False),
+    # Epoch milliseconds on the database's clock.
+    sa.Column("created_ms", sa.BigInteger(), nullable=False),
+    sa.Column("updated_ms", sa.BigInteger(), nullable=False),
+    sa.Index("ix_cronjob_schedule_rev", "rev"),
+    sa.Index("ix_cronjob_schedule_task", "task"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+schedule_rev_table = sa.Table(
+    SCHEDULE_REV_TABLE,
+    metadata,
+    # Always 1: the table has one row.
+    sa.Column("id", sa.SmallInteger(), primary_key=True, autoincrement=False),
+    # Raised by one in the transaction of every change: its row lock orders the changes'
+    # commits, so the rows changed at a value are all committed once it is read.
+    sa.Column("rev", sa.BigInteger(), nullable=False),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

@@ -27,6 +27,7 @@ SURFACE = {
         "Scheduler",
         "Shutdown",
         "SystemClock",
+        "Task",
         "TimedOut",
         "Trigger",
         "default_registry",
@@ -36,6 +37,28 @@ SURFACE = {
         "parse",
         "register",
         "register_per_instance",
+        "register_task",
+        "schedules",
+        "task",
+    ],
+    "cronjob.schedules": [
+        "MAX_ARGS_BYTES",
+        "Database",
+        "IfExists",
+        "New",
+        "ScheduleRecord",
+        "add",
+        "add_async",
+        "add_many",
+        "add_many_async",
+        "get",
+        "get_async",
+        "list",
+        "list_async",
+        "remove",
+        "remove_async",
+        "update",
+        "update_async",
     ],
     "cronjob.testing": ["FakeClock", "RanRound", "crash", "make_round", "record_rounds"],
     "cronjob.contrib.django": ["database_url", "fenced"],
@@ -85,12 +108,19 @@ def test_the_package_exports_exactly_its_surface(package):
         assert hasattr(module, name), name
 
 
-@pytest.mark.parametrize("name", SURFACE["cronjob"])
+@pytest.mark.parametrize("name", [n for n in SURFACE["cronjob"] if n != "schedules"])
 def test_public_objects_name_the_public_module(name):
     import cronjob
 
     obj = getattr(cronjob, name)
     assert obj.__module__ == "cronjob"
+
+
+def test_schedules_is_the_public_module():
+    import cronjob
+
+    assert cronjob.schedules.__name__ == "cronjob.schedules"
+    assert cronjob.schedules.ScheduleRecord.__module__ == "cronjob.schedules"
 
 
 def test_importing_cronjob_starts_no_thread():

@@ -88,6 +88,8 @@ class RoundMaker:
             fence=self._fence,
             trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
             requested_by=None if request is None else request.requested_by,
+            task=state.job.task,
+            args=state.job.args,
         )
         run = Run(
             state=state,

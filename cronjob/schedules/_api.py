@@ -1,0 +1,312 @@
+"""Add, change, remove and read schedules made of data, in the caller's transaction."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+import lease
+
+from .._bounds import at_spec
+from .._exceptions import RegistrationError
+from .._registry import Registry, default_registry
+from ._check import New, checked
+
+__all__ = [
+    "Database",
+    "IfExists",
+    "ScheduleRecord",
+    "add",
+    "add_many",
+    "get",
+    "list",
+    "remove",
+    "update",
+]
+
+#: Where a call writes: a `Connection` (the call joins its transaction), an `Engine` or
+#: a URL (a transaction of the call's own).
+Database = Connection | Engine | str | sa.URL
+#: What [add][cronjob.schedules.add] does with an id already on record.
+IfExists = Literal["error", "replace", "keep"]
+_IF_EXISTS: Final = ("error", "replace", "keep")
+#: Who a schedule added paused is paused by, on its lease row.
+PAUSED_BY: Final = "schedules.add"
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRecord:
+    """A schedule made of data, as on record.
+
+    Attributes:
+        id: Its id: the name of its rounds, its lease and its history.
+        task: The task that runs it.
+        spec: Its spec, or ``None`` for a one-off schedule.
+        at: A one-off schedule's instant (UTC), or ``None``.
+        args: Its arguments (decoded anew for each record).
+        start: No instant before it (UTC), or ``None``.
+        end: No instant after it (UTC), or ``None``.
+        created: When it was added (the database's clock).
+        updated: When it last changed (the database's clock).
+    """
+
+    id: str
+    task: str
+    spec: str | None
+    at: datetime | None
+    args: dict[str, Any]
+    start: datetime | None
+    end: datetime | None
+    created: datetime
+    updated: datetime
+
+    @property
+    def shown_spec(self) -> str:
+        """The spec as tools show it: the spec, or ``@at <instant>`` for a one-off."""
+        if self.at is not None:
+            return at_spec(self.at)
+        return self.spec or ""
+
+
+def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
+    """``row`` as the public record."""
+    return ScheduleRecord(
+        id=row.id,
+        task=row.task,
+        spec=row.spec,
+        at=row.at,
+        args=json.loads(row.args),
+        start=row.start,
+        end=row.end,
+        created=row.created,
+        updated=row.updated,
+    )
+
+
+@contextlib.contextmanager
+def _begin(db: Database) -> Iterator[Connection]:
+    """``db`` as a connection in a transaction: the caller's, or one of the call's own
+    (committed when the call returns)."""
+    if isinstance(db, Connection):
+        yield db
+        return
+    if isinstance(db, Engine):
+        with db.begin() as conn:
+            yield conn
+        return
+    if isinstance(db, str | sa.URL):
+        engine = lease.create_engine(db)
+        try:
+            with engine.begin() as conn:
+                yield conn
+        finally:
+            engine.dispose()
+        return
+    raise TypeError(f"expected a SQLAlchemy Connection, Engine or URL, got {type(db).__name__}")
+
+
+def _shown(row: lease.ScheduleRow) -> str:
+    return at_spec(row.at) if row.at is not None else row.spec or ""
+
+
+def _write(
+    conn: Connection, rows: builtins.list[lease.ScheduleRow], paused: set[str], if_exists: str
+) -> int:
+    """Write checked ``rows`` in ``conn``'s transaction; the count written."""
+    if if_exists not in _IF_EXISTS:
+        raise ValueError(f"if_exists must be one of {', '.join(_IF_EXISTS)}, got {if_exists!r}")
+    ids = [row.id for row in rows]
+    if len(set(ids)) != len(ids):
+        twice = sorted({id_ for id_ in ids if ids.count(id_) > 1})
+        raise RegistrationError(f"schedule {twice[0]!r} is given more than once")
+    jobs = {job.name for job in default_registry.jobs}
+    clash = [id_ for id_ in ids if id_ in jobs]
+    if clash:
+        raise RegistrationError(f"schedule {clash[0]!r}: the id is a registered job's name")
+    # One locking write first: changes of schedules commit in the counter's order.
+    rev = lease.bump_schedule_rev(conn)
+    taken = lease.taken_schedule_ids(conn, ids)
+    jobs_rows = lease.leased_names(conn, [id_ for id_ in ids if id_ not in taken])
+    if jobs_rows:
+        first = sorted(jobs_rows)[0]
+        raise RegistrationError(
+            f"schedule {first!r}: the id is the name of a job on record (a lease row that "
+            "is no schedule's); choose another id, or `cronjob forget` a retired job"
+        )
+    live = [row for row in rows if taken.get(row.id) is False]
+    if live and if_exists == "error":
+        raise RegistrationError(
+            f"schedule {live[0].id!r} already exists; pass if_exists='replace' or 'keep'"
+        )
+    kept = {row.id for row in live} if if_exists == "keep" else set()
+    new = [row for row in rows if row.id not in taken]
+    again = [row for row in rows if row.id in taken and row.id not in kept]
+    lease.insert_schedules(conn, new, rev)
+    lease.replace_schedules(conn, again, rev)
+    written = new + again
+    specs = {row.id: _shown(row) for row in written}
+    lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
+    lease.schedule_lease_rows(
+        conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
+    )
+    lease.tell_on_commit(conn)
+    return len(written)
+
+
+def add(
+    db: Database,
+    id: str,
+    *,
+    task: str,
+    spec: str | None = None,
+    at: datetime | None = None,
+    args: dict[str, Any] | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    paused: bool = False,
+    if_exists: IfExists = "error",
+    registry: Registry | None = None,
+) -> bool:
+    """Add the schedule ``id``: ``task`` runs on ``spec`` (or once, ``at``) with ``args``.
+
+    Every replica that registers ``task`` sees it within 2 s of the commit, without a
+    restart. A changed spec governs from the first instant after a replica sees it.
+
+    Args:
+        db: A `Connection` (the call joins its transaction: nothing is seen by any replica
+            before it commits, nothing at all if it rolls back), an `Engine` or a URL (a
+            transaction of the call's own).
+        id: The schedule's id, checked as a job's name: the name of its rounds, lease
+            and history.
+        task: A task's name (see [cronjob.task][]).
+        spec: A spec as for [register][cronjob.register]; or ``at``: one run at that
+            aware instant (whole seconds).
+        args: JSON-serialisable, at most 64 KiB encoded: ``ctx.args`` of every round.
+        start: No instant before it (aware).
+        end: No instant after it (aware).
+        paused: Add it paused (its lease row paused, as ``cronjob pause`` would).
+        if_exists: An id already on record: ``"error"`` refuses, ``"replace"`` overwrites,
+            ``"keep"`` leaves it as it is.
+        registry: When given, a task it does not hold is refused.
+
+    Returns:
+        Whether it was written (``False``: kept by ``if_exists="keep"``).
+
+    Raises:
+        RegistrationError: a bad id or args, an id taken by a job or (``"error"``) a
+            schedule, a task ``registry`` does not hold.
+        ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
+            ``start``, neither or both of ``spec`` and ``at``.
+        lease.LeaseError: the database failed.
+    """
+    new = New(id, task, spec, at, {} if args is None else args, start, end, paused)
+    return add_many(db, [new], if_exists=if_exists, registry=registry) == 1
+
+
+def add_many(
+    db: Database,
+    schedules: Iterable[New],
+    *,
+    if_exists: IfExists = "error",
+    registry: Registry | None = None,
+) -> int:
+    """Add every schedule of ``schedules`` in one transaction: all, or none if one is
+    refused (each checked as [add][cronjob.schedules.add] checks it, before anything is
+    written). Returns how many were written."""
+    news = builtins.list(schedules)
+    rows = [checked(new, registry=registry) for new in news]
+    paused = {new.id for new in news if new.paused}
+    with _begin(db) as conn:
+        return _write(conn, rows, paused, if_exists)
+
+
+def update(
+    db: Database,
+    id: str,
+    *,
+    spec: str | _Unset | None = _UNSET,
+    at: datetime | _Unset | None = _UNSET,
+    args: dict[str, Any] | _Unset = _UNSET,
+    start: datetime | _Unset | None = _UNSET,
+    end: datetime | _Unset | None = _UNSET,
+    task: str | _Unset = _UNSET,
+) -> bool:
+    """Change what is given of the schedule ``id`` (``None`` clears ``start`` or
+    ``end``; a ``spec`` replaces an ``at`` and the other way round), checked as
+    [add][cronjob.schedules.add] checks it.
+
+    A round in flight runs to its end as it began; the next instant is the new
+    schedule's first after the change is seen.
+
+    Returns:
+        Whether the schedule was on record (``False``: nothing written).
+    """
+    with _begin(db) as conn:
+        rev = lease.bump_schedule_rev(conn)
+        found = lease.read_schedules(conn, ids=[id])
+        if not found:
+            return False
+        current = found[0]
+        new_spec = current.spec if isinstance(spec, _Unset) else spec
+        new_at = current.at if isinstance(at, _Unset) else at
+        if not isinstance(spec, _Unset) and spec is not None and isinstance(at, _Unset):
+            new_at = None
+        if not isinstance(at, _Unset) and at is not None and isinstance(spec, _Unset):
+            new_spec = None
+        new = New(
+            id,
+            current.task if isinstance(task, _Unset) else task,
+            new_spec,
+            new_at,
+            json.loads(current.args) if isinstance(args, _Unset) else args,
+            current.start if isinstance(start, _Unset) else start,
+            current.end if isinstance(end, _Unset) else end,
+        )
+        row = checked(new)
+        lease.update_schedule(conn, id, lease.schedule_values(row), rev)
+        lease.tell_on_commit(conn)
+        return True
+
+
+def remove(db: Database, id: str) -> bool:
+    """Remove the schedule ``id``: no instant of it starts after a replica sees the
+    removal; a round in flight runs to its end, on record. Its history stays (pruned as
+    any). Returns whether it was on record."""
+    with _begin(db) as conn:
+        rev = lease.bump_schedule_rev(conn)
+        removed = lease.remove_schedule(conn, id, rev)
+        lease.tell_on_commit(conn)
+        return removed
+
+
+def get(db: Database, id: str) -> ScheduleRecord | None:
+    """The schedule ``id`` as on record, or ``None``."""
+    with _begin(db) as conn:
+        rows = lease.read_schedules(conn, ids=[id])
+    return record_of(rows[0]) if rows else None
+
+
+def list(
+    db: Database, *, task: str | None = None, prefix: str | None = None
+) -> builtins.list[ScheduleRecord]:
+    """The schedules on record, by id: of ``task`` only, and whose id starts with
+    ``prefix``, when given."""
+    with _begin(db) as conn:
+        rows = lease.read_schedules(conn, task=task, prefix=prefix)
+    return [record_of(row) for row in rows]

@@ -1,0 +1,302 @@
+"""Schedules made of data: the ``cronjob_schedule`` and ``cronjob_schedule_rev`` tables
+(revision 0008) and every statement on them.
+
+A schedule is a row: an id (the name of its lease row), a task, a spec or a one-off
+instant, JSON arguments, and optional bounds. The package stores and reads them; it
+parses nothing (the caller checks specs and arguments before it writes).
+
+**Changes and the counter.** Every write raises the one row of ``cronjob_schedule_rev``
+by one in the writer's own transaction, and stamps the rows it writes with the new value
+(``rev``). The counter's row lock is held until that transaction ends, so the writers'
+commits come in the counter's order: once a reader sees the counter at *n*, every row
+stamped *n* or less is committed. A reader that last saw *m* reads the rows stamped above
+*m* (one range on an index), whatever the number of schedules. A removal leaves a
+tombstone (``removed = 1``) so that readers learn of it from the same range. The price:
+two transactions that change schedules wait for each other's commit.
+
+Each function takes the caller's `Connection` and runs in its transaction: nothing is
+seen by a reader before it commits, nothing at all if it rolls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+from sqlalchemy.engine import RowMapping
+
+from ._core import _tell_key
+from ._dialect import _db_now_ms
+from ._exceptions import translate_errors
+from ._rows import LeaseWrite, WriteKind
+from ._schema import NEVER, lease_table, schedule_rev_table, schedule_table
+
+__all__ = [
+    "ScheduleRow",
+    "schedule_values",
+    "bump_schedule_rev",
+    "insert_schedules",
+    "leased_names",
+    "read_schedule_rev",
+    "read_schedules",
+    "remove_schedule",
+    "replace_schedules",
+    "schedule_lease_rows",
+    "taken_schedule_ids",
+    "tell_on_commit",
+    "update_schedule",
+]
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+#: Rows per INSERT/UPDATE batch (one statement run with many parameter sets).
+_BATCH: Final = 1000
+
+_s = schedule_table
+_r = schedule_rev_table
+_t = lease_table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """One schedule as stored."""
+
+    id: str
+    task: str
+    #: Its spec; ``None`` for a one-off schedule.
+    spec: str | None
+    #: A one-off schedule's instant; ``None`` for a spec.
+    at: datetime | None
+    #: The JSON text of its arguments.
+    args: str
+    start: datetime | None
+    end: datetime | None
+    #: The change counter's value when it last changed.
+    rev: int
+    #: A tombstone: the schedule was removed.
+    removed: bool
+    #: On the database's clock.
+    created: datetime
+    updated: datetime
+
+
+def _seconds(when: datetime | None) -> int | None:
+    return None if when is None else int(when.timestamp())
+
+
+def _when(seconds: int | None) -> datetime | None:
+    return None if seconds is None else _EPOCH + timedelta(seconds=int(seconds))
+
+
+def schedule_values(row: ScheduleRow) -> dict[str, Any]:
+    """The columns of ``row`` but its id, rev and times, as written."""
+    return {
+        "task": row.task,
+        "spec": row.spec,
+        "at_s": _seconds(row.at),
+        "args": row.args,
+        "start_s": _seconds(row.start),
+        "end_s": _seconds(row.end),
+    }
+
+
+def _row(row: RowMapping) -> ScheduleRow:
+    at, start, end = _when(row["at_s"]), _when(row["start_s"]), _when(row["end_s"])
+    return ScheduleRow(
+        id=row["id"],
+        task=row["task"],
+        spec=row["spec"],
+        at=at,
+        args=row["args"],
+        start=start,
+        end=end,
+        rev=int(row["rev"]),
+        removed=bool(row["removed"]),
+        created=_EPOCH + int(row["created_ms"]) * _MS,
+        updated=_EPOCH + int(row["updated_ms"]) * _MS,
+    )
+
+
+def bump_schedule_rev(conn: Connection) -> int:
+    """Raise the change counter by one in ``conn``'s transaction and return its new value.
+
+    Its row stays locked until the transaction ends (see the module docstring)."""
+    with translate_errors("change schedules"):
+        conn.execute(_r.update().where(_r.c.id == 1).values(rev=_r.c.rev + 1))
+        return int(conn.execute(sa.select(_r.c.rev).where(_r.c.id == 1)).scalar_one())
+
+
+def read_schedule_rev(conn: Connection, *, wait: bool = False) -> int:
+    """The change counter: one row read by its key. With ``wait``, a locking read: it
+    waits for a transaction that raised it and has not committed yet (on SQLite, a write
+    transaction waits as well)."""
+    stmt = sa.select(_r.c.rev).where(_r.c.id == 1)
+    if wait and conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    with translate_errors("read the schedules' counter"):
+        return int(conn.execute(stmt).scalar_one())
+
+
+def tell_on_commit(conn: Connection) -> None:
+    """Tell this process's watchers of ``conn``'s database (`LeaseStore.watch`) that
+    schedules changed, as ``conn``'s transaction commits (once): schedulers on a fake
+    clock, which do not poll the counter, read it then."""
+    key = conn.engine.url.render_as_string(hide_password=True)
+
+    def tell(_conn: Connection) -> None:
+        _tell_key(key, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
+
+    sa.event.listen(conn, "commit", tell, once=True)
+
+
+def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:
+    """Of ``ids``, those with a lease row."""
+    found: set[str] = set()
+    listed = sorted(ids)
+    with translate_errors("read leases"):
+        for start in range(0, len(listed), _BATCH):
+            chunk = listed[start : start + _BATCH]
+            found.update(conn.execute(sa.select(_t.c.name).where(_t.c.name.in_(chunk))).scalars())
+    return found
+
+
+def taken_schedule_ids(conn: Connection, ids: Collection[str]) -> dict[str, bool]:
+    """Of ``ids``, those with a row: id -> whether it is a tombstone (removed)."""
+    found: dict[str, bool] = {}
+    listed = sorted(ids)
+    with translate_errors("read schedules"):
+        for start in range(0, len(listed), _BATCH):
+            stmt = sa.select(_s.c.id, _s.c.removed).where(
+                _s.c.id.in_(listed[start : start + _BATCH])
+            )
+            for id_, removed in conn.execute(stmt):
+                found[id_] = bool(removed)
+    return found
+
+
+def insert_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -> None:
+    """Insert ``rows`` (ids with no row) stamped ``rev``, in batches."""
+    now = _db_now_ms()
+    stmt = _s.insert().values(rev=rev, removed=0, created_ms=now, updated_ms=now)
+    params = [{"id": row.id, **schedule_values(row)} for row in rows]
+    with translate_errors("add schedules"):
+        for start in range(0, len(params), _BATCH):
+            conn.execute(stmt, params[start : start + _BATCH])
+
+
+def replace_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -> None:
+    """Overwrite the rows of ``rows``' ids (tombstones come back to life), stamped ``rev``;
+    a replaced tombstone counts as created now."""
+    stmt = (
+        _s.update()
+        .where(_s.c.id == sa.bindparam("b_id"))
+        .values(
+            task=sa.bindparam("task"),
+            spec=sa.bindparam("spec"),
+            at_s=sa.bindparam("at_s"),
+            args=sa.bindparam("args"),
+            start_s=sa.bindparam("start_s"),
+            end_s=sa.bindparam("end_s"),
+            rev=rev,
+            created_ms=sa.case((_s.c.removed == 1, _db_now_ms()), else_=_s.c.created_ms),
+            removed=0,
+            updated_ms=_db_now_ms(),
+        )
+    )
+    params = [{"b_id": row.id, **schedule_values(row)} for row in rows]
+    with translate_errors("replace schedules"):
+        for start in range(0, len(params), _BATCH):
+            conn.execute(stmt, params[start : start + _BATCH])
+
+
+def update_schedule(conn: Connection, id_: str, values: Mapping[str, Any], rev: int) -> bool:
+    """Set ``values`` (columns of `schedule_values`) on the live schedule ``id_``,
+    stamped ``rev``. Returns whether there was one."""
+    stmt = (
+        _s.update()
+        .where(_s.c.id == id_, _s.c.removed == 0)
+        .values({**values, "rev": rev, "updated_ms": _db_now_ms()})
+    )
+    with translate_errors("update a schedule"):
+        return conn.execute(stmt).rowcount == 1
+
+
+def remove_schedule(conn: Connection, id_: str, rev: int) -> bool:
+    """Make the live schedule ``id_`` a tombstone stamped ``rev``; its lease row and
+    history stay (a round in flight ends on record). Returns whether there was one."""
+    stmt = (
+        _s.update()
+        .where(_s.c.id == id_, _s.c.removed == 0)
+        .values(removed=1, rev=rev, updated_ms=_db_now_ms())
+    )
+    with translate_errors("remove a schedule"):
+        return conn.execute(stmt).rowcount == 1
+
+
+def schedule_lease_rows(
+    conn: Connection, specs: Mapping[str, str], *, paused_by: str | None = None
+) -> None:
+    """Give each id of ``specs`` (id -> spec text) a lease row if it has none: never
+    claimed, its deployment left to the first replica that runs it (`LeaseStore.ensure`).
+    With ``paused_by``, the ids' rows are paused (those not paused yet)."""
+    if not specs:
+        return
+    ids = sorted(specs)
+    with translate_errors("add schedules"):
+        have: set[str] = set()
+        for start in range(0, len(ids), _BATCH):
+            chunk = ids[start : start + _BATCH]
+            have.update(conn.execute(sa.select(_t.c.name).where(_t.c.name.in_(chunk))).scalars())
+        paused = {} if paused_by is None else {"paused_ms": _db_now_ms(), "paused_by": paused_by}
+        new = [{"name": id_, "spec": specs[id_]} for id_ in ids if id_ not in have]
+        insert = _t.insert().values(instant=NEVER, attempt=1, state="new", token=0, **paused)
+        for start in range(0, len(new), _BATCH):
+            conn.execute(insert, new[start : start + _BATCH])
+        kept = [id_ for id_ in ids if id_ in have]
+        if paused and kept:
+            for start in range(0, len(kept), _BATCH):
+                conn.execute(
+                    _t.update()
+                    .where(_t.c.name.in_(kept[start : start + _BATCH]), _t.c.paused_ms.is_(None))
+                    .values(paused)
+                )
+
+
+def read_schedules(
+    conn: Connection,
+    *,
+    since: int | None = None,
+    ids: Iterable[str] | None = None,
+    task: str | None = None,
+    prefix: str | None = None,
+    removed: bool = False,
+) -> list[ScheduleRow]:
+    """The schedules, by id (by counter value with ``since``).
+
+    Args:
+        since: Only the rows changed after this counter value, tombstones included.
+        ids: Only these ids.
+        task: Only this task's.
+        prefix: Only ids that start with it.
+        removed: Include tombstones (always with ``since``).
+    """
+    stmt = sa.select(_s)
+    if since is not None:
+        stmt = stmt.where(_s.c.rev > since).order_by(_s.c.rev, _s.c.id)
+    else:
+        stmt = stmt.order_by(_s.c.id)
+        if not removed:
+            stmt = stmt.where(_s.c.removed == 0)
+    if ids is not None:
+        stmt = stmt.where(_s.c.id.in_(sorted(set(ids))))
+    if task is not None:
+        stmt = stmt.where(_s.c.task == task)
+    if prefix is not None:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        stmt = stmt.where(_s.c.id.like(escaped + "%", escape="\\"))
+    with translate_errors("read schedules"):
+        return [_row(row) for row in conn.execute(stmt).mappings()]
