@@ -66,6 +66,7 @@ from ._schedules import read_schedule_rev as read_schedule_rev
 from ._schedules import read_schedules as read_schedules
 from ._schedules import remove_schedule as remove_schedule
 from ._schedules import replace_schedules as replace_schedules
+from ._schedules import schedule_changes as schedule_changes
 from ._schedules import schedule_lease_rows as schedule_lease_rows
 from ._schedules import schedule_values as schedule_values
 from ._schedules import taken_schedule_ids as taken_schedule_ids
@@ -100,19 +101,6 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
-    "ScheduleRow",
-    "bump_schedule_rev",
-    "insert_schedules",
-    "leased_names",
-    "read_schedule_rev",
-    "read_schedules",
-    "remove_schedule",
-    "replace_schedules",
-    "schedule_lease_rows",
-    "schedule_values",
-    "taken_schedule_ids",
-    "tell_on_commit",
-    "update_schedule",
     "CLAIM_AHEAD_LIMIT",
     "COUNTED_FAILURES",
     "Claim",
@@ -138,6 +126,7 @@ __all__ = [
     "REQUEST_TTL",
     "ReplicaRow",
     "RoundRow",
+    "ScheduleRow",
     "Survey",
     "TABLE_NAME",
     "TRIGGER_CHANNEL",
@@ -151,18 +140,31 @@ __all__ = [
     "WriteKind",
     "async_url",
     "behind_transaction_pooler",
+    "bump_schedule_rev",
     "check_dialect",
     "check_holder",
     "create_async_engine",
     "create_engine",
     "current_revision",
     "head_revision",
+    "insert_schedules",
     "is_async_url",
+    "leased_names",
     "metadata",
     "migrate",
+    "read_schedule_rev",
+    "read_schedules",
     "redact",
+    "remove_schedule",
+    "replace_schedules",
+    "schedule_changes",
+    "schedule_lease_rows",
+    "schedule_values",
     "sync_url",
+    "taken_schedule_ids",
+    "tell_on_commit",
     "unstorable",
+    "update_schedule",
 ]
 
 # Public objects say where to find them: lease.LeaseStore, not lease._store.LeaseStore.

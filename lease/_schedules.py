@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -35,6 +35,9 @@ from ._exceptions import translate_errors
 from ._rows import LeaseWrite, WriteKind
 from ._schema import NEVER, lease_table, schedule_rev_table, schedule_table
 
+if TYPE_CHECKING:
+    from ._store import LeaseStore
+
 __all__ = [
     "ScheduleRow",
     "schedule_values",
@@ -45,6 +48,7 @@ __all__ = [
     "read_schedules",
     "remove_schedule",
     "replace_schedules",
+    "schedule_changes",
     "schedule_lease_rows",
     "taken_schedule_ids",
     "tell_on_commit",
@@ -300,3 +304,28 @@ def read_schedules(
         stmt = stmt.where(_s.c.id.like(escaped + "%", escape="\\"))
     with translate_errors("read schedules"):
         return [_row(row) for row in conn.execute(stmt).mappings()]
+
+
+def schedule_changes(
+    store: LeaseStore, since: int | None, *, wait: bool = False, tasks: Collection[str] = ()
+) -> tuple[int, list[ScheduleRow]]:
+    """What a replica reads to follow the schedules, in one transaction on ``store``'s
+    engine: the counter, and the rows changed since ``since`` (tombstones included), or
+    with ``since`` ``None`` every live row of ``tasks``. Rows changed since are read only
+    when the counter moved: the usual poll is one row read by its key.
+
+    Returns:
+        The counter value the rows are complete up to (rows stamped higher that committed
+        meanwhile may be among them: reading them again is harmless), and the rows.
+    """
+    with store._transaction() as conn:
+        rev = read_schedule_rev(conn, wait=wait)
+        if since is None:
+            rows: list[ScheduleRow] = []
+            for task in sorted(tasks):
+                rows += read_schedules(conn, task=task)
+        elif rev == since:
+            return rev, []
+        else:
+            rows = read_schedules(conn, since=since)
+    return max([rev, *(row.rev for row in rows)]), rows

@@ -35,7 +35,8 @@ TIMEOUT = 60.0
 #: A line of the page's format: ``2026-03-02 09:00:00,113 INFO    cronjob: …``.
 STAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO    cronjob: "
 STARTED = re.compile(
-    STAMP + r"scheduler \S+ started: 1 leased job\(s\), 0 per-instance job\(s\), database ",
+    STAMP + r"scheduler \S+ started: 1 leased job\(s\), 0 per-instance job\(s\), 0 task\(s\), "
+    r"database ",
     re.M,
 )
 STOPPED = re.compile(STAMP + r"scheduler \S+ stopped$", re.M)

@@ -20,7 +20,7 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -79,6 +79,7 @@ class Dispatcher:
         inbox: Inbox,
         control: Control,
         flags: Flags,
+        tasks: Collection[str] = (),
     ) -> None:
         self._clock = clock
         self._replica_id = replica_id
@@ -97,7 +98,8 @@ class Dispatcher:
             replica_id=replica_id,
             jobs={
                 name: state.job.schedule.spec for name, state in states.items() if state.job.leased
-            },
+            }
+            | dict.fromkeys(tasks, ""),
         )
         #: The claims of instants (this replica's share, the rest, the rounds held).
         self.claims = Claims(
@@ -227,14 +229,23 @@ class Dispatcher:
         (``when``, if the caller knows it already)."""
         state.busy = False
         state.generation += 1
+        if state.retired:
+            return  # a schedule made of data, removed
         if when is None:
             when = state.job.schedule.next(after)
         if when is None:
+            if state.job.task is not None:  # a one-off, or a schedule past its end
+                log.info("schedule %r has no instant after %s: done", state.job.name, after)
+                return
             log.warning(
                 "job %r has no instant after %s: it will not run again", state.job.name, after
             )
             return
         heapq.heappush(self._heap, _Due(when, next(self._seq), state, state.generation))
+
+    def post(self, message: Callable[[], None]) -> None:
+        """Run ``message`` on the dispatcher thread (from any thread)."""
+        self._inbox.post(message)
 
     def take(self, state: JobState) -> None:
         """Mark ``state``'s job busy (claiming or running): its heap entry is void."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -106,8 +106,9 @@ def check_history(jobs: tuple[Job, ...], history: object) -> None:
 
 def hooked(registry: Registry) -> bool:
     """Whether any job of ``registry`` has a failure hook (its own or the registry's)."""
+    policies = [job.policy for job in registry.jobs] + [task.policy for task in registry.tasks]
     return registry.on_failure is not None or any(
-        job.policy.on_failure is not None for job in registry.jobs
+        policy.on_failure is not None for policy in policies
     )
 
 
@@ -216,12 +217,17 @@ class Failures:
         fallback = registry.on_failure
         self._hook_of: Mapping[str, FailureHook | None] = {
             job.name: job.policy.on_failure or fallback for job in registry.jobs
-        }
+        } | {task.name: task.policy.on_failure or fallback for task in registry.tasks}
+        leased = [(job.name, job.policy) for job in registry.jobs if job.leased]
+        leased += [(task.name, task.policy) for task in registry.tasks]
         self._pause_after: Mapping[str, int] = {
-            job.name: job.policy.pause_after_failures
-            for job in registry.jobs
-            if job.policy.pause_after_failures is not None and job.leased
+            name: policy.pause_after_failures
+            for name, policy in leased
+            if policy.pause_after_failures is not None
         }
+        #: The task of a schedule made of data, by its id (``None``: not a schedule): its
+        #: rounds take their task's policy (set by the scheduler when it follows any).
+        self.task_of: Callable[[str], str | None] = _no_task
         #: Whether any end needs a look: the runner skips the call otherwise.
         self.active = hooks is not None or bool(self._pause_after)
 
@@ -231,12 +237,14 @@ class Failures:
         for outcome, record, on_record in ends:
             if outcome not in HOOKED:
                 continue  # most ends: a success, a round cut short, a retried attempt
-            if on_record and outcome in COUNTED and record.job in self._pause_after:
+            name = record.job
+            key = name if name in self._hook_of else self.task_of(name) or name
+            if on_record and outcome in COUNTED and key in self._pause_after:
                 try:
-                    self._maybe_pause(record.job, self._pause_after[record.job])
+                    self._maybe_pause(name, self._pause_after[key])
                 except Exception:  # a database error: the next failure looks again
-                    log.exception("job %r: counting its failed rounds failed", record.job)
-            hook = self._hook_of.get(record.job)
+                    log.exception("job %r: counting its failed rounds failed", name)
+            hook = self._hook_of.get(key)
             if hook is not None and self._hooks is not None:
                 self._hooks.call_later(hook, record)
 
@@ -318,3 +326,7 @@ def _named(hook: object) -> str:
     """``module.qualname`` of a hook, for its log line."""
     module = getattr(hook, "__module__", None) or "?"
     return f"{module}.{getattr(hook, '__qualname__', repr(hook))}"
+
+
+def _no_task(_name: str) -> str | None:
+    return None

@@ -110,7 +110,8 @@ class Peers:
         self._store = store
         self._control = control
         self._replica_id = replica_id
-        #: This replica's leased jobs (name -> spec), to tell a replica running some.
+        #: This replica's leased jobs (name -> spec) and tasks (name -> ""), to tell a
+        #: replica running some.
         self._jobs = jobs
         #: The live replicas, sorted; this one is always among them.
         self.view: tuple[str, ...] = (replica_id,)
@@ -140,6 +141,11 @@ class Peers:
         self._may_share = len(jobs) >= SPREAD_FROM * 2
         #: The last claim of this replica's share won none of it.
         self._unseen = False
+
+    def set_count(self, leased: int) -> None:
+        """This replica now runs ``leased`` leased jobs (schedules made of data came or
+        went): whether an instant may be shared follows."""
+        self._may_share = leased >= SPREAD_FROM * 2
 
     @property
     def lead(self) -> float:

@@ -26,19 +26,23 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lease
 
+from .._bounds import OneOff
 from .._clock import Clock
 from ._control import Control
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 
 if TYPE_CHECKING:
+    from .._registry import Task
+    from ._data import DataSchedules
     from ._dispatcher import Dispatcher
+    from ._metrics import Meters
 
 __all__ = ["Recovery"]
 
@@ -64,6 +68,8 @@ class Recovery:
         migrate: Brings the tables to head (raises [lease.DatabaseUnavailable][]
             while the database is down).
         describe_database: The database's URL, password hidden, for logs.
+        tasks: The tasks this replica registers, each with its policy described (on its
+            record, for the status).
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class Recovery:
         migrate: Callable[[], None],
         describe_database: Callable[[], str],
         post: Callable[[Callable[[], None]], object],
+        tasks: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -85,7 +92,8 @@ class Recovery:
         self._replica_id = replica_id
         self._migrate = migrate
         self._describe_database = describe_database
-        # The leased jobs, fixed at start: the sweep and catch-up read their rows.
+        # The leased jobs (and schedules made of data, see `leased_changed`): the sweep
+        # and catch-up read their rows.
         self._leased = [s for s in dispatcher.states.values() if s.job.leased]
         self._leased_names = [state.job.name for state in self._leased]
         #: The tables are at head and the database answered (read from any thread).
@@ -108,8 +116,11 @@ class Recovery:
             replica_id=replica_id,
             names=self._leased_names,
             post=post,
-            replica=_replica_record(replica_id, clock, dispatcher),
+            replica=_replica_record(replica_id, clock, dispatcher, tasks),
         )
+        #: The schedules made of data this replica follows (set by the scheduler when it
+        #: registers tasks).
+        self.data: DataSchedules | None = None
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
@@ -179,10 +190,49 @@ class Recovery:
         self._control.run(self._migrate, done)
 
     def on_database_ready(self) -> None:
-        """Catch up what start-up owes, then start sweeping (statements run in order).
+        """Load the schedules made of data (if this replica registers tasks), catch up what
+        start-up owes, then start sweeping (statements run in order).
 
         A replica of per-instance jobs only sweeps too: the sweep puts it on record and
         takes the requests and pauses of its jobs."""
+        data = self.data
+        if data is not None and data.rev is None:
+            # Nothing is claimed before the schedules are in: the catch-up covers them.
+            self.catch_up_pending = True
+            data.load(then=self._caught_up_after_load)
+            return
+        self._start_catch_up()
+
+    def follow(self, tasks: Mapping[str, Task], meters: Meters) -> Callable[[str], str | None]:
+        """Follow the schedules made of data of ``tasks`` (see `DataSchedules`); returns
+        the lookup of a schedule's task by its id."""
+        from ._data import DataSchedules
+
+        self.data = DataSchedules(
+            clock=self._clock,
+            store=self._store,
+            control=self._control,
+            dispatcher=self._dispatcher,
+            tasks=tasks,
+            meters=meters,
+            changed=self.leased_changed,
+        )
+        return self.data.task_of
+
+    def _caught_up_after_load(self) -> None:
+        self.catch_up_pending = False
+        self._start_catch_up()
+
+    def leased_changed(self) -> None:
+        """The leased jobs changed (schedules made of data came or went): the sweep, the
+        catch-up and the peers take the new list."""
+        states = self._dispatcher.states.values()
+        self._leased = [state for state in states if state.job.leased]
+        self._leased_names = [state.job.name for state in self._leased]
+        self.sweeper.set_names(self._leased_names)
+        self._dispatcher.peers.set_count(len(self._leased_names))
+
+    def _start_catch_up(self) -> None:
         if not self._leased:
             self.sweeper.begin()
             return
@@ -314,6 +364,8 @@ class Recovery:
             if row.instant is not None:
                 if row.instant >= instant:
                     continue  # claimed already
+            elif isinstance(state.job.schedule, OneOff):
+                pass  # a one-off never ran: its one instant is owed within the day
             elif row.deployed is None or instant <= row.deployed:
                 # Never ran, and the instant came before its first deployment (or when that
                 # was is unknown, on a row an older release wrote): its next one is its first.
@@ -328,6 +380,10 @@ class Recovery:
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""
         candidates: list[float] = []
+        if self.data is not None and self.db_ready:
+            polled = self.data.next_wake()
+            if polled is not None:
+                candidates.append(polled)
         if self._db_retry_at is not None:
             candidates.append(self._db_retry_at)
         if self._probe_at is not None and not self._probing:
@@ -341,6 +397,8 @@ class Recovery:
         """Sweep for rounds cut short if it is time (see `Sweeper`)."""
         if self.db_ready:
             self.sweeper.sweep(now)
+            if self.data is not None:
+                self.data.tick(now)
 
     def close(self, *, leave: bool = False) -> None:
         """Stop watching the lease writes (the scheduler stopped); with ``leave`` (a clean
@@ -354,10 +412,17 @@ class Recovery:
                 "table, listed as live until a minute after its last sweep",
                 self._replica_id,
             )
+        if self.data is not None:
+            self.data.close()
         self.sweeper.close(leave=leave and reachable)
 
 
-def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> lease.ReplicaRow:
+def _replica_record(
+    replica_id: str,
+    clock: Clock,
+    dispatcher: Dispatcher,
+    tasks: Mapping[str, Mapping[str, Any]] | None = None,
+) -> lease.ReplicaRow:
     """This replica as the sweep puts it on record: who, where, since when, which jobs
     and their policies."""
     from .._version import __version__
@@ -371,11 +436,13 @@ def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> le
         pair = (state.job.schedule.spec, state.job.leased)
         jobs[state.job.name] = pairs.setdefault(pair, pair)
     # Each job's options, for the status and the page (which load no app module).
-    policies = {
+    policies: dict[str, Mapping[str, Any]] = {
         s.job.name: described
         for s in dispatcher.states.values()
         if (described := s.job.policy.describe())
     }
+    tasks = tasks or {}
+    policies |= {name: described for name, described in tasks.items() if described}
     return lease.ReplicaRow(
         holder=replica_id,
         host=socket.gethostname(),
@@ -385,4 +452,5 @@ def _replica_record(replica_id: str, clock: Clock, dispatcher: Dispatcher) -> le
         seen=now,
         jobs=jobs,
         policies=policies,
+        tasks=frozenset(tasks),
     )

@@ -147,7 +147,8 @@ class Reruns:
                 if late
                 else "(a second run) met a drain"
             )
-            states = [dispatcher.states[name] for name in result.names]
+            found = (dispatcher.states.get(name) for name in result.names)
+            states = [state for state in found if state is not None]
             level = logging.WARNING if late else logging.INFO
             dispatcher.claims.hand_back(states, result.token, instant, why, level)
             return {}

@@ -23,7 +23,7 @@ import lease
 from .._clock import Clock, SystemClock
 from .._exceptions import Shutdown
 from .._history import History
-from .._registry import Job, Registry, default_registry
+from .._registry import Job, Registry, Task, default_registry
 from ._control import Control, Inbox
 from ._database import connect, resolve_database, warn_if_embedded
 from ._dispatcher import Dispatcher
@@ -88,19 +88,18 @@ class Scheduler:
             scheduler runs its own in a thread when it has async jobs.
         tracer_provider: Where the rounds' spans go; by default OpenTelemetry's global
             provider (no spans are recorded unless an SDK is configured).
-        meter_provider: Where the scheduler's metrics go (rounds by job and outcome,
-            lateness, durations, re-runs, catch-ups, lost leases, skipped instants, rounds
-            running; see ``cronjob.engine._metrics``); by default OpenTelemetry's global provider
-            (nothing is recorded unless an SDK is configured).
+        meter_provider: Where the scheduler's metrics go (see
+            ``cronjob.engine._metrics``); by default OpenTelemetry's global provider.
         history: How long the round history (``cronjob history NAME``) keeps rounds, see
             [History][cronjob.History]; ``None`` keeps none. Each job's state (last outcome, last
             error, failures in a row, ...) is on record either way.
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
-    stops it on exit. ``async with Scheduler(...)`` does the same from a coroutine (start
-    and stop run in a thread, so the loop keeps serving) and runs async jobs on that
-    loop: the way to run it inside an application's own ASGI lifespan. A scheduler starts
-    once; build a new one to start again.
+    stops it on exit; ``async with`` does the same from a coroutine (start and stop in a
+    thread) and runs async jobs on that loop (an ASGI lifespan). It starts once.
+
+    Besides the registry's jobs it runs the schedules made of data of the registry's
+    tasks (see `cronjob.schedules`), following their changes while it runs.
     """
 
     def __init__(
@@ -146,6 +145,7 @@ class Scheduler:
         self._async_engine: AsyncEngine | lease.LeaseError | None = None
         self._owns_async_engine = False
         self._jobs = 0
+        self._tasks: dict[str, Task] = {}
         # The parts, built at start (none with no jobs).
         self._inbox: Inbox | None = None
         self._control: Control | None = None
@@ -264,13 +264,14 @@ class Scheduler:
                 raise RuntimeError(f"scheduler {self.replica_id!r} was already started")
             self._started = True
         jobs = self._registry._freeze(by=repr(self.replica_id))
-        if not jobs:
+        self._tasks = {task.name: task for task in self._registry.tasks}
+        if not jobs and not self._tasks:
             log.warning("no jobs registered: the scheduler starts nothing")
             self._flags.stopped = True
             self._start_done = True
             return
         warn_if_embedded(self._database)
-        self._jobs = len(jobs)
+        self._jobs = len(jobs) + len(self._tasks)
         try:
             self._start(jobs)
         except BaseException:
@@ -281,9 +282,9 @@ class Scheduler:
     def _start(self, jobs: tuple[Job, ...]) -> None:
         check_history(jobs, self._history)
         leased = sum(job.leased for job in jobs)
-        engine, store = self._connect(
-            check_dialect=leased > 0, async_jobs=any(job.is_async for job in jobs)
-        )
+        tasks = self._tasks
+        is_async = any(job.is_async for job in jobs) or any(t.is_async for t in tasks.values())
+        engine, store = self._connect(check_dialect=leased > 0 or bool(tasks), async_jobs=is_async)
         clock, flags = self._clock, self._flags
 
         inbox = self._inbox = Inbox(clock)
@@ -300,6 +301,7 @@ class Scheduler:
             inbox=inbox,
             control=control,
             flags=flags,
+            tasks=tasks,
         )
         dispatcher.recovery = recovery = Recovery(
             clock=clock,
@@ -310,6 +312,7 @@ class Scheduler:
             migrate=self._migrate,
             describe_database=self._describe_database,
             post=inbox.post,
+            tasks={name: task.policy.describe() for name, task in tasks.items()},
         )
         self._recovery = recovery
         recovery.first_migration()
@@ -331,7 +334,7 @@ class Scheduler:
             ended=dispatcher.post_rounds_ended,
             max_workers=self._max_workers,
             loop=self._given_loop,
-            needs_loop=any(job.is_async for job in jobs),
+            needs_loop=is_async,
             tracer_provider=self._tracer_provider,
             async_engine=self._async_engine,
             owns_async_engine=self._owns_async_engine,
@@ -349,6 +352,8 @@ class Scheduler:
             crash=self._crash,
             on_fatal=self._on_fatal,
         )
+        if tasks:
+            failures.task_of = recovery.follow(tasks, meters)
         now = clock.now()
         for state in states.values():
             dispatcher.schedule_after(state, now)
@@ -362,13 +367,10 @@ class Scheduler:
         )
         self._thread.start()
         dispatcher.wait_ready()
-        log.info(
-            "scheduler %s started: %d leased job(s), %d per-instance job(s), database %s",
-            self.replica_id,
-            leased,
-            len(jobs) - leased,
-            self._describe_database(),
-        )
+        started = "scheduler %s started: %d leased job(s), %d per-instance job(s), %d task(s)"
+        database = self._describe_database()
+        args = (self.replica_id, leased, len(jobs) - leased, len(tasks), database)
+        log.info(started + ", database %s", *args)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Stop starting rounds, cancel the running ones with [Shutdown][cronjob.Shutdown],
@@ -491,9 +493,7 @@ class Scheduler:
         return engines.engine, engines.store
 
     def _describe_database(self) -> str:
-        if self._engine is None:
-            return "none"
-        return lease.redact(self._engine.url)
+        return "none" if self._engine is None else lease.redact(self._engine.url)
 
     def _migrate(self) -> None:
         assert self._engine is not None

@@ -84,8 +84,15 @@ class JobState:
     timeout: float | None = field(init=False, default=None)
     #: Its policy's start deadline, ``None``: none.
     start_deadline: timedelta | None = field(init=False, default=None)
+    #: A schedule made of data that was removed (or whose task left): never scheduled
+    #: again; a round in flight ends as it runs.
+    retired: bool = False
 
     def __post_init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the job's policy anew (a schedule made of data whose row changed)."""
         policy = self.job.policy
         self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
         self.start_deadline = policy.start_deadline

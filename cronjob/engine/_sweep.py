@@ -1,27 +1,22 @@
 """The sweep: finds rounds cut short and runs each a second time; and the minute check.
 
-- **Sweep**: every ~15 s, one query over all of this replica's leased jobs finds rounds
-  cut short that run a second time (attempt 2): not run to its end, or its end not on
-  record; not run a second time already; no later instant claimed since. Those of one
-  instant are claimed in one statement (see `cronjob.engine._reruns`); the claim
-  lets one replica win each, so two replicas never both run it.
+- **Sweep**: every ~15 s, one query over this replica's leased jobs finds the rounds cut
+  short (not run to its end, or its end not on record; no second run yet; no later
+  instant claimed since), run a second time (attempt 2), those of one instant claimed in
+  one statement (`cronjob.engine._reruns`): one replica wins each.
 - **Replica record**: each sweep puts this replica on record as seen now, in its own
   statement on PostgreSQL, its transaction elsewhere ([lease.LeaseStore.survey][]):
-  whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only
-  (whole again if it is gone); ``cronjob status`` lists the replicas seen lately.
-- **Per-instance pauses**: a replica with per-instance jobs reads their pause (a row of
-  the lease table, written by ``cronjob pause``) with each sweep, and skips their
-  instants while paused: a pause reaches every replica within one sweep.
-- **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep also reads the
-  open requests (one query; see [lease.Triggers][]) and takes those for this
-  replica's jobs: a manual round under the job's lease (refused if the lease is held),
-  its second run if it was cut short, a per-instance job's round asked of this replica,
-  or the catch-up of an instant skipped while paused (claimed as any instant). Requests
-  older than `lease.REQUEST_TTL` are marked expired instead. On PostgreSQL a
-  request's ``NOTIFY`` wakes the sweep at once (see `cronjob.engine._listen`).
-- **Check**: at start and then every minute, a job whose lease row has gone (deleted by
-  hand, a backup restored from before the job existed, a start-up ``ensure`` that
-  failed) gets it back, logged, since claims only update rows; and a clock that
+  whole (host, pid, version, start, jobs) until a sweep wrote it, then its ``seen`` only.
+- **Per-instance pauses**: read with each sweep (a lease row ``cronjob pause`` wrote);
+  their instants skipped while paused.
+- **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep reads the open
+  requests ([lease.Triggers][]) and takes those of this replica's jobs: a manual round
+  under the job's lease (refused if held), its second run if cut short, a per-instance
+  job's round asked of this replica, or the catch-up of an instant skipped while paused.
+  Requests older than `lease.REQUEST_TTL` expire. On PostgreSQL a request's ``NOTIFY``
+  wakes the sweep at once (see `cronjob.engine._listen`).
+- **Check**: at start and then every minute, a job whose lease row has gone (by hand, an
+  older backup, a failed start-up ``ensure``) gets it back, logged; and a clock that
   disagrees with the database's by more than 2 s is logged as an error (a replica far
   ahead has its claims refused, see `lease.CLAIM_AHEAD_LIMIT`).
 
@@ -32,8 +27,7 @@ sweep that found nothing runs again only once a lease is given back, or a lease 
 its end recorded may have expired (a replica crashed); it then runs on its 15 s grid, so
 tests see the same sweeps at the same fake times. The check runs at start, then only when a
 claim of this replica missed a job that no replica of the process holds (its row may be
-gone), at most once a minute. A fake day of three replicas then costs the claims and the
-ends, no more.
+gone), at most once a minute.
 
 Dispatcher thread only (``_on_write`` excepted); statements run on the control thread.
 """
@@ -201,6 +195,12 @@ class Sweeper:
             return survey, triggers.read()
 
         self._control.run(read, done)
+
+    def set_names(self, names: list[str]) -> None:
+        """The leased names to sweep from now on (schedules made of data came or went),
+        taken whole: a read on the control thread keeps the list it was given."""
+        self._names = names
+        self._wanted = set(names) if self._unwatch is not None else ()
 
     def _set_paused(self, paused: set[str]) -> None:
         """Per-instance jobs paused (``paused``) or not, as a sweep read them."""
@@ -466,7 +466,7 @@ class Sweeper:
             missing = store.missing(names)
             if missing:
                 now = clock.now()  # a job's schedule is never changed: read on this thread
-                due = {name: states[name].job.schedule.next(now) for name in missing}
+                due = {n: s.job.schedule.next(now) for n in missing if (s := states.get(n))}
                 store.ensure(missing, due=due)
             before = clock.now()
             db_now = store.now_ms() / 1000

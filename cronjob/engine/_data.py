@@ -1,0 +1,282 @@
+"""Schedules made of data, followed: this replica's tasks' schedules loaded once the
+database is reached, and every committed change applied within `POLL_EVERY` seconds.
+
+Each schedule runs as a leased job (a `JobState` in the dispatcher's ``states``, named by
+the schedule's id) whose function is its task's. The replica follows the change counter
+(see `lease._schedules`): one read of its row every `POLL_EVERY` seconds, and when it
+moved, the rows changed since the value last seen — a change costs the same whatever the
+number of schedules. On a clock whose replicas all live in this process (a fake clock)
+nothing is polled: the commit of a change tells this process's watchers, and the read
+that follows waits for that commit (a locking read of the counter).
+
+What a change does, as the dispatcher applies it:
+
+- **Added**: scheduled from the first instant after it is seen (a one-off whose instant
+  passed within the day is claimed at once, as catch-up).
+- **Changed**: the new schedule governs from the first instant after it is seen; the old
+  one's instants are not caught up. A round in flight ends as it began; its end schedules
+  the new schedule's next instant.
+- **Removed** (or its task is not registered here): no instant of it starts after; a
+  round in flight runs to its end, on record.
+
+Dispatcher thread only; the reads run on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._bounds import OneOff, timing
+from .._clock import Clock
+from .._exceptions import ScheduleError
+from .._registry import Job, Task
+from ._control import Control
+from ._metrics import Meters
+from ._state import JobState, Reason
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["POLL_EVERY", "DataSchedules"]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds between two reads of the change counter: a committed change is applied
+#: within this long (plus one read).
+POLL_EVERY = 1.0
+#: A one-off schedule whose instant passed unclaimed this recently runs once when seen.
+ONE_OFF_HORIZON = timedelta(days=1)
+
+_Read = tuple[int, list[lease.ScheduleRow]]
+
+
+def job_of(row: lease.ScheduleRow, task: Task) -> Job:
+    """The leased job that runs the schedule ``row`` with ``task``'s function and policy.
+
+    Raises:
+        ScheduleError: its spec does not parse here (a newer release's grammar?).
+    """
+    return Job(
+        name=row.id,
+        fn=task.fn,
+        schedule=timing(row.spec, row.at, row.start, row.end),
+        leased=True,
+        is_async=task.is_async,
+        policy=task.policy,
+        task=task.name,
+        args=row.args,
+    )
+
+
+class DataSchedules:
+    """This replica's schedules made of data: loaded, polled, applied."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        tasks: Mapping[str, Task],
+        meters: Meters,
+        changed: Callable[[], None],
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._control = control
+        self._dispatcher = dispatcher
+        self._tasks = tasks
+        self._meters = meters
+        #: Called (dispatcher thread) after the set of schedules changed: the parts that
+        #: keep lists of the leased names take them anew.
+        self._changed = changed
+        #: The counter value the schedules held here are complete up to; ``None``: not
+        #: loaded yet.
+        self.rev: int | None = None
+        #: The ids of the schedules this replica runs.
+        self.ids: set[str] = set()
+        self._reading = False
+        self._poll_at: float | None = None
+        self._again = False  # a change was told while a read was in flight
+        self._unwatch = store.watch(self._on_write) if clock.in_process else None
+
+    @property
+    def active(self) -> bool:
+        """Whether this replica registers any task (else it follows nothing)."""
+        return bool(self._tasks)
+
+    def task_of(self, name: str) -> str | None:
+        """The task of the schedule ``name``, or ``None`` (any thread: one dict read)."""
+        state = self._dispatcher.states.get(name)
+        return None if state is None else state.job.task
+
+    # -- reading ------------------------------------------------------------------------
+
+    def load(self, then: Callable[[], None]) -> None:
+        """Read every schedule of this replica's tasks and apply them, then call ``then``
+        (the start-up's catch-up, which covers them). A failed read is retried by the
+        polls; ``then`` runs anyway."""
+        self._reading = True
+        store, tasks = self._store, sorted(self._tasks)
+
+        def done(result: _Read | BaseException) -> None:
+            self._reading = False
+            if isinstance(result, BaseException):
+                log.warning("reading the schedules failed: %s; read again shortly", result)
+            else:
+                self._apply(*result, ensure=False)
+                log.info("%d schedule(s) of %d task(s) loaded", len(self.ids), len(tasks))
+            self._poll_at = self._next_poll()
+            then()
+
+        self._control.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
+
+    def next_wake(self) -> float | None:
+        """When the next poll is due (monotonic), or ``None``."""
+        return None if self._reading else self._poll_at
+
+    def tick(self, mono: float) -> None:
+        """Poll the counter if it is time."""
+        if self._poll_at is not None and not self._reading and mono >= self._poll_at:
+            self._poll()
+
+    def close(self) -> None:
+        """Stop watching this process's writes (the scheduler stopped)."""
+        if self._unwatch is not None:
+            self._unwatch()
+
+    def _next_poll(self) -> float | None:
+        if self._unwatch is not None and self.rev is not None:
+            return None  # told of each change in this process
+        return self._clock.monotonic() + POLL_EVERY
+
+    def _on_write(self, write: lease.LeaseWrite) -> None:
+        """A write in this process (any thread): schedules changed, read them."""
+        if write.kind is lease.WriteKind.SCHEDULES:
+            self._dispatcher.post(self._told)
+
+    def _told(self) -> None:
+        if self._reading:
+            self._again = True
+        elif self.rev is not None:
+            self._poll(told=True)
+
+    def _poll(self, *, told: bool = False) -> None:
+        """Read the counter, and the rows changed since, if it moved. ``told``: a commit in
+        this process is on its way: the read waits for it (a locking read), so that it
+        sees what it was told of."""
+        self._reading = True
+        self._again = False
+        store, since, tasks, wait = self._store, self.rev, sorted(self._tasks), told
+
+        def done(result: _Read | BaseException) -> None:
+            self._reading = False
+            self._poll_at = self._next_poll()
+            if isinstance(result, BaseException):
+                log.warning("reading the schedules' changes failed: %s", result)
+                self._poll_at = self._clock.monotonic() + POLL_EVERY
+            else:
+                self._apply(*result, ensure=True)
+            if self._again:
+                self._poll(told=True)
+
+        self._control.run(
+            lambda: lease.schedule_changes(store, since, wait=wait, tasks=tasks), done
+        )
+
+    # -- applying -----------------------------------------------------------------------
+
+    def _apply(self, rev: int, rows: list[lease.ScheduleRow], *, ensure: bool) -> None:
+        """Apply the rows read (dispatcher thread); ``ensure``: give the new and changed
+        ones their lease row's due instant (at start-up the catch-up's read does)."""
+        self.rev = rev if self.rev is None else max(rev, self.rev)
+        if not rows:
+            return
+        dispatcher = self._dispatcher
+        now = self._clock.now()
+        fresh: list[JobState] = []
+        dropped = 0
+        for row in rows:
+            task = None if row.removed else self._tasks.get(row.task)
+            state = dispatcher.states.get(row.id)
+            if state is not None and state.job.task is None:
+                continue  # a registered job's name: never a schedule's (refused at add)
+            if task is None:
+                if state is not None:
+                    self._drop(state)
+                    dropped += 1
+                continue
+            try:
+                job = job_of(row, task)
+            except ScheduleError as exc:
+                log.error("schedule %r is not run here: %s", row.id, exc)
+                if state is not None:
+                    self._drop(state)
+                    dropped += 1
+                continue
+            if state is None:
+                state = JobState(job, metrics=self._meters.job(row.id))
+                dispatcher.states[row.id] = state
+                self.ids.add(row.id)
+            elif _same(state.job, job):
+                continue
+            else:
+                state.job = job
+                state.refresh()
+            fresh.append(state)
+        for state in fresh:
+            self._schedule(state, now)
+        if fresh or dropped:
+            log.debug("schedules: %d added or changed, %d dropped", len(fresh), dropped)
+            self._changed()
+        if ensure and fresh:
+            self._ensure(fresh, now)
+
+    def _schedule(self, state: JobState, now: datetime) -> None:
+        """Schedule a new or changed schedule from now (a round in flight: from its end)."""
+        dispatcher = self._dispatcher
+        if state.busy:
+            return  # its round's end schedules the new schedule's next instant
+        schedule = state.job.schedule
+        if isinstance(schedule, OneOff) and schedule.at <= now:
+            if now - schedule.at <= ONE_OFF_HORIZON and self.rev is not None:
+                dispatcher.take(state)
+                dispatcher.claims.claim(schedule.at, [state], reason=Reason.CATCH_UP)
+            return
+        dispatcher.schedule_after(state, now)
+
+    def _drop(self, state: JobState) -> None:
+        """No instant of ``state``'s schedule starts any more here; a round in flight ends
+        as it runs."""
+        name = state.job.name
+        state.retired = True
+        state.generation += 1  # its heap entry is void
+        del self._dispatcher.states[name]
+        self.ids.discard(name)
+
+    def _ensure(self, states: list[JobState], now: datetime) -> None:
+        store = self._store
+        specs = {state.job.name: state.job.schedule.spec for state in states}
+        due = {state.job.name: state.job.schedule.next(now) for state in states}
+
+        def done(result: BaseException | None) -> None:
+            if isinstance(result, BaseException):
+                log.warning("writing the schedules' lease rows failed: %s", result)
+
+        self._control.run(lambda: store.ensure(sorted(specs), specs=specs, due=due), done)
+
+
+def _same(old: Job, new: Job) -> bool:
+    """Whether two jobs of one schedule run the same: task, timing and arguments."""
+    return (
+        old.task == new.task
+        and old.args == new.args
+        and old.schedule == new.schedule
+        and type(old.schedule) is type(new.schedule)
+    )
