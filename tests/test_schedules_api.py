@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -532,6 +533,63 @@ def test_a_writer_whose_transaction_read_before_sees_the_latest_commit(engine, d
             assert record.args == {"v": 2}
     finally:
         plain.dispose()
+
+
+def test_a_second_writer_of_one_id_waits_for_the_first_and_is_refused(engine, db_url):
+    second = lease.create_engine(db_url)  # SQLite: the fixture's engine has one connection
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        try:
+            outcome["added"] = add(second, "x", args={"by": "second"})
+        except Exception as exc:
+            outcome["error"] = exc
+
+    try:
+        with engine.connect() as conn:
+            trans = conn.begin()
+            add(conn, "x", args={"by": "first"})
+            thread = threading.Thread(target=write)
+            thread.start()
+            thread.join(1.0)
+            assert thread.is_alive()  # it waits on the first's lock of the counter
+            trans.commit()
+        thread.join(30)
+    finally:
+        second.dispose()
+    assert "added" not in outcome
+    assert isinstance(outcome["error"], RegistrationError)
+    assert "'x' already exists" in str(outcome["error"])
+    record = schedules.get(engine, "x")
+    assert record is not None and record.args == {"by": "first"}
+    assert rev(engine) == 1
+
+
+def test_concurrent_writers_each_get_a_counter_value_of_their_own(engine, db_url):
+    engines = [lease.create_engine(db_url) for _ in range(6)]
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            add(engines[i], f"s{i}")
+            schedules.update(engines[i], f"s{i}", args={"i": i})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for each in engines:
+            each.dispose()
+    assert errors == []
+    with engine.connect() as conn:
+        revs = sorted(row.rev for row in lease.read_schedules(conn, since=0))
+    assert revs == sorted(set(revs)) and len(revs) == 6  # one value per change kept
+    assert rev(engine) == 12
 
 
 # --- Async ----------------------------------------------------------------------------
