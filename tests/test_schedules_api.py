@@ -134,14 +134,14 @@ def test_anything_else_is_refused_with_a_type_error(engine):
 
 def test_get_returns_the_record_as_added(engine):
     start, end = T0, T0 + timedelta(days=30)
-    add(engine, spec="CRON_TZ=America/New_York 0 0 9 * * *", args={"n": [1, "é"]}, start=start)
+    add(engine, spec="CRON_TZ=America/New_York 0 0 9 * * *", args={"n": [1, "é🙂"]}, start=start)
     add(engine, "one-off", task="remind", at=T0 + timedelta(hours=1), end=end)
     record = schedules.get(engine, ID)
     assert record is not None
     assert (record.id, record.task) == (ID, "tenant-report")
     assert record.spec == "CRON_TZ=America/New_York 0 0 9 * * *"
     assert (record.at, record.start, record.end) == (None, start, None)
-    assert record.args == {"n": [1, "é"]}
+    assert record.args == {"n": [1, "é🙂"]}
     assert record.created.tzinfo is not None and record.created == record.updated
     assert record.shown_spec == record.spec
     one_off = schedules.get(engine, "one-off")
@@ -149,6 +149,9 @@ def test_get_returns_the_record_as_added(engine):
     assert (one_off.at, one_off.end) == (T0 + timedelta(hours=1), end)
     assert one_off.shown_spec == "@at 2027-01-04T10:00:00Z"
     assert schedules.get(engine, "missing") is None
+    assert add(engine, "rapport:société-🙂", args={"k": "ü"})
+    record = schedules.get(engine, "rapport:société-🙂")
+    assert record is not None and record.args == {"k": "ü"}
 
 
 def test_list_filters_by_task_and_by_a_prefix_taken_literally(engine):
