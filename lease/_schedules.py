@@ -125,12 +125,16 @@ def _row(row: RowMapping) -> ScheduleRow:
     )
 
 
-def bump_schedule_rev(conn: Connection) -> int:
-    """Raise the change counter by one in ``conn``'s transaction and return its new value.
+def bump_schedule_rev(conn: Connection, *, by: int = 1) -> int:
+    """Raise the change counter by ``by`` in ``conn``'s transaction and return its new
+    value.
 
-    Its row stays locked until the transaction ends (see the module docstring)."""
+    Its row stays locked until the transaction ends (see the module docstring). With
+    ``by=0``, a write that changes nothing: the lock alone, taken before a writer checks
+    what it is about to change (on SQLite, the database's write lock: a read first would
+    let two writers deadlock)."""
     with translate_errors("change schedules"):
-        conn.execute(_r.update().where(_r.c.id == 1).values(rev=_r.c.rev + 1))
+        conn.execute(_r.update().where(_r.c.id == 1).values(rev=_r.c.rev + by))
         return int(conn.execute(sa.select(_r.c.rev).where(_r.c.id == 1)).scalar_one())
 
 
@@ -168,17 +172,29 @@ def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:
     return found
 
 
-def taken_schedule_ids(conn: Connection, ids: Collection[str]) -> dict[str, bool]:
-    """Of ``ids``, those with a row: id -> whether it is a tombstone (removed)."""
+def _locking(stmt: sa.Select[Any], conn: Connection, lock: bool) -> sa.Select[Any]:
+    # A locking read reads the latest committed rows, whatever the caller's snapshot (a
+    # REPEATABLE READ transaction on MariaDB/MySQL that read before would see old ones).
+    return stmt.with_for_update() if lock and conn.dialect.name != "sqlite" else stmt
+
+
+def taken_schedule_ids(
+    conn: Connection, ids: Collection[str], *, lock: bool = False
+) -> dict[str, bool]:
+    """Of ``ids``, those with a row: id -> whether it is a tombstone (removed). With
+    ``lock``, a locking read (the rows as last committed, locked until the transaction
+    ends). Ids are compared exactly (MariaDB/MySQL would match ``"a "`` to ``"a"``)."""
     found: dict[str, bool] = {}
     listed = sorted(ids)
+    wanted = set(listed)
     with translate_errors("read schedules"):
         for start in range(0, len(listed), _BATCH):
             stmt = sa.select(_s.c.id, _s.c.removed).where(
                 _s.c.id.in_(listed[start : start + _BATCH])
             )
-            for id_, removed in conn.execute(stmt):
-                found[id_] = bool(removed)
+            for id_, removed in conn.execute(_locking(stmt, conn, lock)):
+                if id_ in wanted:
+                    found[id_] = bool(removed)
     return found
 
 
@@ -278,8 +294,12 @@ def read_schedules(
     task: str | None = None,
     prefix: str | None = None,
     removed: bool = False,
+    lock: bool = False,
 ) -> list[ScheduleRow]:
     """The schedules, by id (by counter value with ``since``).
+
+    Ids, tasks and prefixes are compared exactly, case and trailing spaces included
+    (SQLite's ``LIKE`` ignores case; MariaDB/MySQL's ``=`` ignores trailing spaces).
 
     Args:
         since: Only the rows changed after this counter value, tombstones included.
@@ -287,6 +307,7 @@ def read_schedules(
         task: Only this task's.
         prefix: Only ids that start with it.
         removed: Include tombstones (always with ``since``).
+        lock: A locking read (see `taken_schedule_ids`).
     """
     stmt = sa.select(_s)
     if since is not None:
@@ -295,15 +316,23 @@ def read_schedules(
         stmt = stmt.order_by(_s.c.id)
         if not removed:
             stmt = stmt.where(_s.c.removed == 0)
-    if ids is not None:
-        stmt = stmt.where(_s.c.id.in_(sorted(set(ids))))
+    wanted = None if ids is None else set(ids)
+    if wanted is not None:
+        stmt = stmt.where(_s.c.id.in_(sorted(wanted)))
     if task is not None:
         stmt = stmt.where(_s.c.task == task)
     if prefix is not None:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         stmt = stmt.where(_s.c.id.like(escaped + "%", escape="\\"))
     with translate_errors("read schedules"):
-        return [_row(row) for row in conn.execute(stmt).mappings()]
+        rows = [_row(row) for row in conn.execute(_locking(stmt, conn, lock)).mappings()]
+    return [
+        row
+        for row in rows
+        if (wanted is None or row.id in wanted)
+        and (task is None or row.task == task)
+        and (prefix is None or row.id.startswith(prefix))
+    ]
 
 
 def schedule_changes(

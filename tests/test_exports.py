@@ -62,6 +62,16 @@ SURFACE = {
     ],
     "cronjob.testing": ["FakeClock", "RanRound", "crash", "make_round", "record_rounds"],
     "cronjob.contrib.django": ["database_url", "fenced"],
+    "cronjob.contrib.django.schedules": [
+        "New",
+        "ScheduleRecord",
+        "add",
+        "add_many",
+        "get",
+        "list",
+        "remove",
+        "update",
+    ],
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
         "Activity",

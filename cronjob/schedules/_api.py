@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import json
 from collections.abc import Iterable, Iterator
@@ -17,7 +18,7 @@ import lease
 
 from .._bounds import at_spec
 from .._exceptions import RegistrationError
-from .._registry import Registry, default_registry
+from .._registry import Registry, _check_name, default_registry
 from ._check import New, checked
 
 __all__ = [
@@ -125,23 +126,44 @@ def _shown(row: lease.ScheduleRow) -> str:
     return at_spec(row.at) if row.at is not None else row.spec or ""
 
 
+def _storable(id_: object) -> bool:
+    """Whether ``id_`` could be a schedule's id: one that is not is on record nowhere (and
+    is never sent to the database, which might fail on it or, on MariaDB/MySQL, match
+    ``"a "`` to ``"a"``)."""
+    try:
+        _check_name(id_)
+    except RegistrationError:
+        return False
+    return True
+
+
 def _write(
-    conn: Connection, rows: builtins.list[lease.ScheduleRow], paused: set[str], if_exists: str
+    conn: Connection,
+    rows: builtins.list[lease.ScheduleRow],
+    paused: set[str],
+    if_exists: str,
+    registry: Registry | None = None,
 ) -> int:
     """Write checked ``rows`` in ``conn``'s transaction; the count written."""
     if if_exists not in _IF_EXISTS:
         raise ValueError(f"if_exists must be one of {', '.join(_IF_EXISTS)}, got {if_exists!r}")
     ids = [row.id for row in rows]
     if len(set(ids)) != len(ids):
-        twice = sorted({id_ for id_ in ids if ids.count(id_) > 1})
+        twice = sorted(id_ for id_, n in collections.Counter(ids).items() if n > 1)
         raise RegistrationError(f"schedule {twice[0]!r} is given more than once")
     jobs = {job.name for job in default_registry.jobs}
+    if registry is not None:
+        jobs.update(job.name for job in registry.jobs)
     clash = [id_ for id_ in ids if id_ in jobs]
     if clash:
         raise RegistrationError(f"schedule {clash[0]!r}: the id is a registered job's name")
-    # One locking write first: changes of schedules commit in the counter's order.
-    rev = lease.bump_schedule_rev(conn)
-    taken = lease.taken_schedule_ids(conn, ids)
+    if not rows:
+        return 0
+    # The counter's row locked first: changes of schedules commit in the counter's order,
+    # and what is checked below stays so until this transaction ends. Raised only once
+    # nothing is refused, so a refusal leaves the counter as it was.
+    lease.bump_schedule_rev(conn, by=0)
+    taken = lease.taken_schedule_ids(conn, ids, lock=True)
     jobs_rows = lease.leased_names(conn, [id_ for id_ in ids if id_ not in taken])
     if jobs_rows:
         first = sorted(jobs_rows)[0]
@@ -157,6 +179,9 @@ def _write(
     kept = {row.id for row in live} if if_exists == "keep" else set()
     new = [row for row in rows if row.id not in taken]
     again = [row for row in rows if row.id in taken and row.id not in kept]
+    if not new and not again:
+        return 0
+    rev = lease.bump_schedule_rev(conn)
     lease.insert_schedules(conn, new, rev)
     lease.replace_schedules(conn, again, rev)
     written = new + again
@@ -233,7 +258,7 @@ def add_many(
     rows = [checked(new, registry=registry) for new in news]
     paused = {new.id for new in news if new.paused}
     with _begin(db) as conn:
-        return _write(conn, rows, paused, if_exists)
+        return _write(conn, rows, paused, if_exists, registry)
 
 
 def update(
@@ -257,9 +282,11 @@ def update(
     Returns:
         Whether the schedule was on record (``False``: nothing written).
     """
+    if not _storable(id):
+        return False
     with _begin(db) as conn:
-        rev = lease.bump_schedule_rev(conn)
-        found = lease.read_schedules(conn, ids=[id])
+        lease.bump_schedule_rev(conn, by=0)  # locked: see _write
+        found = lease.read_schedules(conn, ids=[id], lock=True)
         if not found:
             return False
         current = found[0]
@@ -279,6 +306,7 @@ def update(
             current.end if isinstance(end, _Unset) else end,
         )
         row = checked(new)
+        rev = lease.bump_schedule_rev(conn)
         lease.update_schedule(conn, id, lease.schedule_values(row), rev)
         lease.tell_on_commit(conn)
         return True
@@ -288,7 +316,12 @@ def remove(db: Database, id: str) -> bool:
     """Remove the schedule ``id``: no instant of it starts after a replica sees the
     removal; a round in flight runs to its end, on record. Its history stays (pruned as
     any). Returns whether it was on record."""
+    if not _storable(id):
+        return False
     with _begin(db) as conn:
+        lease.bump_schedule_rev(conn, by=0)  # locked: see _write
+        if lease.taken_schedule_ids(conn, [id], lock=True).get(id) is not False:
+            return False  # none, or a tombstone
         rev = lease.bump_schedule_rev(conn)
         removed = lease.remove_schedule(conn, id, rev)
         lease.tell_on_commit(conn)
@@ -297,6 +330,8 @@ def remove(db: Database, id: str) -> bool:
 
 def get(db: Database, id: str) -> ScheduleRecord | None:
     """The schedule ``id`` as on record, or ``None``."""
+    if not _storable(id):
+        return None
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, ids=[id])
     return record_of(rows[0]) if rows else None

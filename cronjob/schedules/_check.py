@@ -77,7 +77,9 @@ def _named(id_: object) -> str:
     try:
         _check_name(id_)
     except RegistrationError as exc:
-        raise RegistrationError(str(exc).replace("job name", "schedule id", 1)) from exc
+        message = str(exc).replace("job name", "schedule id", 1)
+        message = message.replace("a job needs a name", "a schedule needs an id", 1)
+        raise RegistrationError(message) from exc
     assert isinstance(id_, str)
     return id_
 
@@ -111,6 +113,14 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         raise ScheduleError(
             f"schedule {id_!r}: end {end.isoformat()} comes before start {start.isoformat()}"
         )
+    # Stored in whole seconds, as every instant is: the start rounded up and the end down,
+    # so that the row read back admits no instant refused here.
+    if start is not None and start.microsecond:
+        start = start.replace(microsecond=0) + timedelta(seconds=1)
+    if end is not None:
+        end = end.replace(microsecond=0)
+    if at is not None:
+        at = at.replace(microsecond=0)
     if new.spec is not None and not isinstance(new.spec, str):
         raise ScheduleError(f"schedule {id_!r}: spec must be a string, got {new.spec!r}")
     try:
@@ -127,7 +137,7 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         id=id_,
         task=new.task,
         spec=new.spec,
-        at=None if at is None else at.replace(microsecond=0),
+        at=at,
         args=args_json(id_, new.args),
         start=start,
         end=end,
