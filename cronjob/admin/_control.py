@@ -17,6 +17,7 @@ import lease
 
 from .._exceptions import ScheduleError
 from .._schedule import Schedule
+from . import _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob, at_ms, aware, operator, store_on, to_ms
 
 __all__ = [
@@ -82,7 +83,8 @@ def pause(
         The change; ``changed`` is ``False`` (nothing written) if it was paused already.
 
     Raises:
-        UnknownJob: no job ``name`` is on record; nothing was written.
+        UnknownJob: no job ``name`` is on record, or ``name`` is a removed schedule's id;
+            nothing was written. A live schedule's id is taken as a job's name.
         ValueError: ``reason`` is longer than `REASON_LENGTH`; nothing was written.
         TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
     """
@@ -158,6 +160,7 @@ def _set_paused(
         # in one, which the replicas running it read with each sweep.
         local = _per_instance(store, clock_ms)
         if name is not None:
+            _scheduled.refuse_removed(store, name)  # a schedule's id is taken as a job's name
             rows = store.read([name])
             if name not in rows and name not in local:
                 raise UnknownJob(f"no job named {name!r} is on record")

@@ -81,12 +81,17 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
     )
     retired = report.retired
     jobs = [job for job in report.jobs if job.activity is not admin.Activity.RETIRED]
-    # A column of the jobs' policies only when some job has one.
+    # A column of the jobs' policies only when some job has one; of their tasks, when
+    # some job is a schedule made of data (its task is not its own name).
     policies = any(job.policies for job in jobs)
+    tasks = any(job.task != job.name for job in jobs)
     rows = [
         _row(
             {
                 "Job": f'<a href="{e(job_href(prefix, job.name))}">{e(job.name)}</a>',
+            }
+            | ({"Task": e(job.task)} if tasks else {})
+            | {
                 "Schedule": _spec(job),
                 "Next (UTC)": e(_next(job)),
                 "State": e(_state(job)),
@@ -100,6 +105,8 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
         for job in jobs
     ]
     headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"]
+    if tasks:
+        headers.insert(1, "Task")
     if policies:
         headers.append("Policies")
     counted = f"{len(jobs)} job{_s(len(jobs))}"
@@ -136,6 +143,7 @@ def job_page(
 ) -> str:
     """One job: its state on record, then its latest rounds (only failed ones if ``failed``)."""
     facts = {
+        **({"Task": e(job.task)} if job.task != job.name else {}),
         "Schedule": _spec(job),
         "Next instant (UTC)": e(_next(job)),
         "State": e(_state(job)),
