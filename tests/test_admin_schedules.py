@@ -232,6 +232,18 @@ class TestCommands:
         assert lines[2].split()[:2] == ["sync:1", "sync"]
         assert err == "cronjob: job needs attention: sync:1: no replica runs task sync\n"
 
+    def test_status_lists_the_tasks_each_replica_registers(self, db, capsys):
+        engine, url = db
+        live_replica(engine, "r1", tasks=frozenset({"sync", "report"}))
+        live_replica(engine, "r2", tasks=frozenset(), jobs={"tick": ("0 * * * * *", True)})
+        assert [r.tasks for r in admin.status(engine).replicas] == [("report", "sync"), ()]
+        _, out, _ = run(capsys, "status", "--database-url", url)
+        lines = out.splitlines()
+        header = lines.index(next(line for line in lines if line.startswith("REPLICA")))
+        assert lines[header].split()[-1] == "TASKS"
+        assert lines[header + 1].endswith(" report, sync")
+        assert lines[header + 2].endswith(" -")
+
     def test_status_json_has_the_task_and_the_problem(self, db, capsys):
         engine, url = db
         schedules.add(engine, "sync:1", task="sync", spec=YEARLY)
@@ -323,7 +335,7 @@ class TestCommands:
 
 
 class TestPage:
-    def test_the_page_shows_the_task_and_the_problem_escaped(self, db):
+    def test_the_page_shows_the_task_the_problem_and_the_replicas_tasks_escaped(self, db):
         engine, _ = db
         schedules.add(engine, "report:<b>", task="report", spec=YEARLY)
         schedules.add(engine, "sync:1", task="sync<i>", spec=YEARLY)
@@ -333,6 +345,7 @@ class TestPage:
         assert "<th>Task</th>" in body
         assert "report:&lt;b&gt;" in body and "<b>" not in body and "<i>" not in body
         assert "no replica runs task sync&lt;i&gt;" in body
+        assert "<th>Tasks</th>" in body and '<td data-label="Tasks">report</td>' in body
 
     def test_a_schedules_own_page_names_its_task(self, db):
         engine, _ = db

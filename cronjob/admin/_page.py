@@ -254,6 +254,7 @@ def _row(cells: dict[str, str], *, problem: bool) -> str:
 
 
 def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
+    tasks = any(r.tasks for r in replicas)  # a column once a replica runs schedules
     rows = [
         _row(
             {
@@ -264,12 +265,15 @@ def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
                 "Started (UTC)": e(_time(r.started)),
                 "Last seen (UTC)": e(_time(r.last_seen)),
                 "Jobs": e(len(r.jobs)),  # the count, as the command shows: may be thousands
-            },
+            }
+            | ({"Tasks": e(", ".join(r.tasks) or "-")} if tasks else {}),
             problem=False,
         )
         for r in replicas
     ]
     headers = ["Replica", "Host", "PID", "Version", "Started (UTC)", "Last seen (UTC)", "Jobs"]
+    if tasks:
+        headers.append("Tasks")
     return _table(headers, rows, empty="No live replica (none seen in the last minute).")
 
 

@@ -240,6 +240,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
     ]
     if replicas:
         headers = ["REPLICA", "HOST", "PID", "VERSION", "STARTED (UTC)", "LAST SEEN", "JOBS"]
+        if any(r.tasks for r in report.replicas):  # the tasks they run schedules of
+            headers.append("TASKS")
+            for row, replica in zip(replicas, report.replicas, strict=True):
+                row.append(_cell(", ".join(replica.tasks), POLICY_WIDTH) or "-")
         _print_table(headers, replicas, out)
     else:
         print("no live replicas (none seen in the last minute)", file=out)

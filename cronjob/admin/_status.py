@@ -159,6 +159,8 @@ class ReplicaStatus:
     last_seen: datetime
     #: The names it registered.
     jobs: tuple[str, ...]
+    #: The tasks it registered: it runs their schedules made of data.
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +234,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             asked.setdefault(request.job, []).append(request)
     registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
     policies: dict[str, Mapping[str, object]] = {}
+    runners: dict[str, list[str]] = {}  # task -> the live replicas that register it
     # The replica that started last wins: during a deploy, the release rolling out.
     for replica in sorted(replicas, key=lambda r: (r.started, r.holder)):
         for name, (spec, leased) in replica.jobs.items():
@@ -239,6 +242,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             policies[name] = replica.policies.get(name, {})
         for task in replica.tasks:
             policies[task] = replica.policies.get(task, {})
+            runners.setdefault(task, []).append(replica.holder)
     # A removed schedule's row is no job: hidden, unless a round of it holds its lease.
     gone = {
         name
@@ -258,6 +262,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             # On record (a lease row) and registered by none of the live replicas.
             retired=bool(replicas) and name in rows and name not in registered,
             plan=plans.get(name) if name not in registered else None,
+            runners=runners,
         )
         for name in sorted((set(rows) | set(registered) | set(asked) | live_plans) - gone)
     ]
@@ -273,6 +278,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
                 started=r.started,
                 last_seen=r.seen,
                 jobs=tuple(sorted(r.jobs)),
+                tasks=tuple(sorted(r.tasks)),
             )
             for r in sorted(replicas, key=lambda r: r.holder)
         ),
@@ -328,6 +334,7 @@ def _job_status(
     *,
     retired: bool = False,
     plan: lease.ScheduleRow | None = None,
+    runners: Mapping[str, list[str]] | None = None,
 ) -> JobStatus:
     problems: list[str] = []
     unrun = False  # a live schedule whose task no live replica registers
@@ -338,7 +345,7 @@ def _job_status(
         # those that register its task. Never retired: it is data, not removed code.
         spec, specs, per_instance, retired = _scheduled.shown_spec(plan), set(), False, False
         schedule = _scheduled.timing_of(plan)
-        runs = _scheduled.runners(plan.task, replicas)
+        runs = (runners or {}).get(plan.task, ())
         registered = {holder: (spec, True) for holder in runs}
         unrun = bool(replicas) and not runs and not plan.removed
         if unrun:
