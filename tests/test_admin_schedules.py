@@ -173,6 +173,20 @@ class TestControl:
         assert job(admin.status(engine), "report:42").paused
         assert not admin.resume(engine, "report:42").paused
 
+    def test_resume_catches_up_a_one_off_skipped_while_paused_from_its_own_row(self, db):
+        engine, _ = db
+        at = now() - timedelta(hours=1)
+        schedules.add(engine, "remind:1", task="report", at=at)
+        admin.pause(engine, "remind:1", now=at - timedelta(hours=1))
+        assert admin.resume(engine, "remind:1", catch_up=True).catch_up == at
+
+    def test_resume_catches_up_within_a_schedules_bounds(self, db):
+        engine, _ = db
+        end = now() - timedelta(hours=3)  # its last instant, on the hour, is before the pause
+        schedules.add(engine, "hourly", task="report", spec="0 0 * * * *", end=end)
+        admin.pause(engine, "hourly", now=end + timedelta(minutes=1))
+        assert admin.resume(engine, "hourly", catch_up=True).catch_up is None
+
     def test_trigger_takes_a_schedule_id_and_names_the_replicas_of_its_task(self, db):
         engine, _ = db
         schedules.add(engine, "report:42", task="report", spec=YEARLY)
