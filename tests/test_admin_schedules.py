@@ -53,6 +53,23 @@ def live_replica(
     )
 
 
+def replica_on_clock(engine: sa.Engine, seen: datetime, *, started: datetime) -> None:
+    """Replica ``r1``, registering task ``report``, seen at ``seen`` (a lease clock of
+    its own) after it started at ``started``."""
+    lease.LeaseStore(engine, clock=lambda: seen).record_replica(
+        lease.ReplicaRow(
+            holder="r1",
+            host="h",
+            pid=1,
+            version="v",
+            started=started,
+            seen=seen,
+            jobs={},
+            tasks=frozenset({"report"}),
+        )
+    )
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     status = main(list(argv))
     out, err = capsys.readouterr()
@@ -120,6 +137,21 @@ class TestStatus:
         schedules.add(engine, "report:42", task="report", spec=YEARLY)
         report = admin.status(engine)
         assert job(report, "report:42").problems == () and report.healthy
+
+    def test_a_schedule_without_a_success_within_two_periods_is_stale(self, db):
+        engine, _ = db
+        schedules.add(engine, "every-5m", task="report", spec="0 */5 * * * *")
+        later = now() + timedelta(hours=1)
+        replica_on_clock(engine, later, started=now())
+        found = job(admin.status(engine, now=later), "every-5m")
+        assert [p.split(":")[0] for p in found.problems] == ["stale"]
+
+    def test_a_schedule_added_after_its_replicas_started_is_not_stale_before_its_time(self, db):
+        engine, _ = db
+        schedules.add(engine, "every-5m", task="report", spec="0 */5 * * * *")
+        later = now() + timedelta(minutes=5)
+        replica_on_clock(engine, later, started=now() - timedelta(days=1))
+        assert job(admin.status(engine, now=later), "every-5m").problems == ()
 
     def test_the_schedules_table_is_read_in_one_query(self, db):
         engine, _ = db

@@ -250,6 +250,12 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         if plan.removed and not _held(rows.get(name), now_ms) and name not in registered
     }
     live_plans = {name for name, plan in plans.items() if not plan.removed}
+    # Each name shown, with its schedule if it is one: a name a live replica registers
+    # as a job is that job, whatever the table says.
+    shown = {
+        name: None if name in registered else plans.get(name)
+        for name in sorted((set(rows) | set(registered) | set(asked) | live_plans) - gone)
+    }
     jobs = [
         _job_status(
             name,
@@ -258,13 +264,13 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             replicas,
             checked_at,
             tuple(asked.get(name, ())),
-            policies.get(plans[name].task if name in plans else name, {}),
+            policies.get(name if plan is None else plan.task, {}),
             # On record (a lease row) and registered by none of the live replicas.
             retired=bool(replicas) and name in rows and name not in registered,
-            plan=plans.get(name) if name not in registered else None,
+            plan=plan,
             runners=runners,
         )
-        for name in sorted((set(rows) | set(registered) | set(asked) | live_plans) - gone)
+        for name, plan in shown.items()
     ]
     return Status(
         checked_at=checked_at,
