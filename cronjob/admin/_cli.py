@@ -156,8 +156,8 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         help="a module to import",
     )
     add_commands(commands, _DATABASE_HELP)
-    add_control_commands(commands, _DATABASE_HELP)
     add_schedules_command(commands, _DATABASE_HELP)
+    add_control_commands(commands, _DATABASE_HELP)
     return parser
 
 
