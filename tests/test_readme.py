@@ -125,7 +125,7 @@ def test_the_configuration_reference_lists_every_scheduler_argument():
 
 def test_the_cli_reference_documents_every_command_and_exit_status():
     text = (REPO / "docs" / "reference" / "cli.md").read_text()
-    for command in ["run", "next", "status", "history", "pause", "resume", "trigger"]:
+    for command in ["run", "next", "status", "schedules", "history", "pause", "resume", "trigger"]:
         assert f"## `cronjob {command}`" in text, command
     for status in ["0", "1", "2", "3", "4", "5", "70"]:
         assert f"\n| {status} |" in text, status

@@ -8,12 +8,14 @@ from the engine that runs rounds (`cronjob.engine`):
   ``_control`` writes the pause ([pause][cronjob.admin.pause],
   [resume][cronjob.admin.resume]); ``_trigger`` requests a round now
   ([trigger][cronjob.admin.trigger], [wait][cronjob.admin.wait]); ``_forget`` deletes a
-  retired job's record (`forget`); ``_base`` holds what they share (the database, the schema
-  check, the errors).
+  retired job's record (`forget`); ``_scheduled`` reads the schedules made of data (see
+  `cronjob.schedules`) that they all take by id; ``_base`` holds what they share (the
+  database, the schema check, the errors).
 - ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
   ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
-  ``history``; ``_control_cli``: ``pause``, ``resume``, ``trigger``, ``forget``;
-  ``_format``: the cells the tables and the page share.
+  ``history``; ``_schedules_cli``: ``schedules``; ``_control_cli``: ``pause``,
+  ``resume``, ``trigger``, ``forget``; ``_format``: the cells the tables and the page
+  share.
 - ``_web``: the status page as a WSGI or ASGI app (public as [cronjob.web][]);
   ``_page`` renders its HTML.
 

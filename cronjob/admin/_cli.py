@@ -3,7 +3,8 @@
 ``cronjob next SPEC`` shows when a schedule fires; ``cronjob run MODULE...`` imports the
 modules that register jobs and runs the scheduler (see `cronjob.admin._run`);
 ``cronjob status`` and ``cronjob history NAME`` show what the replicas did (see
-`cronjob.admin._read_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
+`cronjob.admin._read_cli`), ``cronjob schedules`` the schedules made of data (see
+`cronjob.admin._schedules_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
 and run a job now on every replica, and ``cronjob forget`` deletes a retired job's record
 (see `cronjob.admin._control_cli`).
 
@@ -31,6 +32,8 @@ from ..engine._options import DEFAULT_MAX_WORKERS
 from ._control_cli import add_commands as add_control_commands
 from ._control_cli import run_forget, run_pause, run_resume, run_trigger
 from ._read_cli import add_commands, run_history, run_status
+from ._schedules_cli import add_command as add_schedules_command
+from ._schedules_cli import run_schedules
 
 __all__ = ["main"]
 
@@ -153,6 +156,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         help="a module to import",
     )
     add_commands(commands, _DATABASE_HELP)
+    add_schedules_command(commands, _DATABASE_HELP)
     add_control_commands(commands, _DATABASE_HELP)
     return parser
 
@@ -208,6 +212,7 @@ def main(
             "resume": run_resume,
             "trigger": run_trigger,
             "forget": run_forget,
+            "schedules": run_schedules,
         }
         if args.command in commands:
             return commands[args.command](args)

@@ -17,6 +17,7 @@ import lease
 
 from .._exceptions import ScheduleError
 from .._schedule import Schedule
+from . import _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob, at_ms, aware, operator, store_on, to_ms
 
 __all__ = [
@@ -82,7 +83,8 @@ def pause(
         The change; ``changed`` is ``False`` (nothing written) if it was paused already.
 
     Raises:
-        UnknownJob: no job ``name`` is on record; nothing was written.
+        UnknownJob: no job ``name`` is on record, or ``name`` is a removed schedule's id;
+            nothing was written. A live schedule's id is taken as a job's name.
         ValueError: ``reason`` is longer than `REASON_LENGTH`; nothing was written.
         TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
     """
@@ -158,6 +160,7 @@ def _set_paused(
         # in one, which the replicas running it read with each sweep.
         local = _per_instance(store, clock_ms)
         if name is not None:
+            _scheduled.refuse_removed(store, name)  # a schedule's id is taken as a job's name
             rows = store.read([name])
             if name not in rows and name not in local:
                 raise UnknownJob(f"no job named {name!r} is on record")
@@ -173,9 +176,14 @@ def _set_paused(
             # replicas read its pause, a round cut short while paused is re-run.
             store._requested(job)
         owed: dict[str, datetime] = {}
-        if catch_up:
+        if catch_up and changed:
+            # A schedule's timing is its row's (its spec within its bounds, or its one
+            # instant), not the spec text on its lease row.
+            plans = {plan.id: plan for plan in _scheduled.read(store, ids=changed)}
             for job in sorted(changed):
-                instant = _skipped(before.get(job), clock_ms)
+                plan = plans.get(job)
+                timing = None if plan is None else _scheduled.timing_of(plan)
+                instant = _skipped(before.get(job), clock_ms, timing)
                 if instant is not None:
                     lease.Triggers(store).request(job, by=who, instant=instant, now_ms=now_ms)
                     owed[job] = instant
@@ -210,15 +218,21 @@ def _registered(store: lease.LeaseStore, name: str, now_ms: int) -> tuple[bool, 
     return False in kinds, True in kinds
 
 
-def _skipped(row: lease.LeaseRow | None, now_ms: int) -> datetime | None:
-    """The latest instant of ``row``'s spec skipped while it was paused, within the
-    catch-up day and not claimed; ``None`` if there is none (or no spec on record)."""
-    if row is None or row.paused is None or row.spec is None:
+def _skipped(
+    row: lease.LeaseRow | None, now_ms: int, schedule: Schedule | None = None
+) -> datetime | None:
+    """The latest instant of ``row``'s spec (or ``schedule``, a schedule made of data's)
+    skipped while it was paused, within the catch-up day and not claimed; ``None`` if
+    there is none (or no spec on record)."""
+    if row is None or row.paused is None:
         return None
-    try:
-        schedule = Schedule(row.spec)
-    except ScheduleError:
-        return None
+    if schedule is None:
+        if row.spec is None:
+            return None
+        try:
+            schedule = Schedule(row.spec)
+        except ScheduleError:
+            return None
     now = at_ms(now_ms)
     instant: datetime | None = schedule.prev(now.replace(microsecond=0) + timedelta(seconds=1))
     if instant is None or instant < row.paused or now - instant > CATCH_UP_HORIZON:

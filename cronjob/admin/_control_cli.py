@@ -97,7 +97,7 @@ def add_commands(commands: Any, database_help: str) -> None:
             "deploy); a per-instance job's, or one for a --replica not live, is not."
         ),
     )
-    trigger.add_argument("name", metavar="NAME", help="the job to run")
+    trigger.add_argument("name", metavar="NAME", help="the job (or schedule id) to run")
     trigger.add_argument(
         "--wait",
         action="store_true",
@@ -127,7 +127,8 @@ def add_commands(commands: Any, database_help: str) -> None:
             "Delete the record of a retired job, one that no live replica registers any "
             "more (renamed or removed from the code): its lease row, its rounds in the "
             "history and its requests for a round now. Refused (exit 2, nothing deleted) "
-            "while a live replica registers it, while no replica is live, and for a name "
+            "while a live replica registers it, while no replica is live, for a live "
+            "schedule's id (cronjob.schedules.remove removes a schedule), and for a name "
             "not on record."
         ),
     )
@@ -135,7 +136,9 @@ def add_commands(commands: Any, database_help: str) -> None:
     forget.add_argument("--json", action="store_true", help="print what was deleted as JSON")
     forget.add_argument("--database-url", metavar="URL", default=None, help=database_help)
     for parser, what in ((pause, "pause"), (resume, "resume")):
-        parser.add_argument("name", metavar="NAME", nargs="?", help=f"the job to {what}")
+        parser.add_argument(
+            "name", metavar="NAME", nargs="?", help=f"the job (or schedule id) to {what}"
+        )
         parser.add_argument(
             "--all", action="store_true", help=f"{what} every job on record instead"
         )

@@ -13,6 +13,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from .._exceptions import CronjobError
+from . import _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob, aware, store_on, to_ms
 
 __all__ = ["ForgetRefused", "Forgotten", "forget"]
@@ -65,8 +66,9 @@ def forget(database: str | sa.Engine, name: str, *, now: datetime | None = None)
         What was deleted.
 
     Raises:
-        ForgetRefused: a live replica registers ``name``, or no replica is live; nothing
-            was deleted.
+        ForgetRefused: a live replica registers ``name``, no replica is live, or ``name``
+            is a live schedule's id (`cronjob.schedules.remove` removes a schedule; a
+            removed one's record can be forgotten); nothing was deleted.
         UnknownJob: nothing of ``name`` is on record (no lease row, no round); nothing
             was deleted. A name with whitespace at its ends is never a job's (the
             internal rows of chores, such as the prune's, are named so).
@@ -76,6 +78,15 @@ def forget(database: str | sa.Engine, name: str, *, now: datetime | None = None)
     if not isinstance(name, str) or not name or name != name.strip():
         raise UnknownJob(f"no job named {name!r} is on record")
     with store_on(database) as store:
+        plan = _scheduled.read(store, ids=[name])  # a live schedule (tombstones left out)
+        if plan:
+            raise ForgetRefused(
+                f"{name!r} is a schedule of task {plan[0].task!r}, not a retired job: "
+                "remove it with cronjob.schedules.remove (its history stays until pruned, "
+                "or forget it once removed); nothing was deleted",
+                job=name,
+                registered_by=(),
+            )
         now_ms = store.now_ms() if now is None else to_ms(aware(now, "now"))
         # The one read status makes of the live replicas: their records list their jobs.
         live = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))

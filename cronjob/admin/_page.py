@@ -81,12 +81,17 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
     )
     retired = report.retired
     jobs = [job for job in report.jobs if job.activity is not admin.Activity.RETIRED]
-    # A column of the jobs' policies only when some job has one.
+    # A column of the jobs' policies only when some job has one; of their tasks, when
+    # some job is a schedule made of data (its task is not its own name).
     policies = any(job.policies for job in jobs)
+    tasks = any(job.task != job.name for job in jobs)
     rows = [
         _row(
             {
                 "Job": f'<a href="{e(job_href(prefix, job.name))}">{e(job.name)}</a>',
+            }
+            | ({"Task": e(job.task)} if tasks else {})
+            | {
                 "Schedule": _spec(job),
                 "Next (UTC)": e(_next(job)),
                 "State": e(_state(job)),
@@ -100,6 +105,8 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
         for job in jobs
     ]
     headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"]
+    if tasks:
+        headers.insert(1, "Task")
     if policies:
         headers.append("Policies")
     counted = f"{len(jobs)} job{_s(len(jobs))}"
@@ -136,6 +143,7 @@ def job_page(
 ) -> str:
     """One job: its state on record, then its latest rounds (only failed ones if ``failed``)."""
     facts = {
+        **({"Task": e(job.task)} if job.task != job.name else {}),
         "Schedule": _spec(job),
         "Next instant (UTC)": e(_next(job)),
         "State": e(_state(job)),
@@ -246,6 +254,7 @@ def _row(cells: dict[str, str], *, problem: bool) -> str:
 
 
 def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
+    tasks = any(r.tasks for r in replicas)  # a column once a replica runs schedules
     rows = [
         _row(
             {
@@ -256,12 +265,15 @@ def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
                 "Started (UTC)": e(_time(r.started)),
                 "Last seen (UTC)": e(_time(r.last_seen)),
                 "Jobs": e(len(r.jobs)),  # the count, as the command shows: may be thousands
-            },
+            }
+            | ({"Tasks": e(", ".join(r.tasks) or "-")} if tasks else {}),
             problem=False,
         )
         for r in replicas
     ]
     headers = ["Replica", "Host", "PID", "Version", "Started (UTC)", "Last seen (UTC)", "Jobs"]
+    if tasks:
+        headers.append("Tasks")
     return _table(headers, rows, empty="No live replica (none seen in the last minute).")
 
 

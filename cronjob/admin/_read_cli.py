@@ -4,11 +4,12 @@ Both read the database through [cronjob.admin][] and need no application module.
 Neither writes, nor migrates: a database without the tables, or at an older revision,
 gets one line saying which, and is left as it was.
 
-Exit statuses: 0 all is well; 1 (``status``) a job is failing, stale, or registered with
-specs that disagree — one line on stderr says which, so the command serves as a probe or
-an alert check (a retired job, which no live replica registers, never is: it is listed
-apart); 2 bad input (an unknown job, a bad option, no tables, an older schema);
-3 the database could not be read.
+Exit statuses: 0 all is well; 1 (``status``) a job is failing, stale, registered with
+specs that disagree, or a schedule whose task no live replica registers — one line on
+stderr says which, so the command serves as a probe or an alert check (a retired job,
+which no live replica registers, never is: it is listed apart); 2 bad input (an unknown
+job, no schedule of ``--task``, a bad option, no tables, an older schema); 3 the database
+could not be read.
 """
 
 from __future__ import annotations
@@ -63,10 +64,16 @@ def add_commands(commands: Any, database_help: str) -> None:
             "failures in a row — then the retired jobs (on record, but registered by no "
             "live replica), then the live replicas. Exits 1, with one line on stderr, "
             "when a job is failing or stale (no successful end within two periods plus "
-            "60 s) or its replicas registered different specs; never for a retired job."
+            "60 s), its replicas registered different specs, or it is a schedule whose "
+            "task no live replica registers; never for a retired job."
         ),
     )
-    status.add_argument("name", metavar="NAME", nargs="?", help="show this job only")
+    status.add_argument(
+        "name", metavar="NAME", nargs="?", help="show this job (or schedule id) only"
+    )
+    status.add_argument(
+        "--task", metavar="T", default=None, help="show the schedules of task T only"
+    )
     status.add_argument(
         "--serve",
         type=_address,
@@ -79,7 +86,7 @@ def add_commands(commands: Any, database_help: str) -> None:
         help="list a job's latest rounds",
         description="List the latest rounds of a job, newest first.",
     )
-    history.add_argument("name", metavar="NAME", help="the job")
+    history.add_argument("name", metavar="NAME", help="the job, or a schedule's id")
     history.add_argument(
         "--limit", type=_limit, default=20, metavar="N", help="at most N rounds (default 20)"
     )
@@ -119,6 +126,11 @@ def run_status(
             jobs = tuple(job for job in jobs if job.name == args.name)
             if not jobs:
                 raise admin.UnknownJob(f"no job named {args.name!r} is on record")
+            report = dataclasses.replace(report, jobs=jobs)
+        if args.task is not None:
+            jobs = tuple(job for job in report.jobs if job.task == args.task)
+            if not jobs:
+                raise admin.UnknownJob(f"no schedule of task {args.task!r} is on record")
             report = dataclasses.replace(report, jobs=jobs)
         if args.json:
             _print_json(_jsonable(report) | {"healthy": report.healthy}, out)
@@ -193,6 +205,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
             ]
         )
     headers = ["JOB", "SPEC", "NEXT (UTC)", "STATE", "LAST", "DURATION", "FAILURES"]
+    if any(job.task != job.name for job in jobs):  # a column once a schedule is shown
+        headers.insert(1, "TASK")
+        for row, job in zip(rows, jobs, strict=True):
+            row.insert(1, _cell(job.task))
     if any(job.policies for job in jobs):  # a column only when some job has one
         headers.append("POLICIES")
         for row, job in zip(rows, jobs, strict=True):
@@ -224,6 +240,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
     ]
     if replicas:
         headers = ["REPLICA", "HOST", "PID", "VERSION", "STARTED (UTC)", "LAST SEEN", "JOBS"]
+        if any(r.tasks for r in report.replicas):  # the tasks they run schedules of
+            headers.append("TASKS")
+            for row, replica in zip(replicas, report.replicas, strict=True):
+                row.append(_cell(", ".join(replica.tasks), POLICY_WIDTH) or "-")
         _print_table(headers, replicas, out)
     else:
         print("no live replicas (none seen in the last minute)", file=out)

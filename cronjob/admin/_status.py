@@ -43,6 +43,7 @@ import lease
 
 from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, record_of
 from .._schedule import Schedule
+from . import _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob
 from ._base import as_enum as _enum
 from ._base import at_ms as _at
@@ -137,6 +138,13 @@ class JobStatus:
     #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
     #: empty without options, or when no live replica of this release registers it.
     policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    #: The task that runs it: a schedule's task (see `cronjob.schedules`); a registered
+    #: job's own name for a registered job (the default, given none).
+    task: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.task:
+            object.__setattr__(self, "task", self.name)  # frozen: this is its constructor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +159,8 @@ class ReplicaStatus:
     last_seen: datetime
     #: The names it registered.
     jobs: tuple[str, ...]
+    #: The tasks it registered: it runs their schedules made of data.
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,8 +173,8 @@ class Status:
 
     @property
     def healthy(self) -> bool:
-        """No job is failing, stale, or registered with specs that disagree (a retired
-        job never is)."""
+        """No job is failing, stale, registered with specs that disagree, or a schedule
+        whose task no live replica registers (a retired job never is)."""
         return not any(job.problems for job in self.jobs)
 
     @property
@@ -189,6 +199,14 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     live replicas' records that lists them tells which jobs they register. With no live
     replica (all of them restarting), nothing is retired: the jobs show as they are.
 
+    A schedule made of data (see `cronjob.schedules`; the table is read once, in one
+    query) is shown under its id with its task (`JobStatus.task`), its spec (or
+    ``@at <instant>``) and its next instant within its start and end; it is never
+    retired. While some replica is live and none registers its task, it has the problem
+    ``no replica runs task T``. A removed schedule's lease row is hidden, unless a round
+    of it still holds its lease: then it shows running, without a next instant, until
+    the round ends.
+
     Args:
         database: a URL, or an engine (not disposed).
         now: "now" for next instants, liveness and staleness; the database's clock by
@@ -204,6 +222,8 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         rows = store.read_all()
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
         open_requests = lease.Triggers(store).read()
+        # Every schedule made of data, tombstones too: one query, joined by name below.
+        plans = {plan.id: plan for plan in _scheduled.read(store, removed=True)}
     checked_at = _at(now_ms)
     asked: dict[str, list[RequestStatus]] = {}
     live = {replica.holder for replica in replicas}
@@ -214,11 +234,28 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             asked.setdefault(request.job, []).append(request)
     registered: dict[str, dict[str, tuple[str, bool]]] = {}  # name -> replica -> (spec, leased)
     policies: dict[str, Mapping[str, object]] = {}
+    runners: dict[str, list[str]] = {}  # task -> the live replicas that register it
     # The replica that started last wins: during a deploy, the release rolling out.
     for replica in sorted(replicas, key=lambda r: (r.started, r.holder)):
         for name, (spec, leased) in replica.jobs.items():
             registered.setdefault(name, {})[replica.holder] = (spec, leased)
             policies[name] = replica.policies.get(name, {})
+        for task in replica.tasks:
+            policies[task] = replica.policies.get(task, {})
+            runners.setdefault(task, []).append(replica.holder)
+    # A removed schedule's row is no job: hidden, unless a round of it holds its lease.
+    gone = {
+        name
+        for name, plan in plans.items()
+        if plan.removed and not _held(rows.get(name), now_ms) and name not in registered
+    }
+    live_plans = {name for name, plan in plans.items() if not plan.removed}
+    # Each name shown, with its schedule if it is one: a name a live replica registers
+    # as a job is that job, whatever the table says.
+    shown = {
+        name: None if name in registered else plans.get(name)
+        for name in sorted((set(rows) | set(registered) | set(asked) | live_plans) - gone)
+    }
     jobs = [
         _job_status(
             name,
@@ -227,11 +264,13 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             replicas,
             checked_at,
             tuple(asked.get(name, ())),
-            policies.get(name, {}),
+            policies.get(name if plan is None else plan.task, {}),
             # On record (a lease row) and registered by none of the live replicas.
             retired=bool(replicas) and name in rows and name not in registered,
+            plan=plan,
+            runners=runners,
         )
-        for name in sorted(set(rows) | set(registered) | set(asked))
+        for name, plan in shown.items()
     ]
     return Status(
         checked_at=checked_at,
@@ -245,6 +284,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
                 started=r.started,
                 last_seen=r.seen,
                 jobs=tuple(sorted(r.jobs)),
+                tasks=tuple(sorted(r.tasks)),
             )
             for r in sorted(replicas, key=lambda r: r.holder)
         ),
@@ -299,17 +339,34 @@ def _job_status(
     policies: Mapping[str, object] | None = None,
     *,
     retired: bool = False,
+    plan: lease.ScheduleRow | None = None,
+    runners: Mapping[str, list[str]] | None = None,
 ) -> JobStatus:
-    specs = {spec for spec, _ in registered.values()}
-    spec = row.spec if row is not None and row.spec is not None else None
-    if spec is None and specs:
-        spec = min(specs)
-    if spec is not None:
-        specs.add(spec)
-    # A per-instance job's row exists only once it was paused: what the replicas say wins.
-    per_instance = bool(registered) and not any(leased for _, leased in registered.values())
-    schedule = _schedule(spec)
     problems: list[str] = []
+    unrun = False  # a live schedule whose task no live replica registers
+    started_after: datetime | None = None
+    spec: str | None
+    if plan is not None:
+        # A schedule made of data: its timing is its row's; the replicas running it are
+        # those that register its task. Never retired: it is data, not removed code.
+        spec, specs, per_instance, retired = _scheduled.shown_spec(plan), set(), False, False
+        schedule = _scheduled.timing_of(plan)
+        runs = (runners or {}).get(plan.task, ())
+        registered = {holder: (spec, True) for holder in runs}
+        unrun = bool(replicas) and not runs and not plan.removed
+        if unrun:
+            problems.append(_scheduled.no_replica(plan.task))
+        started_after = plan.created  # a schedule added late is not stale since before
+    else:
+        specs = {spec for spec, _ in registered.values()}
+        spec = row.spec if row is not None and row.spec is not None else None
+        if spec is None and specs:
+            spec = min(specs)
+        if spec is not None:
+            specs.add(spec)
+        # A per-instance job's row exists only once it was paused: the replicas' word wins.
+        per_instance = bool(registered) and not any(leased for _, leased in registered.values())
+        schedule = _schedule(spec)
     if len(specs) > 1:
         problems.append("replicas registered different specs: " + ", ".join(sorted(specs)))
     # Held: a scheduled round, or a manual one (which leaves the row's state alone).
@@ -326,12 +383,12 @@ def _job_status(
         problems.append(f"failing: {failures} round{'s' if failures != 1 else ''} in a row {what}")
     # A paused job is not run on purpose: shown as paused, never as stale.
     paused = row is not None and row.paused is not None
-    quiet = paused or per_instance or retired
-    stale = None if quiet else _stale(schedule, row, registered, replicas, now)
+    quiet = paused or per_instance or retired or unrun or (plan is not None and plan.removed)
+    stale = None if quiet else _stale(schedule, row, registered, replicas, now, started_after)
     if stale is not None:
         problems.append(stale)
     for request in requests:
-        if request.state is RequestState.PENDING and not registered and not retired:
+        if request.state is RequestState.PENDING and not registered and not (retired or unrun):
             expires = request.requested + timedelta(seconds=lease.REQUEST_TTL)
             problems.append(
                 f"a round requested by {request.requested_by} is pending, but no live replica "
@@ -354,7 +411,11 @@ def _job_status(
         spec=spec,
         zone=None if schedule is None or schedule.zone is None else schedule.zone.key,
         per_instance=per_instance,
-        next_instant=None if schedule is None or paused or retired else _next(schedule, now),
+        next_instant=(
+            None
+            if schedule is None or paused or retired or (plan is not None and plan.removed)
+            else _next(schedule, now)
+        ),
         activity=(
             Activity.RUNNING
             if running
@@ -384,7 +445,13 @@ def _job_status(
         paused=paused,
         requests=requests,
         policies=dict(policies or {}),
+        task=name if plan is None else plan.task,
     )
+
+
+def _held(row: lease.LeaseRow | None, now_ms: int) -> bool:
+    """A round holds ``row``'s lease now (scheduled or manual)."""
+    return row is not None and row.expires_ms is not None and row.expires_ms > now_ms
 
 
 def _stale(
@@ -393,8 +460,11 @@ def _stale(
     registered: dict[str, tuple[str, bool]],
     replicas: list[lease.ReplicaRow],
     now: datetime,
+    started_after: datetime | None = None,
 ) -> str | None:
-    """``"stale: ..."`` when no successful end came within two periods plus the slack."""
+    """``"stale: ..."`` when no successful end came within two periods plus the slack
+    (never succeeded: counted from the first live replica's start running it, or from
+    ``started_after``, a schedule's creation, when later)."""
     if schedule is None or row is None:
         return None  # per-instance jobs keep no state; an unknown spec has no period
     period = _period(schedule, now)
@@ -407,7 +477,7 @@ def _stale(
         starts = [r.started for r in replicas if r.holder in registered]
         if not starts:
             return None
-        since = min(starts)
+        since = min(starts) if started_after is None else max(min(starts), started_after)
     if now - since <= allowed:
         return None
     seen = "never" if row.last_success is None else f"last at {row.last_success.isoformat()}"

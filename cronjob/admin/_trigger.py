@@ -17,6 +17,7 @@ import lease
 
 from .._clock import Clock, SystemClock
 from .._exceptions import CronjobError
+from . import _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob, at_ms, aware, operator, store_on, to_ms
 from ._control import _registered
 
@@ -162,7 +163,9 @@ def trigger(
         now: the moment of the request on the lease clock; the database's by default.
 
     Raises:
-        UnknownJob: no job ``name`` is on record; nothing was written.
+        UnknownJob: no job ``name`` is on record, or ``name`` is a removed schedule's id;
+            nothing was written. A live schedule's id is taken as a job's name: the
+            replicas that register its task are its `TriggerRequest.live_replicas`.
         TriggerRefused: a round holds the job's lease now (`Refusal.BUSY`), it is
             paused without ``force``, or no live replica runs the per-instance job (or
             ``replica`` is not live); nothing was written.
@@ -173,12 +176,14 @@ def trigger(
     lease.check_holder(who)
     with store_on(database) as store:
         now_ms = store.now_ms() if now is None else to_ms(aware(now, "now"))
+        # A schedule's id is taken as a job's name; a removed schedule's is refused.
+        plan = _scheduled.refuse_removed(store, name)
         row = store.read([name]).get(name)
         targets: tuple[str | None, ...] = (None,)
         # A per-instance job has a row only once paused, a leased one only once its
         # replica's start wrote it: the live replicas' word decides.
         local, leased = _registered(store, name, now_ms)
-        local = local or (row is None and not leased and store.known(name))
+        local = local or (plan is None and row is None and not leased and store.known(name))
         if local:
             targets = tuple(_runners(store, name, replica, now_ms))
         elif row is None and not leased:
@@ -203,7 +208,7 @@ def trigger(
                 job=name,
                 why=Refusal.PAUSED,
             )
-        live = tuple(t for t in targets if t is not None) or _leased_by(store, name, now_ms)
+        live = tuple(t for t in targets if t is not None) or _leased_by(store, name, now_ms, plan)
         ids = lease.Triggers(store).request(
             name, by=who, force=force, replicas=targets, now_ms=now_ms
         )
@@ -220,9 +225,14 @@ def trigger(
     )
 
 
-def _leased_by(store: lease.LeaseStore, name: str, now_ms: int) -> tuple[str, ...]:
-    """The live replicas that register ``name`` under a lease."""
+def _leased_by(
+    store: lease.LeaseStore, name: str, now_ms: int, plan: lease.ScheduleRow | None = None
+) -> tuple[str, ...]:
+    """The live replicas that register ``name`` under a lease (for a schedule, ``plan``:
+    those that register its task)."""
     live = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
+    if plan is not None:
+        return _scheduled.runners(plan.task, live)
     return tuple(sorted(r.holder for r in live if name in r.jobs and r.jobs[name][1]))
 
 
