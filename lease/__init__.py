@@ -64,6 +64,7 @@ from ._schedules import insert_schedules as insert_schedules
 from ._schedules import leased_names as leased_names
 from ._schedules import read_schedule_rev as read_schedule_rev
 from ._schedules import read_schedules as read_schedules
+from ._schedules import redeploy_schedule_leases as redeploy_schedule_leases
 from ._schedules import remove_schedule as remove_schedule
 from ._schedules import replace_schedules as replace_schedules
 from ._schedules import schedule_changes as schedule_changes
@@ -154,6 +155,7 @@ __all__ = [
     "migrate",
     "read_schedule_rev",
     "read_schedules",
+    "redeploy_schedule_leases",
     "redact",
     "remove_schedule",
     "replace_schedules",

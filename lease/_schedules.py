@@ -48,6 +48,7 @@ __all__ = [
     "read_schedules",
     "remove_schedule",
     "replace_schedules",
+    "redeploy_schedule_leases",
     "schedule_changes",
     "schedule_lease_rows",
     "taken_schedule_ids",
@@ -255,6 +256,35 @@ def remove_schedule(conn: Connection, id_: str, rev: int) -> bool:
     )
     with translate_errors("remove a schedule"):
         return conn.execute(stmt).rowcount == 1
+
+
+def redeploy_schedule_leases(
+    conn: Connection, specs: Mapping[str, str], *, unpause: Collection[str] = ()
+) -> None:
+    """The lease rows of schedules whose timing changed (``specs``: id -> spec text): the
+    new spec on record, and the deployment cleared, so that the first replica that runs
+    it marks it deployed then (`LeaseStore.ensure`) and catch-up owes no instant of the
+    new timing before (nor of the old one). The ids of ``unpause`` (removed schedules
+    added again) lose the pause their old row kept."""
+    if not specs:
+        return
+    stmt = (
+        _t.update()
+        .where(_t.c.name == sa.bindparam("b_name"))
+        .values(spec=sa.bindparam("b_spec"), deployed_ms=None)
+    )
+    params = [{"b_name": id_, "b_spec": spec} for id_, spec in sorted(specs.items())]
+    unpaused = sorted(unpause)
+    with translate_errors("change schedules"):
+        for start in range(0, len(params), _BATCH):
+            conn.execute(stmt, params[start : start + _BATCH])
+        for start in range(0, len(unpaused), _BATCH):
+            chunk = unpaused[start : start + _BATCH]
+            conn.execute(
+                _t.update()
+                .where(_t.c.name.in_(chunk))
+                .values(paused_ms=None, paused_by=None, pause_reason=None)
+            )
 
 
 def schedule_lease_rows(

@@ -267,6 +267,7 @@ class TestSurface:
             "migrate",
             "read_schedule_rev",
             "read_schedules",
+            "redeploy_schedule_leases",
             "redact",
             "remove_schedule",
             "replace_schedules",

@@ -364,6 +364,8 @@ class Recovery:
             if row.instant is not None:
                 if row.instant >= instant:
                     continue  # claimed already
+                if state.job.task is not None and row.deployed and instant <= row.deployed:
+                    continue  # a schedule made of data, changed since: not its instant
             elif isinstance(state.job.schedule, OneOff):
                 pass  # a one-off never ran: its one instant is owed within the day
             elif row.deployed is None or instant <= row.deployed:

@@ -186,6 +186,8 @@ def _write(
     lease.replace_schedules(conn, again, rev)
     written = new + again
     specs = {row.id: _shown(row) for row in written}
+    revived = {row.id for row in again if taken[row.id]}
+    lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in again}, unpause=revived)
     lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
     lease.schedule_lease_rows(
         conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
@@ -308,6 +310,10 @@ def update(
         row = checked(new)
         rev = lease.bump_schedule_rev(conn)
         lease.update_schedule(conn, id, lease.schedule_values(row), rev)
+        timing = ("spec", "at_s", "start_s", "end_s")
+        values, before = lease.schedule_values(row), lease.schedule_values(current)
+        if any(values[column] != before[column] for column in timing):
+            lease.redeploy_schedule_leases(conn, {id: _shown(row)})
         lease.tell_on_commit(conn)
         return True
 
