@@ -683,3 +683,28 @@ class TestUpgradeTo0007:
         store.survey(["job-00000"], replica=big)
         [after] = store.replicas(seen_since_ms=since)
         assert after.jobs == big.jobs
+
+
+class TestUpgradeTo0008:
+    """Revision 0008 adds the schedules' tables and touches no existing row: a round in
+    flight under release 0007 ends on record after the live upgrade, and schedules can be
+    added beside it at once."""
+
+    def test_a_round_in_flight_ends_on_record_and_schedules_come_beside_it(
+        self, db_engine, manual_clock
+    ):
+        from cronjob import schedules
+
+        t0 = manual_clock.now()
+        _upgraded_under_a_round(db_engine, "0007", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        schedules.add(db_engine, "report:1", task="report", spec="0 * * * * *")
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        rows = store.read(["old-job", "report:1"])
+        assert rows["old-job"].state is lease.LeaseState.DONE
+        assert rows["report:1"].instant is None  # a schedule's row, never claimed yet
+        with db_engine.connect() as conn:
+            [row] = lease.read_schedules(conn)
+        assert (row.id, row.task, row.rev) == ("report:1", "report", 1)

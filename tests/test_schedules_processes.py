@@ -52,9 +52,7 @@ def fleet(db_url: str, tmp_path: Path) -> Iterator[tuple[list[subprocess.Popen[s
     argv = [sys.executable, "-m", "cronjob", "run", "--database-url", db_url]
     with ExitStack() as stack:
         runs = [
-            stack.enter_context(
-                watched([*argv, "tests.schedule_tasks"], cwd=tmp_path, env=env)
-            )
+            stack.enter_context(watched([*argv, "tests.schedule_tasks"], cwd=tmp_path, env=env))
             for _ in range(3)
         ]
         for run in runs:
