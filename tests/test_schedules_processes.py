@@ -9,6 +9,7 @@ which rounds ran, with what, never about how long a call took.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -24,7 +25,6 @@ import sqlalchemy as sa
 
 import lease
 from cronjob import schedules
-
 from tests._process import watched
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def _wait(seconds: float) -> None:
 
 
 def test_a_change_reaches_every_replica_within_two_seconds(db_url, fleet):
-    processes, log = fleet
+    _processes, log = fleet
     engine = lease.create_engine(db_url)
     try:
         news = [
@@ -114,7 +114,7 @@ def test_a_change_reaches_every_replica_within_two_seconds(db_url, fleet):
         instants = sorted(r["instant"] for r in rounds if r["id"] == f"r:{i}")
         later = [t for t in instants if changed + PROPAGATION <= t <= removed + 2]
         assert len(later) >= int(removed + 2 - changed - PROPAGATION) - 1, (i, instants)
-        gaps = [b - a for a, b in zip(later, later[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(later)]
         assert all(gap == 1 for gap in gaps), (i, gaps)
 
 
@@ -166,7 +166,7 @@ sys.stdin.read()  # killed here, its transaction open
 def test_a_writer_killed_inside_its_transaction_leaves_nothing_and_holds_no_one(
     db_url, fleet, tmp_path
 ):
-    processes, log = fleet
+    _processes, log = fleet
     writer = subprocess.Popen(
         [sys.executable, "-c", WRITER, db_url],
         cwd=tmp_path,
