@@ -147,6 +147,24 @@ def _stop(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[int]:
     return codes
 
 
+def _add_schedules(jobs: list[_mix.Job]) -> float:
+    """Migrate the benchmark database and add ``jobs`` as schedules of the task ``fleet``
+    (``add_many``, 10,000 a transaction); the seconds it took."""
+    import lease
+    from cronjob import schedules
+
+    engine = lease.create_engine(_harness.bench_url())
+    try:
+        lease.migrate(engine)
+        began = time.time()
+        news = [schedules.New(job.name, task="fleet", spec=job.spec) for job in jobs]
+        for first in range(0, len(news), 10_000):
+            schedules.add_many(engine, news[first : first + 10_000])
+        return round(time.time() - began, 2)
+    finally:
+        engine.dispose()
+
+
 def run_cell(
     *,
     replicas: int,
@@ -159,12 +177,16 @@ def run_cell(
     slots: int = 64,
     log_level: str = "WARNING",
     say: Callable[[str], None] = print,
+    data: bool = False,
 ) -> dict[str, Any]:
     """Run ``replicas`` processes with ``jobs`` jobs of ``mix`` over a window of
     ``seconds``; return the row (see the module's docstring). A cell given up has
-    ``error`` and the start-up measured until then."""
+    ``error`` and the start-up measured until then. With ``data``, the jobs are schedules
+    made of data of one task (``schedules.add_many`` before the replicas start), named
+    and timed as the registered jobs would be."""
     the_jobs = _mix.mix(mix, jobs)
     _harness.reset_database()
+    added_s = _add_schedules(the_jobs) if data else None
     postmaster = postmaster_pid()
     url = _harness.bench_url()
     command = _harness.cronjob_impl(log_level).command
@@ -177,8 +199,10 @@ def run_cell(
     workdir = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     row: dict[str, Any] = {
         "implementation": "cronjob",
-        "variant": mix,
+        "variant": f"{mix} data" if data else mix,
         "mix": mix,
+        "data": data,
+        "schedules_added_s": added_s,
         "replicas": replicas,
         "jobs": jobs,
         "seconds": seconds,
@@ -202,6 +226,7 @@ def run_cell(
                 "BENCH_OUT": str(out),
                 "BENCH_REPLICA": f"r{index}",
                 "BENCH_SLOTS": str(slots),
+                "BENCH_DATA": "1" if data else "",
                 "PYTHONPATH": str(_harness.ROOT),
             }
             log = open(workdir / f"replica-{index}.log", "wb")  # noqa: SIM115 - closed below

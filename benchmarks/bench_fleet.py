@@ -3,7 +3,10 @@ cost model of issue #31, measured.
 
 Run: ``python -m benchmarks.bench_fleet [--replicas 1,3,10] [--jobs 1000,10000,100000]
 [--mix realistic,same-second] [--seconds 60] [--cells R:J:MIX,...] [--ready-cap 150]
-[--warmup 8] [--grace 10] [--merge]``.
+[--warmup 8] [--grace 10] [--merge] [--data]``.
+
+``--data``: the jobs are schedules made of data (``cronjob.schedules``) of one task the
+replicas register, added with ``add_many`` before they start (issue #37).
 
 Every (replicas, jobs, mix) of the grid is a cell, run in turn (``--cells`` lists cells
 instead, e.g. ``1:100000:every-minute,10:100000:every-minute``). The mixes
@@ -44,7 +47,8 @@ from benchmarks import _fleet, _harness, _mix, _table
 COLUMNS = [
     ("R", "replicas"),
     ("J", "jobs"),
-    ("mix", "mix"),
+    ("mix", "variant"),
+    ("added s", "schedules_added_s"),
     ("reg s", "startup.registered_s"),
     ("ready s", "startup.ready_s"),
     ("instants", "instants"),
@@ -110,6 +114,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--ready-cap", type=float, default=150.0, help="give a cell up after")
     parser.add_argument("--log-level", default="WARNING", help="the replicas' log level")
     parser.add_argument("--merge", action="store_true", help="keep saved cells not run now")
+    parser.add_argument(
+        "--data", action="store_true", help="the jobs as schedules made of data of one task"
+    )
     args = parser.parse_args(argv)
     for _replicas, _jobs, mix in cells(args):
         if mix not in _mix.MIXES:
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 grace=args.grace,
                 ready_cap=args.ready_cap,
                 log_level=args.log_level,
+                data=args.data,
             )
         except Exception as exc:  # one cell that fails is a row that says so
             row = {

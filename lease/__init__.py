@@ -72,6 +72,7 @@ from ._schedules import schedule_lease_rows as schedule_lease_rows
 from ._schedules import schedule_values as schedule_values
 from ._schedules import taken_schedule_ids as taken_schedule_ids
 from ._schedules import tell_on_commit as tell_on_commit
+from ._schedules import tell_schedules_changed as tell_schedules_changed
 from ._schedules import update_schedule as update_schedule
 from ._schema import REASON_LENGTH as REASON_LENGTH
 from ._schema import TABLE_NAME as TABLE_NAME
@@ -165,6 +166,7 @@ __all__ = [
     "sync_url",
     "taken_schedule_ids",
     "tell_on_commit",
+    "tell_schedules_changed",
     "unstorable",
     "update_schedule",
 ]

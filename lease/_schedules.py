@@ -20,6 +20,7 @@ seen by a reader before it commits, nothing at all if it rolls back.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -53,6 +54,7 @@ __all__ = [
     "schedule_lease_rows",
     "taken_schedule_ids",
     "tell_on_commit",
+    "tell_schedules_changed",
     "update_schedule",
 ]
 
@@ -116,7 +118,7 @@ def _row(row: RowMapping) -> ScheduleRow:
         task=row["task"],
         spec=row["spec"],
         at=at,
-        args=row["args"],
+        args=row.get("args", ""),
         start=start,
         end=end,
         rev=int(row["rev"]),
@@ -150,16 +152,33 @@ def read_schedule_rev(conn: Connection, *, wait: bool = False) -> int:
         return int(conn.execute(stmt).scalar_one())
 
 
+#: Connections with a commit listener not fired yet (see `tell_on_commit`): one each.
+_PENDING: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
 def tell_on_commit(conn: Connection) -> None:
     """Tell this process's watchers of ``conn``'s database (`LeaseStore.watch`) that
-    schedules changed, as ``conn``'s transaction commits (once): schedulers on a fake
-    clock, which do not poll the counter, read it then."""
-    key = conn.engine.url.render_as_string(hide_password=True)
+    schedules changed, as ``conn``'s transaction commits (once; one listener per
+    connection however many calls it makes): schedulers on a fake clock, which do not
+    poll the counter, read it then."""
+    if conn in _PENDING:
+        return
+    _PENDING.add(conn)
+    url = conn.engine.url
 
     def tell(_conn: Connection) -> None:
-        _tell_key(key, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
+        _PENDING.discard(conn)
+        tell_schedules_changed(url)
 
     sa.event.listen(conn, "commit", tell, once=True)
+
+
+def tell_schedules_changed(url: str | sa.URL) -> None:
+    """Tell this process's watchers of the database at ``url`` (`LeaseStore.watch`) that
+    schedules changed: for a writer whose commit SQLAlchemy does not see (a framework's
+    own transaction), once it committed."""
+    key = sa.make_url(url).render_as_string(hide_password=True)
+    _tell_key(key, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
 
 
 def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:
@@ -325,8 +344,11 @@ def read_schedules(
     prefix: str | None = None,
     removed: bool = False,
     lock: bool = False,
+    args: bool = True,
 ) -> list[ScheduleRow]:
-    """The schedules, by id (by counter value with ``since``).
+    """The schedules, by id (by counter value with ``since``); without ``args`` their
+    arguments are not read (``ScheduleRow.args`` is ``""``: a reader that shows no
+    arguments need not fetch up to 64 KiB a row).
 
     Ids, tasks and prefixes are compared exactly, case and trailing spaces included
     (SQLite's ``LIKE`` ignores case; MariaDB/MySQL's ``=`` ignores trailing spaces).
@@ -339,7 +361,7 @@ def read_schedules(
         removed: Include tombstones (always with ``since``).
         lock: A locking read (see `taken_schedule_ids`).
     """
-    stmt = sa.select(_s)
+    stmt = sa.select(_s) if args else sa.select(*(c for c in _s.c if c.name != "args"))
     if since is not None:
         stmt = stmt.where(_s.c.rev > since).order_by(_s.c.rev, _s.c.id)
     else:

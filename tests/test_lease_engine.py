@@ -277,6 +277,7 @@ class TestSurface:
             "sync_url",
             "taken_schedule_ids",
             "tell_on_commit",
+            "tell_schedules_changed",
             "unstorable",
             "update_schedule",
         ]

@@ -664,3 +664,12 @@ def test_add_many_of_ten_thousand_in_one_transaction(engine):
         assert conn.execute(sa.text("SELECT COUNT(*) FROM cronjob_lease")).scalar() == 10_000
     assert rev(engine) == 1
     assert len(schedules.list(engine, prefix="tenant:1")) == 1 + 10 + 100 + 1000
+
+
+@pytest.mark.parametrize(
+    "args", [{1: "a"}, {"k": (1, 2)}, {None: 1}], ids=["int-key", "tuple", "none-key"]
+)
+def test_args_that_json_would_change_are_refused(migrated_engine, args):
+    with pytest.raises(RegistrationError, match=r"^schedule .x.: args would change"):
+        schedules.add(migrated_engine, "x", task="t", spec="0 * * * * *", args=args)
+    assert schedules.get(migrated_engine, "x") is None

@@ -3,6 +3,9 @@
 (:mod:`benchmarks.workers._record`), and every statement the replica sends counted by kind
 with its parameters' bytes, each claim recorded (:mod:`benchmarks.workers._statements`).
 
+With ``$BENCH_DATA`` set, it registers one task, ``fleet``, instead: the jobs are its
+schedules made of data, which the runner added before the start.
+
 Once every job is registered it writes the time to ``$BENCH_OUT.registered`` (the runner
 splits start-up into registering and the scheduler's start: ``ensure`` and the first read).
 """
@@ -26,8 +29,12 @@ def _job(ctx: cronjob.Round) -> None:
     _record.started(ctx.name, ctx.instant.timestamp())
 
 
-for _job_of_mix in _mix.mix(os.environ.get("BENCH_MIX", "realistic"), _record.JOBS):
-    cronjob.register(_job, _job_of_mix.spec, _job_of_mix.name)
+if os.environ.get("BENCH_DATA"):
+    # The jobs are schedules made of data of this one task, added before the start.
+    cronjob.register_task(_job, "fleet")
+else:
+    for _job_of_mix in _mix.mix(os.environ.get("BENCH_MIX", "realistic"), _record.JOBS):
+        cronjob.register(_job, _job_of_mix.spec, _job_of_mix.name)
 
 if _record.OUT:
     Path(_record.OUT + ".registered").write_text(f"{time.time()}\n")

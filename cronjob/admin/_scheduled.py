@@ -39,10 +39,14 @@ def read(
     task: str | None = None,
     prefix: str | None = None,
     removed: bool = False,
+    args: bool = True,
 ) -> list[lease.ScheduleRow]:
-    """The schedules on record, by id, in one query (tombstones too with ``removed``)."""
+    """The schedules on record, by id, in one query (tombstones too with ``removed``;
+    without ``args``, their arguments left unread)."""
     with store.engine.connect() as conn:
-        return lease.read_schedules(conn, ids=ids, task=task, prefix=prefix, removed=removed)
+        return lease.read_schedules(
+            conn, ids=ids, task=task, prefix=prefix, removed=removed, args=args
+        )
 
 
 def refuse_removed(store: lease.LeaseStore, name: str) -> lease.ScheduleRow | None:

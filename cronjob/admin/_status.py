@@ -223,7 +223,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
         open_requests = lease.Triggers(store).read()
         # Every schedule made of data, tombstones too: one query, joined by name below.
-        plans = {plan.id: plan for plan in _scheduled.read(store, removed=True)}
+        plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
     checked_at = _at(now_ms)
     asked: dict[str, list[RequestStatus]] = {}
     live = {replica.holder for replica in replicas}

@@ -85,7 +85,7 @@ class DataSchedules:
         dispatcher: Dispatcher,
         tasks: Mapping[str, Task],
         meters: Meters,
-        changed: Callable[[], None],
+        changed: Callable[[list[JobState], list[str]], None],
     ) -> None:
         self._clock = clock
         self._store = store
@@ -93,8 +93,8 @@ class DataSchedules:
         self._dispatcher = dispatcher
         self._tasks = tasks
         self._meters = meters
-        #: Called (dispatcher thread) after the set of schedules changed: the parts that
-        #: keep lists of the leased names take them anew.
+        #: Called (dispatcher thread) with the schedules added and the names dropped: the
+        #: parts that keep the leased names follow.
         self._changed = changed
         #: The counter value the schedules held here are complete up to; ``None``: not
         #: loaded yet.
@@ -201,7 +201,8 @@ class DataSchedules:
         dispatcher = self._dispatcher
         now = self._clock.now()
         fresh: list[JobState] = []
-        dropped = 0
+        added: list[JobState] = []
+        dropped: list[str] = []
         for row in rows:
             task = None if row.removed else self._tasks.get(row.task)
             state = dispatcher.states.get(row.id)
@@ -209,21 +210,20 @@ class DataSchedules:
                 continue  # a registered job's name: never a schedule's (refused at add)
             if task is None:
                 if state is not None:
-                    self._drop(state)
-                    dropped += 1
+                    dropped.append(self._drop(state))
                 continue
             try:
                 job = job_of(row, task)
             except ScheduleError as exc:
                 log.error("schedule %r is not run here: %s", row.id, exc)
                 if state is not None:
-                    self._drop(state)
-                    dropped += 1
+                    dropped.append(self._drop(state))
                 continue
             if state is None:
                 state = JobState(job, metrics=self._meters.job(row.id))
                 dispatcher.states[row.id] = state
                 self.ids.add(row.id)
+                added.append(state)
             elif _same(state.job, job):
                 continue
             else:
@@ -232,9 +232,10 @@ class DataSchedules:
             fresh.append(state)
         for state in fresh:
             self._schedule(state, now)
+        if added or dropped:
+            self._changed(added, dropped)
         if fresh or dropped:
-            log.debug("schedules: %d added or changed, %d dropped", len(fresh), dropped)
-            self._changed()
+            log.debug("schedules: %d added or changed, %d dropped", len(fresh), len(dropped))
         if ensure and fresh:
             self._ensure(fresh, now)
 
@@ -251,14 +252,15 @@ class DataSchedules:
             return
         dispatcher.schedule_after(state, now)
 
-    def _drop(self, state: JobState) -> None:
+    def _drop(self, state: JobState) -> str:
         """No instant of ``state``'s schedule starts any more here; a round in flight ends
-        as it runs."""
+        as it runs. Returns its name."""
         name = state.job.name
         state.retired = True
         state.generation += 1  # its heap entry is void
         del self._dispatcher.states[name]
         self.ids.discard(name)
+        return name
 
     def _ensure(self, states: list[JobState], now: datetime) -> None:
         store = self._store

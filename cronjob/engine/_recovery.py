@@ -94,8 +94,7 @@ class Recovery:
         self._describe_database = describe_database
         # The leased jobs (and schedules made of data, see `leased_changed`): the sweep
         # and catch-up read their rows.
-        self._leased = [s for s in dispatcher.states.values() if s.job.leased]
-        self._leased_names = [state.job.name for state in self._leased]
+        self._leased = {s.job.name: s for s in dispatcher.states.values() if s.job.leased}
         #: The tables are at head and the database answered (read from any thread).
         self.db_ready = False
         #: Start-up's catch-up is being decided (its read of the rows is in flight): no
@@ -114,7 +113,7 @@ class Recovery:
             control=control,
             dispatcher=dispatcher,
             replica_id=replica_id,
-            names=self._leased_names,
+            names=list(self._leased),
             post=post,
             replica=_replica_record(replica_id, clock, dispatcher, tasks),
         )
@@ -223,20 +222,21 @@ class Recovery:
         self.catch_up_pending = False
         self._start_catch_up()
 
-    def leased_changed(self) -> None:
-        """The leased jobs changed (schedules made of data came or went): the sweep, the
-        catch-up and the peers take the new list."""
-        states = self._dispatcher.states.values()
-        self._leased = [state for state in states if state.job.leased]
-        self._leased_names = [state.job.name for state in self._leased]
-        self.sweeper.set_names(self._leased_names)
-        self._dispatcher.peers.set_count(len(self._leased_names))
+    def leased_changed(self, added: list[JobState], dropped: list[str]) -> None:
+        """Schedules made of data came (``added``) or went (``dropped``, by name): the
+        sweep, the catch-up and the peers follow, at a cost of the change's size."""
+        for state in added:
+            self._leased[state.job.name] = state
+        for name in dropped:
+            self._leased.pop(name, None)
+        self.sweeper.names_changed([state.job.name for state in added], dropped)
+        self._dispatcher.peers.set_count(len(self._leased))
 
     def _start_catch_up(self) -> None:
         if not self._leased:
             self.sweeper.begin()
             return
-        leased = self._leased
+        leased = list(self._leased.values())  # this thread's, for the control thread
         now = self._clock.now()
         self.catch_up_pending = True
 
@@ -253,17 +253,18 @@ class Recovery:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
             self.sweeper.begin()
 
-        self._control.run(self._read_rows, done)
+        self._control.run(lambda: self._read_rows(leased), done)
 
-    def _read_rows(self) -> dict[str, lease.LeaseRow]:
+    def _read_rows(self, leased: list[JobState]) -> dict[str, lease.LeaseRow]:
         # The specs go on record for tools that read the table (cronjob status).
-        specs = {state.job.name: state.job.schedule.spec for state in self._leased}
+        specs = {state.job.name: state.job.schedule.spec for state in leased}
         # Each row's next instant, as this replica schedules it: a due on record that is
         # later (a schedule changed to come sooner; or none yet) is lowered to it.
         now = self._clock.now()
-        due = {state.job.name: state.job.schedule.next(now) for state in self._leased}
-        self._store.ensure(self._leased_names, specs=specs, due=due)
-        return self._store.read(self._leased_names)
+        due = {state.job.name: state.job.schedule.next(now) for state in leased}
+        names = list(specs)
+        self._store.ensure(names, specs=specs, due=due)
+        return self._store.read(names)
 
     # -- an outage after start --------------------------------------------------------------
 
@@ -307,6 +308,7 @@ class Recovery:
         self._probe_at = None
         self._probing = True
         now = self._clock.now()
+        leased = list(self._leased.values())
 
         def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
             self._probing = False
@@ -318,9 +320,9 @@ class Recovery:
                 return
             log.info("database answers again: catching up what the outage owes")
             self._probe_read = True
-            self._catch_up(self._leased, result, now, reason=Reason.OUTAGE)
+            self._catch_up(leased, result, now, reason=Reason.OUTAGE)
 
-        self._control.run(self._read_rows, done)
+        self._control.run(lambda: self._read_rows(leased), done)
 
     def _catch_up(
         self,

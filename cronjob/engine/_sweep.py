@@ -15,10 +15,8 @@
   job's round asked of this replica, or the catch-up of an instant skipped while paused.
   Requests older than `lease.REQUEST_TTL` expire. On PostgreSQL a request's ``NOTIFY``
   wakes the sweep at once (see `cronjob.engine._listen`).
-- **Check**: at start and then every minute, a job whose lease row has gone (by hand, an
-  older backup, a failed start-up ``ensure``) gets it back, logged; and a clock that
-  disagrees with the database's by more than 2 s is logged as an error (a replica far
-  ahead has its claims refused, see `lease.CLAIM_AHEAD_LIMIT`).
+- **Check**: at start and then every minute, a job whose lease row has gone gets it back,
+  logged; a clock 2 s off the database's is logged as an error (`lease.CLAIM_AHEAD_LIMIT`).
 
 On a fake clock (every replica in this process, see
 [Clock.in_process][cronjob.Clock.in_process]) the sweeper watches the lease writes of the
@@ -37,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -97,7 +95,7 @@ class Sweeper:
         self._control = control
         self._dispatcher = dispatcher
         self._replica_id = replica_id
-        self._names = names
+        self._names = dict.fromkeys(names)  # ordered; snapshot per sweep (names_changed)
         # Local timers, on the clock's monotonic time; none until the database is ready.
         self._sweep_at: float | None = None
         self._sweeping = False
@@ -108,7 +106,7 @@ class Sweeper:
         # one of those, and the earliest expiry the last sweep read.
         self._post = post
         # Only watched on an in-process clock: a set of 100,000 names is 4 MB.
-        self._wanted: Collection[str] = set(names) if clock.in_process else ()
+        self._wanted: set[str] = set(names) if clock.in_process else set()
         self._lock = threading.Lock()
         self._held: dict[str, tuple[int, int | None]] = {}
         self._claimed: dict[str, int] = {}  # name -> latest instant claimed (epoch s)
@@ -165,7 +163,7 @@ class Sweeper:
             return
         if self._check_at is not None and now >= self._check_at and not self._checking:
             self._check()
-        names = self._names
+        names = list(self._names)  # this thread's: the control thread reads the copy
         self._sweeping = True
         given_back = self._given_back
 
@@ -196,11 +194,13 @@ class Sweeper:
 
         self._control.run(read, done)
 
-    def set_names(self, names: list[str]) -> None:
-        """The leased names to sweep from now on (schedules made of data came or went),
-        taken whole: a read on the control thread keeps the list it was given."""
-        self._names = names
-        self._wanted = set(names) if self._unwatch is not None else ()
+    def names_changed(self, added: list[str], dropped: list[str]) -> None:
+        """Leased names came or went (schedules made of data): swept from now on, or not."""
+        self._names.update(dict.fromkeys(added))
+        for name in dropped:
+            self._names.pop(name, None)
+        if self._unwatch is not None:
+            self._wanted = (self._wanted | set(added)) - set(dropped)
 
     def _set_paused(self, paused: set[str]) -> None:
         """Per-instance jobs paused (``paused``) or not, as a sweep read them."""
@@ -459,7 +459,7 @@ class Sweeper:
     def _check(self) -> None:
         """Recreate missing lease rows; compare this replica's clock with the database's."""
         self._checking = True
-        clock, store, names = self._clock, self._store, self._names
+        clock, store, names = self._clock, self._store, list(self._names)
         states = self._dispatcher.states
 
         def check() -> tuple[list[str], float]:

@@ -55,7 +55,8 @@ def _aware(id_: str, what: str, value: object) -> datetime | None:
 
 
 def args_json(id_: str, args: object) -> str:
-    """``args`` as the JSON text stored, or refused: not a dict, not JSON, too large."""
+    """``args`` as the JSON text stored, or refused: not a dict, not JSON, too large, or
+    not what a round would read back."""
     if not isinstance(args, dict):
         raise RegistrationError(f"schedule {id_!r}: args must be a dict, got {type(args).__name__}")
     try:
@@ -70,6 +71,13 @@ def args_json(id_: str, args: object) -> str:
     problem = lease.unstorable(text)
     if problem is not None:
         raise RegistrationError(f"schedule {id_!r}: args {problem}")
+    if json.loads(text) != args:
+        # json.dumps turns keys 1 and None into "1" and "null", tuples into lists: the
+        # round would see other args than were given.
+        raise RegistrationError(
+            f"schedule {id_!r}: args would change through JSON (keys must be strings, "
+            "sequences lists): give them as the round is to see them"
+        )
     return text
 
 

@@ -158,10 +158,9 @@ def _run(using: str | None, call: Callable[[sa.Connection], _T], *, write: bool)
 def _tell(key: str) -> None:
     """Tell this process's schedulers on the database ``key`` names of a committed change
     (as `lease.tell_on_commit` does for a SQLAlchemy transaction)."""
-    from lease._core import _tell_key
-    from lease._rows import LeaseWrite, WriteKind
+    import lease
 
-    _tell_key(key, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
+    lease.tell_schedules_changed(key)
 
 
 def add(
