@@ -299,3 +299,28 @@ class TestRestart:
         assert seen.rounds == []
         clock.advance(60)
         assert seen.instants("r") == [at(3)]
+
+
+class TestStatus:
+    def test_status_names_the_task_and_a_schedule_no_running_replica_can_run(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+        replicas(registry_with(seen.note), "a")
+        schedules.add(engine, "report:1", task="report", spec="*/10 * * * * *")
+        schedules.add(engine, "orphan:1", task="gone", spec="*/10 * * * * *")
+        # Within a minute of the replica's record (an idle fake clock does not refresh it).
+        clock.advance(20.5)
+        report = admin.status(db_url, now=clock.now())
+        jobs = {job.name: job for job in report.jobs}
+        assert jobs["report:1"].task == "report" and jobs["report:1"].problems == ()
+        assert jobs["report:1"].last_outcome is admin.Outcome.SUCCEEDED
+        assert jobs["orphan:1"].problems == ("no replica runs task gone",)
+        assert not report.healthy
+        # Never silently dropped: its row stays, and a replica with the task runs it.
+        assert schedules.get(engine, "orphan:1") is not None
+        other = cronjob.Registry()
+        other.register_task(seen.note, "gone")
+        replicas(other, "b")
+        clock.advance(10)
+        assert seen.instants("orphan:1") == [at(0, 30)]
