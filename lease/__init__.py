@@ -58,6 +58,7 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
 from ._schedules import bump_schedule_rev as bump_schedule_rev
 from ._schedules import insert_schedules as insert_schedules
@@ -128,6 +129,7 @@ __all__ = [
     "REQUEST_TTL",
     "ReplicaRow",
     "RoundRow",
+    "SCHEDULE_FORMAT",
     "ScheduleRow",
     "Survey",
     "TABLE_NAME",
@@ -156,8 +158,8 @@ __all__ = [
     "migrate",
     "read_schedule_rev",
     "read_schedules",
-    "redeploy_schedule_leases",
     "redact",
+    "redeploy_schedule_leases",
     "remove_schedule",
     "replace_schedules",
     "schedule_changes",

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._store import LeaseStore
 
 __all__ = [
+    "SCHEDULE_FORMAT",
     "ScheduleRow",
     "schedule_values",
     "bump_schedule_rev",
@@ -60,6 +61,10 @@ __all__ = [
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
+#: The format of the schedule rows this release writes, and the highest it runs: a row
+#: of a higher format (a later release's, with something this one does not know) is
+#: left alone by this release's replicas, never run without what it asks for.
+SCHEDULE_FORMAT: Final = 1
 #: Rows per INSERT/UPDATE batch (one statement run with many parameter sets).
 _BATCH: Final = 1000
 
@@ -89,6 +94,8 @@ class ScheduleRow:
     #: On the database's clock.
     created: datetime
     updated: datetime
+    #: What a replica must understand to run it (see `SCHEDULE_FORMAT`).
+    format: int = 1
 
 
 def _seconds(when: datetime | None) -> int | None:
@@ -108,6 +115,7 @@ def schedule_values(row: ScheduleRow) -> dict[str, Any]:
         "args": row.args,
         "start_s": _seconds(row.start),
         "end_s": _seconds(row.end),
+        "format": row.format,
     }
 
 
@@ -125,6 +133,7 @@ def _row(row: RowMapping) -> ScheduleRow:
         removed=bool(row["removed"]),
         created=_EPOCH + int(row["created_ms"]) * _MS,
         updated=_EPOCH + int(row["updated_ms"]) * _MS,
+        format=int(row.get("format", 1)),
     )
 
 
@@ -241,6 +250,7 @@ def replace_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -
             args=sa.bindparam("args"),
             start_s=sa.bindparam("start_s"),
             end_s=sa.bindparam("end_s"),
+            format=sa.bindparam("format"),
             rev=rev,
             created_ms=sa.case((_s.c.removed == 1, _db_now_ms()), else_=_s.c.created_ms),
             removed=0,

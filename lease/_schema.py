@@ -258,6 +258,10 @@ schedule_table = sa.Table(
     sa.Column("rev", sa.BigInteger(), nullable=False),
     # 1: removed (a tombstone, so replicas learn of the removal from the changes).
     sa.Column("removed", sa.SmallInteger(), nullable=False),
+    # What a replica must understand to run it (`lease.SCHEDULE_FORMAT`): a release
+    # that writes a row with more (a policy of its own) raises it, and a replica of an
+    # older release leaves such a row alone instead of running it without.
+    sa.Column("format", sa.SmallInteger(), nullable=False, server_default="1"),
     # Epoch milliseconds on the database's clock.
     sa.Column("created_ms", sa.BigInteger(), nullable=False),
     sa.Column("updated_ms", sa.BigInteger(), nullable=False),

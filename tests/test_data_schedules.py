@@ -324,3 +324,23 @@ class TestStatus:
         replicas(other, "b")
         clock.advance(10)
         assert seen.instants("orphan:1") == [at(0, 30)]
+
+
+class TestLaterReleases:
+    def test_a_schedule_of_a_later_format_is_left_alone_never_run_without_what_it_asks(
+        self, engine, replicas, clock, caplog
+    ):
+        seen = Seen()
+        replicas(registry_with(seen.note), "a")
+        with engine.begin() as conn:
+            schedules.add(conn, "later", task="report", spec=MINUTELY)
+            # As a later release would write it: with something this release lacks.
+            conn.execute(
+                sa.text("UPDATE cronjob_schedule SET format = :f WHERE id = 'later'"),
+                {"f": lease.SCHEDULE_FORMAT + 1},
+            )
+        schedules.add(engine, "known", task="report", spec=MINUTELY)
+        clock.advance(60.5)
+        assert seen.instants("later") == []
+        assert seen.instants("known") == [at(1)]
+        assert "schedule 'later' is written in format 2" in caplog.text

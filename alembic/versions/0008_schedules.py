@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("end_s", sa.BigInteger(), nullable=True),
         sa.Column("rev", sa.BigInteger(), nullable=False),
         sa.Column("removed", sa.SmallInteger(), nullable=False),
+        sa.Column("format", sa.SmallInteger(), nullable=False, server_default="1"),
         sa.Column("created_ms", sa.BigInteger(), nullable=False),
         sa.Column("updated_ms", sa.BigInteger(), nullable=False),
         mysql_engine="InnoDB",

@@ -104,6 +104,7 @@ class DataSchedules:
         self._reading = False
         self._poll_at: float | None = None
         self._again = False  # a change was told while a read was in flight
+        self._failing = False  # the last read failed (logged once)
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
 
     @property
@@ -179,9 +180,15 @@ class DataSchedules:
             self._reading = False
             self._poll_at = self._next_poll()
             if isinstance(result, BaseException):
-                log.warning("reading the schedules' changes failed: %s", result)
+                # Once per outage, not every second: the claims say the rest.
+                level = logging.DEBUG if self._failing else logging.WARNING
+                log.log(level, "reading the schedules' changes failed: %s", result)
+                self._failing = True
                 self._poll_at = self._clock.monotonic() + POLL_EVERY
             else:
+                if self._failing:
+                    log.info("reading the schedules' changes works again")
+                self._failing = False
                 self._apply(*result, ensure=True)
             if self._again:
                 self._poll(told=True)
@@ -205,6 +212,15 @@ class DataSchedules:
         dropped: list[str] = []
         for row in rows:
             task = None if row.removed else self._tasks.get(row.task)
+            if task is not None and row.format > lease.SCHEDULE_FORMAT:
+                log.error(
+                    "schedule %r is written in format %d, and this release runs format %d "
+                    "at most: it is left to replicas of the release that wrote it",
+                    row.id,
+                    row.format,
+                    lease.SCHEDULE_FORMAT,
+                )
+                task = None
             state = dispatcher.states.get(row.id)
             if state is not None and state.job.task is None:
                 continue  # a registered job's name: never a schedule's (refused at add)

@@ -384,7 +384,7 @@ class Recovery:
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""
         candidates: list[float] = []
-        if self.data is not None and self.db_ready:
+        if self.data is not None and self.db_ready and not draining:
             polled = self.data.next_wake()
             if polled is not None:
                 candidates.append(polled)
