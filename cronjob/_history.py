@@ -118,10 +118,17 @@ class Pruner:
                 per_name=self._history.per_job,
                 replicas_gone=REPLICA_GONE,
             )
+            done = lease.prune_schedules(self._store, days=self._history.days)
         except lease.LeaseError as exc:
             log.warning("pruning the round history failed: %s", exc)
             return
         finally:
             self._clock._work_finished()
-        if rounds or replicas:
-            log.info("pruned %d round(s) from the history and %d replica(s) gone", rounds, replicas)
+        if rounds or replicas or done:
+            log.info(
+                "pruned %d round(s) from the history, %d replica(s) gone and %d schedule(s) "
+                "over (one-offs run, past their end, removed)",
+                rounds,
+                replicas,
+                done,
+            )

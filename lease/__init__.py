@@ -63,6 +63,7 @@ from ._schedules import ScheduleRow as ScheduleRow
 from ._schedules import bump_schedule_rev as bump_schedule_rev
 from ._schedules import insert_schedules as insert_schedules
 from ._schedules import leased_names as leased_names
+from ._schedules import prune_schedules as prune_schedules
 from ._schedules import read_schedule_rev as read_schedule_rev
 from ._schedules import read_schedules as read_schedules
 from ._schedules import redeploy_schedule_leases as redeploy_schedule_leases
@@ -156,6 +157,7 @@ __all__ = [
     "leased_names",
     "metadata",
     "migrate",
+    "prune_schedules",
     "read_schedule_rev",
     "read_schedules",
     "redact",

@@ -45,6 +45,7 @@ __all__ = [
     "schedule_values",
     "bump_schedule_rev",
     "insert_schedules",
+    "prune_schedules",
     "leased_names",
     "read_schedule_rev",
     "read_schedules",
@@ -420,3 +421,46 @@ def schedule_changes(
         else:
             rows = read_schedules(conn, since=since)
     return max([rev, *(row.rev for row in rows)]), rows
+
+
+def prune_schedules(store: LeaseStore, *, days: float) -> int:
+    """Retire and delete the schedules that are over, on ``store``'s engine, in one
+    transaction; returns how many were deleted.
+
+    - A schedule *done* more than ``days`` ago (a one-off whose instant, or a bounded
+      schedule whose ``end``, lies that far back) becomes a tombstone, stamped like any
+      change, so that the replicas that hold it let it go.
+    - A tombstone older than ``days`` is deleted, with its lease row unless a round holds
+      that lease (then the next prune takes it). Its history goes with the history's own
+      pruning. A replica that starts reads the live rows, not the changes, so none needs
+      a tombstone that old.
+    """
+    now_ms = store.now_ms()
+    cutoff_ms = now_ms - round(days * 86_400_000)
+    last_s = sa.func.coalesce(_s.c.at_s, _s.c.end_s)
+    done = sa.and_(_s.c.removed == 0, last_s.is_not(None), last_s < cutoff_ms // 1000)
+    old = sa.and_(_s.c.removed == 1, _s.c.updated_ms < cutoff_ms)
+    free = sa.or_(_t.c.expires_ms.is_(None), _t.c.expires_ms <= now_ms)
+    with translate_errors("prune schedules"), store._transaction() as conn:
+        if conn.execute(sa.select(_s.c.id).where(done).limit(1)).first() is not None:
+            rev = bump_schedule_rev(conn)
+            conn.execute(
+                _s.update().where(done).values(removed=1, rev=rev, updated_ms=_db_now_ms())
+            )
+        gone = list(conn.execute(sa.select(_s.c.id).where(old)).scalars())
+        if not gone:
+            return 0
+        deleted = 0
+        for start in range(0, len(gone), _BATCH):
+            chunk = gone[start : start + _BATCH]
+            held = set(
+                conn.execute(
+                    sa.select(_t.c.name).where(_t.c.name.in_(chunk), sa.not_(free))
+                ).scalars()
+            )
+            chunk = [id_ for id_ in chunk if id_ not in held]
+            if not chunk:
+                continue
+            conn.execute(_t.delete().where(_t.c.name.in_(chunk), free))
+            deleted += conn.execute(_s.delete().where(_s.c.id.in_(chunk))).rowcount
+    return deleted

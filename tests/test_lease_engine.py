@@ -266,6 +266,7 @@ class TestSurface:
             "leased_names",
             "metadata",
             "migrate",
+            "prune_schedules",
             "read_schedule_rev",
             "read_schedules",
             "redact",

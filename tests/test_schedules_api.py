@@ -673,3 +673,29 @@ def test_args_that_json_would_change_are_refused(migrated_engine, args):
     with pytest.raises(RegistrationError, match=r"^schedule .x.: args would change"):
         schedules.add(migrated_engine, "x", task="t", spec="0 * * * * *", args=args)
     assert schedules.get(migrated_engine, "x") is None
+
+
+def test_schedules_over_are_retired_then_deleted_with_their_lease_rows(migrated_engine):
+    engine = migrated_engine
+    past = datetime(2025, 1, 1, tzinfo=UTC)
+    schedules.add(engine, "one-off", task="t", at=past)
+    schedules.add(engine, "ended", task="t", spec="0 * * * * *", start=past, end=past)
+    schedules.add(engine, "live", task="t", spec="0 * * * * *")
+    schedules.add(engine, "removed", task="t", spec="0 * * * * *")
+    schedules.remove(engine, "removed")
+    store = lease.LeaseStore(engine)
+    with engine.connect() as conn:
+        before = lease.read_schedule_rev(conn)
+    # Done long ago: tombstones now (a change the replicas read), deleted later.
+    assert lease.prune_schedules(store, days=14) == 0
+    with engine.connect() as conn:
+        assert lease.read_schedule_rev(conn) == before + 1
+        changed = {row.id: row.removed for row in lease.read_schedules(conn, since=before)}
+    assert changed == {"one-off": True, "ended": True}
+    assert [r.id for r in schedules.list(engine)] == ["live"]
+    # Every tombstone older than the horizon goes, with its lease row.
+    assert lease.prune_schedules(store, days=0) == 3
+    with engine.connect() as conn:
+        names = set(conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars())
+        rows = conn.execute(sa.text("SELECT id FROM cronjob_schedule")).scalars().all()
+    assert names == {"live"} and rows == ["live"]
