@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +45,7 @@ MYSQL_URL = os.environ.get("CRONJOB_TEST_MYSQL_URL", "mysql+pymysql://root@127.0
 #: Case name -> the extra installed with the wheel ("" for none).
 CASES = {"bare": "", "postgres": "postgres", "mysql": "mysql"}
 #: How long each scheduler runs before SIGTERM, in seconds.
-RUN_SECONDS = 4.0
+RUN_SECONDS = 5.0
 #: The fewest rounds of the per-second job that count as running.
 MIN_ROUNDS = 2
 #: How long a start or a drain may take before the case fails, in seconds.
@@ -65,7 +65,23 @@ def tick(ctx: cronjob.Round) -> None:
 
 
 cronjob.register(tick, "* * * * * *", "smoke-tick")
+
+
+@cronjob.task(name="smoke-task")
+def task(ctx: cronjob.Round) -> None:
+    with open(os.environ["SMOKE_OUT"], "a") as out:
+        out.write(f"task {ctx.name} {ctx.args['n']}\\n")
 '''
+
+#: Run in the venv once the scheduler started: a schedule made of data of its task, added
+#: while it runs (the replica follows the change), given the database's URL.
+ADD_SCHEDULE = """
+import sys
+from cronjob import schedules
+schedules.add(sys.argv[1], "smoke:1", task="smoke-task", spec="* * * * * *", args={"n": 7})
+"""
+#: The fewest rounds of that schedule that count as followed (it is seen within 2 s).
+MIN_TASK_ROUNDS = 1
 
 
 class SmokeFailed(Exception):
@@ -155,7 +171,14 @@ def run_on(case: str, venv: Path, where: Path) -> None:
     (where / "smoke_jobs.py").write_text(JOBS)
     with scratch_database(case, where) as url:
         command = [str(venv / "bin" / "cronjob"), "run", "--database-url", url, "smoke_jobs"]
-        run(case, command, where)
+
+        def add_schedule() -> None:
+            python = str(venv / "bin" / "python")
+            done = subprocess.run([python, "-c", ADD_SCHEDULE, url], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SmokeFailed(f"schedules.add failed:\n{done.stdout}{done.stderr}")
+
+        run(case, command, where, after_start=add_schedule)
 
 
 @contextmanager
@@ -182,25 +205,38 @@ def scratch_database(case: str, where: Path) -> Iterator[str]:
         engine.dispose()
 
 
-def run(case: str, argv: list[str], where: Path, env: dict[str, str] | None = None) -> None:
+def run(
+    case: str,
+    argv: list[str],
+    where: Path,
+    env: dict[str, str] | None = None,
+    after_start: Callable[[], None] | None = None,
+) -> None:
     """Run the scheduler (``argv``: a ``cronjob run`` that imports ``smoke_jobs``, in
-    ``where``) for `RUN_SECONDS` after it starts, SIGTERM it, check it."""
+    ``where``) for `RUN_SECONDS` after it starts (``after_start`` called then), SIGTERM
+    it, check it: the per-second job's rounds, and with ``after_start`` the rounds of the
+    schedule it adds."""
     out = where / "rounds.txt"
     env = {**(env or {}), "SMOKE_OUT": str(out)}
     with watched(argv, cwd=where, env=env, stdout_too=True) as smoke:
         try:
             if not smoke.started.wait(PATIENCE) or smoke.process.poll() is not None:
                 raise SmokeFailed(f"cronjob run did not start:\n{smoke.output}")
+            if after_start is not None:
+                after_start()
             time.sleep(RUN_SECONDS)
             smoke.process.send_signal(signal.SIGTERM)
             status = smoke.process.wait(PATIENCE)
         except subprocess.TimeoutExpired as exc:
             raise SmokeFailed(f"cronjob run did not drain:\n{smoke.output}") from exc
     lines = smoke.lines
-    rounds = len(out.read_text().splitlines()) if out.exists() else 0
+    written = out.read_text().splitlines() if out.exists() else []
+    tasks = [line for line in written if line.startswith("task ")]
+    rounds = len(written) - len(tasks)
     output = "".join(f"[{case}]   {line}" for line in lines)
     print(
-        f"[{case}] cronjob run: {rounds} round(s) in {RUN_SECONDS:.0f} s, exit status "
+        f"[{case}] cronjob run: {rounds} round(s) and {len(tasks)} of the schedule added "
+        f"in {RUN_SECONDS:.0f} s, exit status "
         f"{status}; its output:\n{output}",
         end="",
         flush=True,
@@ -209,6 +245,10 @@ def run(case: str, argv: list[str], where: Path, env: dict[str, str] | None = No
         raise SmokeFailed(f"exit status {status}, not 0")
     if rounds < MIN_ROUNDS:
         raise SmokeFailed(f"{rounds} round(s), fewer than {MIN_ROUNDS}")
+    if after_start is not None and (
+        len(tasks) < MIN_TASK_ROUNDS or any(line != "task smoke:1 7" for line in tasks)
+    ):
+        raise SmokeFailed(f"the schedule added while it ran: {tasks}, not followed")
 
 
 if __name__ == "__main__":
