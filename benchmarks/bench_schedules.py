@@ -23,6 +23,7 @@ Results go to stdout and to ``benchmarks/results/schedules.json``.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import threading
 import time
@@ -52,6 +53,8 @@ def _news(count: int, prefix: str, spec: str | None = None) -> list[schedules.Ne
 #: The propagation's schedules fire once a year: on record, idle, so the measure is the
 #: change's way to the replica and not rounds competing with it.
 YEARLY = "0 0 0 1 1 *"
+#: Seconds a replica is left to settle after it is ready, before the changes begin.
+SETTLE = 20.0
 
 
 def bench_add_many(url: str, count: int) -> dict[str, Any]:
@@ -84,9 +87,12 @@ def bench_propagation(url: str, on_record: int, changes: int, every: float) -> d
         dispatcher = scheduler._dispatcher
         assert dispatcher is not None
         states = dispatcher.states
-        while len(states) < on_record:
+        while len(states) < on_record or not scheduler.ready:
             time.sleep(0.01)
         result["ready_s"] = round(time.perf_counter() - began, 2)
+        # Start-up's catch-up writes and reads every row: the measure is of a replica
+        # that has settled (its first sweeps done), as a change finds one in production.
+        time.sleep(SETTLE)
         replica_engine = scheduler.engine
         assert replica_engine is not None
         with statements(replica_engine, keep=lambda s: not s.startswith("BEGIN")) as idle:
@@ -125,7 +131,7 @@ def bench_propagation(url: str, on_record: int, changes: int, every: float) -> d
             watcher.join(timeout=10)
             window = time.perf_counter() - window
         done.set()
-        delays = [seen[i] - committed[i] for i in seen]
+        delays = [seen[i] - committed[i] for i in seen] or [math.nan]
         result.update(
             seen=len(seen),
             delay_s={

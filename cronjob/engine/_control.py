@@ -72,10 +72,10 @@ class Inbox:
 class Control:
     """The control thread: runs lease statements one at a time, in the order given."""
 
-    def __init__(self, clock: Clock, inbox: Inbox) -> None:
+    def __init__(self, clock: Clock, inbox: Inbox, *, name: str = "cronjob-control") -> None:
         self._clock = clock
         self._inbox = inbox
-        self._thread = Workers(1, "cronjob-control")
+        self._thread = Workers(1, name)
 
     def run(
         self,

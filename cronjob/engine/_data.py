@@ -19,7 +19,8 @@ What a change does, as the dispatcher applies it:
 - **Removed** (or its task is not registered here): no instant of it starts after; a
   round in flight runs to its end, on record.
 
-Dispatcher thread only; the reads run on the control thread.
+Dispatcher thread only; the reads run on a thread of their own (``cronjob-schedules``,
+one per replica), the writes on the control thread.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class DataSchedules:
         self._clock = clock
         self._store = store
         self._control = control
+        # The reads of the counter and the changes go on a thread of their own, so that
+        # a long statement of the control thread (a sweep over 100,000 names) never holds
+        # a change back; writes (the lease rows' due) stay on the control thread.
+        self._reads = Control(clock, dispatcher.inbox, name="cronjob-schedules")
         self._dispatcher = dispatcher
         self._tasks = tasks
         self._meters = meters
@@ -136,7 +141,7 @@ class DataSchedules:
             self._poll_at = self._next_poll()
             then()
 
-        self._control.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
+        self._reads.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
 
     def next_wake(self) -> float | None:
         """When the next poll is due (monotonic), or ``None``."""
@@ -148,9 +153,11 @@ class DataSchedules:
             self._poll()
 
     def close(self) -> None:
-        """Stop watching this process's writes (the scheduler stopped)."""
+        """Stop watching this process's writes and reading the changes (the scheduler
+        stopped): a read in flight is given a second, then left to its daemon thread."""
         if self._unwatch is not None:
             self._unwatch()
+        self._reads.shutdown(wait=1.0)
 
     def _next_poll(self) -> float | None:
         if self._unwatch is not None and self.rev is not None:
@@ -193,7 +200,7 @@ class DataSchedules:
             if self._again:
                 self._poll(told=True)
 
-        self._control.run(
+        self._reads.run(
             lambda: lease.schedule_changes(store, since, wait=wait, tasks=tasks), done
         )
 

@@ -243,6 +243,11 @@ class Dispatcher:
             return
         heapq.heappush(self._heap, _Due(when, next(self._seq), state, state.generation))
 
+    @property
+    def inbox(self) -> Inbox:
+        """The dispatcher's inbox (for a part with a statement thread of its own)."""
+        return self._inbox
+
     def post(self, message: Callable[[], None]) -> None:
         """Run ``message`` on the dispatcher thread (from any thread)."""
         self._inbox.post(message)
