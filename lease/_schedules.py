@@ -406,16 +406,20 @@ def schedule_changes(
     with ``since`` ``None`` every live row of ``tasks``. Rows changed since are read only
     when the counter moved: the usual poll is one row read by its key.
 
+    Each read is one statement, so it sees the commits up to some moment whole; and a
+    commit stamped *n* is preceded by every commit stamped below *n* (the counter's
+    lock), so the rows read are complete up to their highest stamp, and up to the counter
+    read before them.
+
     Returns:
         The counter value the rows are complete up to (rows stamped higher that committed
         meanwhile may be among them: reading them again is harmless), and the rows.
     """
+    wanted = set(tasks)
     with store._transaction() as conn:
         rev = read_schedule_rev(conn, wait=wait)
-        if since is None:
-            rows: list[ScheduleRow] = []
-            for task in sorted(tasks):
-                rows += read_schedules(conn, task=task)
+        if since is None:  # every live row, in one statement; other tasks' left out here
+            rows = [row for row in read_schedules(conn) if row.task in wanted]
         elif rev == since:
             return rev, []
         else:
@@ -442,6 +446,9 @@ def prune_schedules(store: LeaseStore, *, days: float) -> int:
     old = sa.and_(_s.c.removed == 1, _s.c.updated_ms < cutoff_ms)
     free = sa.or_(_t.c.expires_ms.is_(None), _t.c.expires_ms <= now_ms)
     with translate_errors("prune schedules"), store._transaction() as conn:
+        # The counter's lock first, as every writer of schedules takes it: no add can
+        # bring a tombstone read below back to life before this transaction ends.
+        bump_schedule_rev(conn, by=0)
         if conn.execute(sa.select(_s.c.id).where(done).limit(1)).first() is not None:
             rev = bump_schedule_rev(conn)
             conn.execute(
@@ -461,6 +468,6 @@ def prune_schedules(store: LeaseStore, *, days: float) -> int:
             chunk = [id_ for id_ in chunk if id_ not in held]
             if not chunk:
                 continue
+            deleted += conn.execute(_s.delete().where(_s.c.id.in_(chunk), old)).rowcount
             conn.execute(_t.delete().where(_t.c.name.in_(chunk), free))
-            deleted += conn.execute(_s.delete().where(_s.c.id.in_(chunk))).rowcount
     return deleted

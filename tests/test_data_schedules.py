@@ -344,3 +344,23 @@ class TestLaterReleases:
         assert seen.instants("later") == []
         assert seen.instants("known") == [at(1)]
         assert "schedule 'later' is written in format 2" in caplog.text
+
+
+class TestRemovedWhileRunning:
+    def test_the_last_round_of_a_removed_schedule_still_tells_its_tasks_hook(
+        self, engine, replicas, clock
+    ):
+        failures: list[str] = []
+
+        def failing(ctx: cronjob.Round) -> None:
+            ctx.wait(20)
+            raise RuntimeError("down")
+
+        registry = registry_with(failing, on_failure=lambda r: failures.append(r.job))
+        running = replicas(registry, "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(65)  # its 09:01 round runs until 09:01:20
+        schedules.remove(engine, "r")
+        clock.advance(60)
+        running.stop()  # the hooks thread is joined
+        assert failures == ["r"]

@@ -699,3 +699,19 @@ def test_schedules_over_are_retired_then_deleted_with_their_lease_rows(migrated_
         names = set(conn.execute(sa.text("SELECT name FROM cronjob_lease")).scalars())
         rows = conn.execute(sa.text("SELECT id FROM cronjob_schedule")).scalars().all()
     assert names == {"live"} and rows == ["live"]
+
+
+def test_a_replace_with_the_same_timing_keeps_the_deployment_a_new_timing_clears_it(
+    migrated_engine,
+):
+    engine = migrated_engine
+    schedules.add(engine, "r", task="t", spec="0 * * * * *", args={"v": 1})
+    store = lease.LeaseStore(engine)
+    store.ensure(["r"])  # a replica ran it: deployed
+    deployed = store.read(["r"])["r"].deployed
+    assert deployed is not None
+    schedules.add(engine, "r", task="t", spec="0 * * * * *", args={"v": 2}, if_exists="replace")
+    schedules.update(engine, "r", end=datetime(2099, 1, 1, tzinfo=UTC))
+    assert store.read(["r"])["r"].deployed == deployed  # no instant of it moved
+    schedules.add(engine, "r", task="t", spec="30 * * * * *", if_exists="replace")
+    assert store.read(["r"])["r"].deployed is None  # a new timing: owed nothing before

@@ -416,7 +416,8 @@ class Claims:
                     asked = [name for name in found if name in jobs]
                     if not asked:
                         return lease.ClaimBatch(instant=instant, token=0, names=(), superseded={})
-                # Off the dispatcher's thread: a job's schedule is never changed.
+                # Off the dispatcher's thread: a schedule made of data may change meanwhile
+                # (a whole Job swapped in), and either answer is one of its schedules.
                 due = {name: jobs[name].schedule.next(instant) for name in asked}
                 return store.claim_batch(asked, instant, holder, due=due)
 

@@ -54,6 +54,8 @@ POLL_EVERY = 1.0
 ONE_OFF_HORIZON = timedelta(days=1)
 
 _Read = tuple[int, list[lease.ScheduleRow]]
+#: How many dropped schedules' tasks are kept for the ends of their last rounds.
+_DROPPED_KEPT = 10_000
 
 
 def job_of(row: lease.ScheduleRow, task: Task) -> Job:
@@ -87,6 +89,7 @@ class DataSchedules:
         tasks: Mapping[str, Task],
         meters: Meters,
         changed: Callable[[list[JobState], list[str]], None],
+        late: Callable[[list[JobState]], None] = lambda _states: None,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -101,6 +104,10 @@ class DataSchedules:
         #: Called (dispatcher thread) with the schedules added and the names dropped: the
         #: parts that keep the leased names follow.
         self._changed = changed
+        #: Catches up schedules loaded after start-up (its load failed): start-up's rule.
+        self._late = late
+        #: The task of each schedule dropped lately (its last round's end still reports).
+        self._dropped: dict[str, str] = {}
         #: The counter value the schedules held here are complete up to; ``None``: not
         #: loaded yet.
         self.rev: int | None = None
@@ -118,9 +125,10 @@ class DataSchedules:
         return bool(self._tasks)
 
     def task_of(self, name: str) -> str | None:
-        """The task of the schedule ``name``, or ``None`` (any thread: one dict read)."""
+        """The task of the schedule ``name`` (also one dropped lately, whose last round
+        may still end), or ``None`` for a registered job (any thread: dict reads)."""
         state = self._dispatcher.states.get(name)
-        return None if state is None else state.job.task
+        return self._dropped.get(name) if state is None else state.job.task
 
     # -- reading ------------------------------------------------------------------------
 
@@ -140,6 +148,8 @@ class DataSchedules:
                 log.info("%d schedule(s) of %d task(s) loaded", len(self.ids), len(tasks))
             self._poll_at = self._next_poll()
             then()
+            if self._again:  # told of a commit the load may have read before
+                self._poll(told=True)
 
         self._reads.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
 
@@ -196,22 +206,23 @@ class DataSchedules:
                 if self._failing:
                     log.info("reading the schedules' changes works again")
                 self._failing = False
-                self._apply(*result, ensure=True)
+                added = self._apply(*result, ensure=True)
+                if since is None:  # the load at start failed: what start-up owes them
+                    self._late(added)
             if self._again:
                 self._poll(told=True)
 
-        self._reads.run(
-            lambda: lease.schedule_changes(store, since, wait=wait, tasks=tasks), done
-        )
+        self._reads.run(lambda: lease.schedule_changes(store, since, wait=wait, tasks=tasks), done)
 
     # -- applying -----------------------------------------------------------------------
 
-    def _apply(self, rev: int, rows: list[lease.ScheduleRow], *, ensure: bool) -> None:
+    def _apply(self, rev: int, rows: list[lease.ScheduleRow], *, ensure: bool) -> list[JobState]:
         """Apply the rows read (dispatcher thread); ``ensure``: give the new and changed
-        ones their lease row's due instant (at start-up the catch-up's read does)."""
+        ones their lease row's due instant (at start-up the catch-up's read does).
+        Returns the schedules added."""
         self.rev = rev if self.rev is None else max(rev, self.rev)
         if not rows:
-            return
+            return []
         dispatcher = self._dispatcher
         now = self._clock.now()
         fresh: list[JobState] = []
@@ -261,6 +272,7 @@ class DataSchedules:
             log.debug("schedules: %d added or changed, %d dropped", len(fresh), len(dropped))
         if ensure and fresh:
             self._ensure(fresh, now)
+        return added
 
     def _schedule(self, state: JobState, now: datetime) -> None:
         """Schedule a new or changed schedule from now (a round in flight: from its end)."""
@@ -279,6 +291,10 @@ class DataSchedules:
         """No instant of ``state``'s schedule starts any more here; a round in flight ends
         as it runs. Returns its name."""
         name = state.job.name
+        if state.job.task is not None:
+            self._dropped[name] = state.job.task
+            while len(self._dropped) > _DROPPED_KEPT:  # the oldest first
+                del self._dropped[next(iter(self._dropped))]
         state.retired = True
         state.generation += 1  # its heap entry is void
         del self._dispatcher.states[name]

@@ -348,7 +348,19 @@ class Dispatcher:
     ) -> None:
         """`start_round` for each ``(state, token)`` of ``rounds``, handed to the
         worker threads `START_BATCH` at a time (the rounds one claim won): one lock
-        per batch, and the first rounds run while the next are built."""
+        per batch, and the first rounds run while the next are built.
+
+        A schedule made of data removed since its claim went out (held for its instant,
+        claimed with the rest, caught up) starts nothing: its lease is given back."""
+        if any(state.retired for state, _token in rounds):
+            gone: dict[int, list[str]] = {}
+            for state, token in rounds:
+                if state.retired and token is not None:
+                    gone.setdefault(token, []).append(state.job.name)
+            for token, names in gone.items():
+                log.info("instant %s of removed schedule(s) not started: %s", instant, names)
+                self.claims.give_back_names(names, token)
+            rounds = [(state, token) for state, token in rounds if not state.retired]
         for first in range(0, len(rounds), START_BATCH):
             runs: list[Run] = []
             unstarted: list[Run] = []

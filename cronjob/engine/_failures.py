@@ -238,7 +238,7 @@ class Failures:
             if outcome not in HOOKED:
                 continue  # most ends: a success, a round cut short, a retried attempt
             name = record.job
-            key = name if name in self._hook_of else self.task_of(name) or name
+            key = self.task_of(name) or name  # a schedule's task; a job's own name
             if on_record and outcome in COUNTED and key in self._pause_after:
                 try:
                     self._maybe_pause(name, self._pause_after[key])

@@ -215,8 +215,24 @@ class Recovery:
             tasks=tasks,
             meters=meters,
             changed=self.leased_changed,
+            late=self.catch_up_loaded,
         )
         return self.data.task_of
+
+    def catch_up_loaded(self, states: list[JobState]) -> None:
+        """Catch up ``states`` as start-up would have: schedules made of data whose load
+        failed at start and succeeded later."""
+        if not states:
+            return
+        now = self._clock.now()
+
+        def done(result: dict[str, lease.LeaseRow] | BaseException) -> None:
+            if isinstance(result, BaseException):
+                log.warning("reading the schedules' rows for catch-up failed: %s", result)
+            else:
+                self._catch_up(states, result, now, reason=Reason.CATCH_UP)
+
+        self._control.run(lambda: self._read_rows(states), done)
 
     def _caught_up_after_load(self) -> None:
         self.catch_up_pending = False
@@ -358,7 +374,7 @@ class Recovery:
                     row.instant.isoformat(),
                     now.isoformat(),
                 )
-            if row is None or state.busy:
+            if row is None or state.busy or state.retired:
                 continue
             instant = state.job.schedule.prev(latest)
             if instant is None or now - instant > CATCH_UP_HORIZON:

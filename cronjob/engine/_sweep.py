@@ -465,7 +465,7 @@ class Sweeper:
         def check() -> tuple[list[str], float]:
             missing = store.missing(names)
             if missing:
-                now = clock.now()  # a job's schedule is never changed: read on this thread
+                now = clock.now()  # read here: a whole Job is swapped in when it changes
                 due = {n: s.job.schedule.next(now) for n in missing if (s := states.get(n))}
                 store.ensure(missing, due=due)
             before = clock.now()

@@ -181,13 +181,23 @@ def _write(
     again = [row for row in rows if row.id in taken and row.id not in kept]
     if not new and not again:
         return 0
+    # A replaced schedule whose spec or instant changes owes nothing of its old timing:
+    # redeployed. One replaced with the same timing (an upsert at each start) is not.
+    revived = {row.id for row in again if taken[row.id]}
+    ids = [row.id for row in again]
+    found = lease.read_schedules(conn, ids=ids, removed=True) if ids else []
+    before = {row.id: row for row in found}
+    moved = [
+        row
+        for row in again
+        if row.id in revived or (before[row.id].spec, before[row.id].at) != (row.spec, row.at)
+    ]
     rev = lease.bump_schedule_rev(conn)
     lease.insert_schedules(conn, new, rev)
     lease.replace_schedules(conn, again, rev)
     written = new + again
     specs = {row.id: _shown(row) for row in written}
-    revived = {row.id for row in again if taken[row.id]}
-    lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in again}, unpause=revived)
+    lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in moved}, unpause=revived)
     lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
     lease.schedule_lease_rows(
         conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
@@ -310,7 +320,7 @@ def update(
         row = checked(new)
         rev = lease.bump_schedule_rev(conn)
         lease.update_schedule(conn, id, lease.schedule_values(row), rev)
-        timing = ("spec", "at_s", "start_s", "end_s")
+        timing = ("spec", "at_s")  # a window's bounds change no instant of the spec
         values, before = lease.schedule_values(row), lease.schedule_values(current)
         if any(values[column] != before[column] for column in timing):
             lease.redeploy_schedule_leases(conn, {id: _shown(row)})
