@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import RowMapping
 
 from ._core import _tell_key
@@ -105,6 +106,20 @@ def _seconds(when: datetime | None) -> int | None:
 
 def _when(seconds: int | None) -> datetime | None:
     return None if seconds is None else _EPOCH + timedelta(seconds=int(seconds))
+
+
+def _among(column: sa.ColumnElement[str], values: Sequence[str], dialect: str) -> Any:
+    """``column IN values``; on PostgreSQL ``column IN (SELECT unnest(:array))``: one
+    parameter, and a hashed semi-join. A list of parameters, or ``= ANY(:array)``, is
+    compared element by element against each row once psycopg prepares the statement
+    (a generic plan hashes no array): 0.25 s a statement over 30,000 rows, growing with
+    the table, measured in ``add_many``."""
+    if dialect == "postgresql":
+        array = sa.bindparam(
+            "among", list(values), type_=postgresql.ARRAY(sa.String()), unique=True
+        )
+        return column.in_(sa.select(sa.func.unnest(array)))
+    return column.in_(list(values))
 
 
 def schedule_values(row: ScheduleRow) -> dict[str, Any]:
@@ -198,7 +213,11 @@ def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:
     with translate_errors("read leases"):
         for start in range(0, len(listed), _BATCH):
             chunk = listed[start : start + _BATCH]
-            found.update(conn.execute(sa.select(_t.c.name).where(_t.c.name.in_(chunk))).scalars())
+            found.update(
+                conn.execute(
+                    sa.select(_t.c.name).where(_among(_t.c.name, chunk, conn.dialect.name))
+                ).scalars()
+            )
     return found
 
 
@@ -220,7 +239,7 @@ def taken_schedule_ids(
     with translate_errors("read schedules"):
         for start in range(0, len(listed), _BATCH):
             stmt = sa.select(_s.c.id, _s.c.removed).where(
-                _s.c.id.in_(listed[start : start + _BATCH])
+                _among(_s.c.id, listed[start : start + _BATCH], conn.dialect.name)
             )
             for id_, removed in conn.execute(_locking(stmt, conn, lock)):
                 if id_ in wanted:
@@ -312,7 +331,7 @@ def redeploy_schedule_leases(
             chunk = unpaused[start : start + _BATCH]
             conn.execute(
                 _t.update()
-                .where(_t.c.name.in_(chunk))
+                .where(_among(_t.c.name, chunk, conn.dialect.name))
                 .values(paused_ms=None, paused_by=None, pause_reason=None)
             )
 
@@ -330,7 +349,11 @@ def schedule_lease_rows(
         have: set[str] = set()
         for start in range(0, len(ids), _BATCH):
             chunk = ids[start : start + _BATCH]
-            have.update(conn.execute(sa.select(_t.c.name).where(_t.c.name.in_(chunk))).scalars())
+            have.update(
+                conn.execute(
+                    sa.select(_t.c.name).where(_among(_t.c.name, chunk, conn.dialect.name))
+                ).scalars()
+            )
         paused = {} if paused_by is None else {"paused_ms": _db_now_ms(), "paused_by": paused_by}
         new = [{"name": id_, "spec": specs[id_]} for id_ in ids if id_ not in have]
         insert = _t.insert().values(instant=NEVER, attempt=1, state="new", token=0, **paused)
@@ -341,7 +364,10 @@ def schedule_lease_rows(
             for start in range(0, len(kept), _BATCH):
                 conn.execute(
                     _t.update()
-                    .where(_t.c.name.in_(kept[start : start + _BATCH]), _t.c.paused_ms.is_(None))
+                    .where(
+                        _among(_t.c.name, kept[start : start + _BATCH], conn.dialect.name),
+                        _t.c.paused_ms.is_(None),
+                    )
                     .values(paused)
                 )
 
@@ -381,7 +407,7 @@ def read_schedules(
             stmt = stmt.where(_s.c.removed == 0)
     wanted = None if ids is None else set(ids)
     if wanted is not None:
-        stmt = stmt.where(_s.c.id.in_(sorted(wanted)))
+        stmt = stmt.where(_among(_s.c.id, sorted(wanted), conn.dialect.name))
     if task is not None:
         stmt = stmt.where(_s.c.task == task)
     if prefix is not None:
@@ -462,12 +488,16 @@ def prune_schedules(store: LeaseStore, *, days: float) -> int:
             chunk = gone[start : start + _BATCH]
             held = set(
                 conn.execute(
-                    sa.select(_t.c.name).where(_t.c.name.in_(chunk), sa.not_(free))
+                    sa.select(_t.c.name).where(
+                        _among(_t.c.name, chunk, conn.dialect.name), sa.not_(free)
+                    )
                 ).scalars()
             )
             chunk = [id_ for id_ in chunk if id_ not in held]
             if not chunk:
                 continue
-            deleted += conn.execute(_s.delete().where(_s.c.id.in_(chunk), old)).rowcount
-            conn.execute(_t.delete().where(_t.c.name.in_(chunk), free))
+            deleted += conn.execute(
+                _s.delete().where(_among(_s.c.id, chunk, conn.dialect.name), old)
+            ).rowcount
+            conn.execute(_t.delete().where(_among(_t.c.name, chunk, conn.dialect.name), free))
     return deleted
