@@ -165,6 +165,8 @@ class Dispatcher:
             now, mono = self._clock.now(), self._clock.monotonic()
             self.recovery.retry_database(mono)
             self.recovery.probe(mono)
+            if not self.draining:
+                self.recovery.poll(mono)
             if self.recovery.db_ready:
                 self.peers.tick(now)
             if not self.draining and not self.recovery.catch_up_pending:

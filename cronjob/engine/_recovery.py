@@ -417,8 +417,12 @@ class Recovery:
         """Sweep for rounds cut short if it is time (see `Sweeper`)."""
         if self.db_ready:
             self.sweeper.sweep(now)
-            if self.data is not None:
-                self.data.tick(now)
+
+    def poll(self, now: float) -> None:
+        """Read the schedules' changes if it is time: also while start-up's catch-up runs
+        (over 100,000 rows it takes a while), never during a drain."""
+        if self.db_ready and self.data is not None:
+            self.data.tick(now)
 
     def close(self, *, leave: bool = False) -> None:
         """Stop watching the lease writes (the scheduler stopped); with ``leave`` (a clean
