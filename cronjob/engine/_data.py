@@ -111,8 +111,8 @@ class DataSchedules:
         #: The counter value the schedules held here are complete up to; ``None``: not
         #: loaded yet.
         self.rev: int | None = None
-        #: The ids of the schedules this replica runs.
-        self.ids: set[str] = set()
+        #: How many schedules this replica runs (their states are the dispatcher's).
+        self.count = 0
         self._reading = False
         self._poll_at: float | None = None
         self._again = False  # a change was told while a read was in flight
@@ -145,7 +145,7 @@ class DataSchedules:
                 log.warning("reading the schedules failed: %s; read again shortly", result)
             else:
                 self._apply(*result, ensure=False)
-                log.info("%d schedule(s) of %d task(s) loaded", len(self.ids), len(tasks))
+                log.info("%d schedule(s) of %d task(s) loaded", self.count, len(tasks))
             self._poll_at = self._next_poll()
             then()
             if self._again:  # told of a commit the load may have read before
@@ -256,7 +256,7 @@ class DataSchedules:
             if state is None:
                 state = JobState(job, metrics=self._meters.job(row.id))
                 dispatcher.states[row.id] = state
-                self.ids.add(row.id)
+                self.count += 1
                 added.append(state)
             elif _same(state.job, job):
                 continue
@@ -298,7 +298,7 @@ class DataSchedules:
         state.retired = True
         state.generation += 1  # its heap entry is void
         del self._dispatcher.states[name]
-        self.ids.discard(name)
+        self.count -= 1
         return name
 
     def _ensure(self, states: list[JobState], now: datetime) -> None:
