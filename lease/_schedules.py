@@ -109,11 +109,9 @@ def _when(seconds: int | None) -> datetime | None:
 
 
 def _among(column: sa.ColumnElement[str], values: Sequence[str], dialect: str) -> Any:
-    """``column IN values``; on PostgreSQL ``column IN (SELECT unnest(:array))``: one
-    parameter, and a hashed semi-join. A list of parameters, or ``= ANY(:array)``, is
-    compared element by element against each row once psycopg prepares the statement
-    (a generic plan hashes no array): 0.25 s a statement over 30,000 rows, growing with
-    the table, measured in ``add_many``."""
+    """``column IN values``; on PostgreSQL ``IN (SELECT unnest(:array))``, a hashed
+    semi-join: a prepared statement's generic plan compares a list or ``= ANY`` element
+    by element against each row (0.25 s over 30,000 rows, measured in ``add_many``)."""
     if dialect == "postgresql":
         array = sa.bindparam(
             "among", list(values), type_=postgresql.ARRAY(sa.String()), unique=True
@@ -461,9 +459,7 @@ def prune_schedules(store: LeaseStore, *, days: float) -> int:
       schedule whose ``end``, lies that far back) becomes a tombstone, stamped like any
       change, so that the replicas that hold it let it go.
     - A tombstone older than ``days`` is deleted, with its lease row unless a round holds
-      that lease (then the next prune takes it). Its history goes with the history's own
-      pruning. A replica that starts reads the live rows, not the changes, so none needs
-      a tombstone that old.
+      that lease (the next prune takes it then); its history goes with the history's.
     """
     now_ms = store.now_ms()
     cutoff_ms = now_ms - round(days * 86_400_000)

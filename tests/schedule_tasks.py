@@ -1,6 +1,7 @@
 """A task for the real-process tests of schedules made of data (``cronjob run
 tests.schedule_tasks``): each round appends one JSON line to ``$SCHEDULE_LOG`` with the
-schedule's id, instant, args, the replica and the wall time it started."""
+schedule's id, instant, attempt, args, the replica (and its pid) and the wall time it
+started."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def report(ctx: cronjob.Round) -> None:
         "id": ctx.name,
         "instant": ctx.instant.timestamp(),
         "args": ctx.args,
+        "attempt": ctx.attempt,
         "replica": ctx.replica,
+        "pid": os.getpid(),
         "t": time.time(),
     }
     fd = os.open(os.environ["SCHEDULE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
