@@ -71,6 +71,7 @@ from ._exceptions import Shutdown as Shutdown
 from ._exceptions import TimedOut as TimedOut
 from ._history import History as History
 from ._lifespan import lifespan as lifespan
+from ._occurrence import occurrence_id as occurrence_id
 from ._policy import Policy as Policy
 from ._registry import Job as Job
 from ._registry import Registry as Registry
@@ -114,6 +115,7 @@ __all__ = [
     "job",
     "job_per_instance",
     "lifespan",
+    "occurrence_id",
     "parse",
     "register",
     "register_per_instance",

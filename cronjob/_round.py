@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._exceptions import Cancelled, LeaseLost, Retry
+from ._occurrence import occurrence_id
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
@@ -156,6 +157,13 @@ class Round:
         #: leased round's), for the factories above: they are made once per scheduler,
         #: not once per round.
         self._run: object = None
+
+    @property
+    def occurrence_id(self) -> str:
+        """This round's occurrence id: [occurrence_id][cronjob.occurrence_id] of its name and
+        instant, the same on every replica and in a second run or a catch-up of the
+        instant (a manual round's instant is its request's moment)."""
+        return occurrence_id(self.name, self.instant)
 
     @property
     def task(self) -> str:

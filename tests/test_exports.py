@@ -34,6 +34,7 @@ SURFACE = {
         "job",
         "job_per_instance",
         "lifespan",
+        "occurrence_id",
         "parse",
         "register",
         "register_per_instance",
