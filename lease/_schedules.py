@@ -343,15 +343,8 @@ def schedule_lease_rows(
     if not specs:
         return
     ids = sorted(specs)
+    have = leased_names(conn, ids)
     with translate_errors("add schedules"):
-        have: set[str] = set()
-        for start in range(0, len(ids), _BATCH):
-            chunk = ids[start : start + _BATCH]
-            have.update(
-                conn.execute(
-                    sa.select(_t.c.name).where(_among(_t.c.name, chunk, conn.dialect.name))
-                ).scalars()
-            )
         paused = {} if paused_by is None else {"paused_ms": _db_now_ms(), "paused_by": paused_by}
         new = [{"name": id_, "spec": specs[id_]} for id_ in ids if id_ not in have]
         insert = _t.insert().values(instant=NEVER, attempt=1, state="new", token=0, **paused)

@@ -119,11 +119,6 @@ class DataSchedules:
         self._failing = False  # the last read failed (logged once)
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
 
-    @property
-    def active(self) -> bool:
-        """Whether this replica registers any task (else it follows nothing)."""
-        return bool(self._tasks)
-
     def task_of(self, name: str) -> str | None:
         """The task of the schedule ``name`` (also one dropped lately, whose last round
         may still end), or ``None`` for a registered job (any thread: dict reads)."""
@@ -281,7 +276,7 @@ class DataSchedules:
             return  # its round's end schedules the new schedule's next instant
         schedule = state.job.schedule
         if isinstance(schedule, OneOff) and schedule.at <= now:
-            if now - schedule.at <= ONE_OFF_HORIZON and self.rev is not None:
+            if now - schedule.at <= ONE_OFF_HORIZON:
                 dispatcher.take(state)
                 dispatcher.claims.claim(schedule.at, [state], reason=Reason.CATCH_UP)
             return
