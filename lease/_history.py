@@ -27,7 +27,7 @@ from ._records import (
 from ._rows import (
     _EPOCH,
     _MS,
-    _UNFINISHED,
+    UNFINISHED_ROWS,
     CutShort,
     LeaseState,
     Survey,
@@ -267,7 +267,7 @@ class _History(_StoreCore):
         now = self._now()
         select = sa.select(
             _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
-        ).where(_t.c.attempt == 1, _t.c.state.in_(_UNFINISHED), _t.c.paused_ms.is_(None))
+        ).where(_t.c.attempt == 1, UNFINISHED_ROWS, _t.c.paused_ms.is_(None))
         if len(wanted) <= _IN_LIST_LIMIT:
             select = select.where(_t.c.name.in_(wanted))
         stmt: sa.Select[Any] | sa.CompoundSelect[Any] = select

@@ -358,8 +358,9 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
 
     def holders(self, since: datetime) -> dict[str, datetime]:
         """The holders of the latest claims at instants ``since`` or later (whole seconds,
-        rounded down), each with the latest instant it claimed. One query for the whole
-        table, whatever the number of names.
+        rounded down), each with the latest instant it claimed. One query, whatever the
+        number of names, over the index on the instant: it reads the rows claimed at
+        ``since`` or later, so a recent ``since`` reads few.
 
         Each row keeps only its latest claim, so a holder whose every row was claimed
         again by others since does not appear. A row whose instant is not a number is

@@ -15,27 +15,29 @@ in one claim each, as before):
    only the first claim.
 
 Who is alive is learned from the lease table and the replicas' record: the replicas on
-record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it
-at start and every 15 s), and the holders of claims at instants within the last day
-([lease.LeaseStore.holders][]), plus this replica. A read takes each recent record's
-``(holder, started)`` only ([lease.LeaseStore.replica_starts][]), and the jobs of
-the records whose pair it has not seen yet: a record's jobs are written only with its
-replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once read keeps
-its answer, and a replica that starts again (under the same id too, a millisecond or
-more later on its clock) is read anew. The jobs (~50 bytes each) are read once per
-replica start, not at every read, and only to ask whether one of ours is among them
-([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
-record's text, which is not parsed). One read (two queries; three when a record is new) at
-start, then a few more while reads change the view (replicas starting together), the
+record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it at
+start and every 15 s), and the holders of claims at instants within the last day
+([lease.LeaseStore.holders][]), plus this replica. Only the first read asks for a day of
+claims; later ones ask for the claims since the last read (`HOLDERS_OVERLAP` before it),
+a range of the index on the instant, and keep what earlier reads found. A read takes
+each recent record's ``(holder, started)`` only ([lease.LeaseStore.replica_starts][]),
+and the jobs of the records whose pair it has not seen yet: a record's jobs are written
+only with its replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once
+read keeps its answer, and a replica that starts again (under the same id too, a
+millisecond or more later on its clock) is read anew. The jobs (~50 bytes each) are read
+once per replica start, not at every read, and only to ask whether one of ours is among
+them ([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
+record's text, which is not parsed). One read (two queries; three when a record is new)
+at start, then a few more while reads change the view (replicas starting together), the
 first `FIRST_GAP` apart and twice as long each time a read changed nothing, up to
-`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most
-every `CHECK_GAP` (never while the views agree). Holders alone would show only the
-replicas that won some row lately: views would take many reads to agree. A replica of
-the view that claimed nothing at such an instant is *suspected* (dead, draining,
-saturated) and left out until it is seen claiming a later instant. Views that disagree
-for a while (a replica that just joined, one just gone) cost nothing but spreading: a
-job nobody's share covered is claimed after the grace, and two claims of one job are
-settled by the lease, as always.
+`CHECK_GAP`; later, at the grace of an instant that proved the view wrong, at most every
+`CHECK_GAP` (never while the views agree). Holders alone would show only the replicas
+that won some row lately: views would take many reads to agree. A replica of the view
+that claimed nothing at such an instant is *suspected* (dead, draining, saturated) and
+left out until it is seen claiming a later instant. Views that disagree for a while (a
+replica that just joined, one just gone) cost nothing but spreading: a job nobody's
+share covered is claimed after the grace, and two claims of one job are settled by the
+lease, as always.
 
 Dispatcher thread only; the read runs on the control thread.
 """
@@ -83,6 +85,11 @@ RECHECK_MAX = timedelta(minutes=5)
 RECORD_WITHIN = timedelta(seconds=60)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
+#: A read after the first reads the holders of the claims at instants from this long
+#: before the last read on (and from an instant to check, if earlier): what it found is
+#: kept, so only the claims since are new. A claim committed later than this after its
+#: instant is missed by the reads, and its replica seen at its next claim instead.
+HOLDERS_OVERLAP = timedelta(seconds=5)
 
 #: A read of the live replicas: the holders (the latest instant each claimed), and each
 #: recent record's (holder -> started, whether it leases a job of ours).
@@ -128,6 +135,9 @@ class Peers:
         #: When to read next, on the wall clock (like instants, exact to the microsecond).
         self._read_at: datetime | None = None
         self._last_read: datetime | None = None
+        #: The claims the next read of the holders starts from (instants): a day back
+        #: for the first read, then a little before the last read that succeeded.
+        self._holders_since: datetime | None = None
         #: The wait before the next read while some replica is suspected.
         self._recheck = CHECK_GAP
         #: The least time from the last read to one a check asks for: FIRST_GAP while
@@ -169,8 +179,10 @@ class Peers:
             return
         self._reading = True
         self._last_read = now
-        since = now - SEEN_WITHIN
+        since = self._holders_since or now - SEEN_WITHIN
         check, self._check = self._check, None
+        if check is not None:
+            since = min(since, check)
 
         recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
         jobs, store, me, known = self._jobs, self._store, self._replica_id, self._records
@@ -195,7 +207,8 @@ class Peers:
                 return
             holders, self._records = result
             self._recorded = {holder for holder, (_, ours) in self._records.items() if ours}
-            self._merge(holders, since, check)
+            self._holders_since = now - HOLDERS_OVERLAP
+            self._merge(holders, now, check)
             if self._gap < CHECK_GAP and self._read_at is None and self._may_share:
                 self._read_at = _after_claims(self._clock.now() + self._gap)
             if self._suspected and self._read_at is None:
@@ -204,14 +217,14 @@ class Peers:
 
         self._control.run(read, done)
 
-    def _merge(self, holders: dict[str, datetime], since: datetime, check: datetime | None) -> None:
-        """Add what a read found: each row keeps only its latest claim, so a replica whose
-        rows the others claimed since stays seen until a day without a claim.
+    def _merge(self, holders: dict[str, datetime], now: datetime, check: datetime | None) -> None:
+        """Add what a read at ``now`` found (the holders since the last read, and since
+        ``check``): a replica seen stays seen until a day without a claim.
 
         A claim of an instant still to come (as the read saw it) is not counted: a clock
         far ahead, or rows left by earlier runs of a test whose fake clock starts anew.
         """
-        now = since + SEEN_WITHIN
+        since = now - SEEN_WITHIN
         # A claim sent ahead of its instant (at most AHEAD) counts: seen now.
         holders = {r: min(at, now) for r, at in holders.items() if at <= now + _AHEAD}
         seen = {replica: at for replica, at in self._seen.items() if at >= since}

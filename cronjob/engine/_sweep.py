@@ -15,8 +15,11 @@
   job's round asked of this replica, or the catch-up of an instant skipped while paused.
   Requests older than `lease.REQUEST_TTL` expire. On PostgreSQL a request's ``NOTIFY``
   wakes the sweep at once (see `cronjob.engine._listen`).
-- **Check**: at start and then every minute, a job whose lease row has gone gets it back,
-  logged; a clock 2 s off the database's is logged as an error (`lease.CLAIM_AHEAD_LIMIT`).
+- **Check**: a job whose lease row has gone gets it back, logged: every job's row at
+  start and then every hour (`FULL_CHECK_EVERY`), and every minute the rows of the jobs a
+  claim of this replica missed since (a missing row is never won: a claim tells). Every
+  minute, a clock 2 s off the database's is logged as an error (`lease.CLAIM_AHEAD_LIMIT`).
+  Neither reads the whole table but once an hour.
 
 On a fake clock (every replica in this process, see
 [Clock.in_process][cronjob.Clock.in_process]) the sweeper watches the lease writes of the
@@ -46,6 +49,7 @@ from ._control import Control
 from ._keeper import too_late
 from ._listen import Listener
 from ._reruns import Reruns
+from ._rowcheck import RowCheck
 from ._state import JobState, Reason
 
 if TYPE_CHECKING:
@@ -57,10 +61,6 @@ log = logging.getLogger("cronjob")
 
 #: Seconds between two sweeps for rounds cut short.
 SWEEP_EVERY = 15.0
-#: Seconds between two checks of the lease rows and of the clock against the database's.
-CHECK_EVERY = 60.0
-#: A replica whose wall clock is further than this from the database's is logged.
-CLOCK_SKEW_WARNING = 2.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -99,8 +99,10 @@ class Sweeper:
         # Local timers, on the clock's monotonic time; none until the database is ready.
         self._sweep_at: float | None = None
         self._sweeping = False
-        self._check_at: float | None = None
-        self._checking = False
+        #: The check of the lease rows and the clock (it rides on the sweep's wake-ups).
+        self._rows = RowCheck(
+            clock=clock, store=store, control=control, names=self._names, states=dispatcher.states
+        )
         # Idle sweeps skipped on an in-process clock: the leases of these names told held
         # (name -> (token, expires_ms)), give-backs seen, whether the sweep waits for
         # one of those, and the earliest expiry the last sweep read.
@@ -138,7 +140,8 @@ class Sweeper:
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
         self._began = True
-        self._sweep_at = self._check_at = self._clock.monotonic()
+        self._sweep_at = self._clock.monotonic()
+        self._rows.begin()
         if self._listener is not None:
             self._listener.start()
 
@@ -161,8 +164,7 @@ class Sweeper:
         """
         if self._sweeping or self._sweep_at is None or now < self._sweep_at:
             return
-        if self._check_at is not None and now >= self._check_at and not self._checking:
-            self._check()
+        self._rows.tick(now)
         names = list(self._names)  # this thread's: the control thread reads the copy
         self._sweeping = True
         given_back = self._given_back
@@ -390,19 +392,23 @@ class Sweeper:
             self._sweep_at = self._on_grid(self._clock.monotonic(), strictly=True)
 
     def claims_missed(self, names: list[str], instant: datetime) -> None:
-        """A claim of ``instant`` by this replica did not win ``names``. On an in-process
-        clock, a job that no replica of the process claimed then, nor holds, may have
-        lost its row: check, at most once a minute (elsewhere the check runs every
-        minute anyway)."""
-        if self._unwatch is None or self._checking or self._check_at is None:
+        """A claim of ``instant`` by this replica did not win ``names``: another replica
+        won them, or their rows are paused, or gone. Their rows are read at the next
+        check (every minute). On an in-process clock only the jobs that no replica of
+        the process claimed then, nor holds, are; and the check runs at once (at most
+        once a minute: it is not on a timer there)."""
+        if self._unwatch is None:
+            self._rows.suspect(names)
             return
         epoch = int(instant.timestamp())
         with self._lock:
-            unexplained = any(
-                name not in self._held and self._claimed.get(name, -1) < epoch for name in names
-            )
-        if unexplained and self._clock.monotonic() >= self._check_at:
-            self._check()
+            unexplained = [
+                name
+                for name in names
+                if name not in self._held and self._claimed.get(name, -1) < epoch
+            ]
+        if unexplained:
+            self._rows.suspect(unexplained, at_once=True)
 
     def _on_grid(self, mono: float, *, strictly: bool) -> float:
         """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s
@@ -453,48 +459,3 @@ class Sweeper:
 
         # The dispatcher has gone (its inbox is closed): nothing is posted back.
         self._control.run(leave, lambda _result: None)
-
-    # -- rows and clocks ---------------------------------------------------------------------
-
-    def _check(self) -> None:
-        """Recreate missing lease rows; compare this replica's clock with the database's."""
-        self._checking = True
-        clock, store, names = self._clock, self._store, list(self._names)
-        states = self._dispatcher.states
-
-        def check() -> tuple[list[str], float]:
-            missing = store.missing(names)
-            if missing:
-                now = clock.now()  # read here: a whole Job is swapped in when it changes
-                due = {n: s.job.schedule.next(now) for n in missing if (s := states.get(n))}
-                store.ensure(missing, due=due)
-            before = clock.now()
-            db_now = store.now_ms() / 1000
-            after = clock.now()
-            return missing, (before.timestamp() + after.timestamp()) / 2 - db_now
-
-        def done(result: tuple[list[str], float] | BaseException) -> None:
-            self._checking = False
-            self._check_at = self._clock.monotonic() + CHECK_EVERY
-            if isinstance(result, BaseException):
-                log.warning("checking the lease rows failed: %s", result)
-                return
-            missing, skew = result
-            if missing:
-                log.warning(
-                    "the lease row of %d job(s) was missing, recreated (deleted by hand? a "
-                    "database restored from an older backup?): %s",
-                    len(missing),
-                    ", ".join(repr(name) for name in missing),
-                )
-            if abs(skew) > CLOCK_SKEW_WARNING:
-                log.error(
-                    "this replica's clock is %.1f s %s the database's: replicas' clocks must "
-                    "agree to within a schedule's granularity (is NTP running?); claims of "
-                    "instants more than %g s ahead of the database are refused",
-                    abs(skew),
-                    "ahead of" if skew > 0 else "behind",
-                    lease.CLAIM_AHEAD_LIMIT,
-                )
-
-        self._control.run(check, done)

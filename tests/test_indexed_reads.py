@@ -1,0 +1,168 @@
+"""The reads every replica repeats reach only the rows they are about, never the whole
+lease table: the database's cost per instant must not grow with replicas times jobs.
+
+- the sweep's survey (every 15 s) reads the rounds not run to their end, by an index;
+- the peers' read of the holders reads the claims since a recent instant, by an index;
+- the check of the lease rows reads every row once an hour, and in between only the rows
+  of the jobs a claim missed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import lease
+from cronjob.engine._control import Control, Inbox
+from cronjob.engine._rowcheck import CHECK_EVERY, FULL_CHECK_EVERY, RowCheck
+from cronjob.testing import FakeClock
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+JOBS = 3000
+
+
+@pytest.fixture
+def store(migrated_engine: sa.Engine, clock: FakeClock) -> lease.LeaseStore:
+    return lease.LeaseStore(migrated_engine, clock=clock.lease_clock())
+
+
+def _statements(engine: sa.Engine, call: Any) -> list[tuple[str, Any]]:
+    """The statements ``call()`` sent, with their parameters as the driver took them."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("SELECT") and "FROM cronjob_lease" in statement:
+            sent.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        call()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    return sent
+
+
+def _scans_whole_table(engine: sa.Engine, statement: str, parameters: Any) -> str | None:
+    """The plan's line that reads every row of the lease table, or ``None``."""
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        if dialect == "postgresql":
+            [[plan]] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, parameters)
+            text = json.dumps(plan)
+            return "Seq Scan on cronjob_lease" if '"Seq Scan"' in text else None
+        if dialect == "sqlite":
+            rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
+            for row in rows:
+                if row[-1].startswith("SCAN cronjob_lease") and "INDEX" not in row[-1]:
+                    return str(row[-1])
+            return None
+        result = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+        for row in result:
+            if row["table"] == "cronjob_lease" and row["type"] == "ALL":
+                return str(dict(row))
+        return None
+
+
+def _analyze(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "ANALYZE TABLE cronjob_lease"
+            if engine.dialect.name in ("mysql", "mariadb")
+            else "ANALYZE cronjob_lease"
+        )
+
+
+class TestPlans:
+    """On a table of 3,000 jobs of which a few run: the plans the databases choose."""
+
+    @pytest.fixture
+    def busy(self, store: lease.LeaseStore, migrated_engine: sa.Engine, clock: FakeClock) -> None:
+        names = [f"job-{i:05d}" for i in range(JOBS)]
+        store.ensure(names)
+        clock.advance_to(START)
+        # Claimed by "old" five minutes ago, their rounds long done: written straight from
+        # "new", as an index entry of a row that ran would linger on MariaDB until its
+        # purge (every round's does, and the purge keeps up; a test would wait for it).
+        epoch = int((START - timedelta(minutes=5)).timestamp())
+        with migrated_engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE cronjob_lease SET state = 'done', holder = 'old', instant = :i"),
+                {"i": epoch},
+            )
+        store.claim_batch(names[:5], START, "now")  # five rounds in flight
+        _analyze(migrated_engine)
+
+    def test_the_survey_for_rounds_cut_short_reads_by_the_index(
+        self, busy: None, store: lease.LeaseStore, migrated_engine: sa.Engine
+    ):
+        names = [f"job-{i:05d}" for i in range(JOBS)]
+        [(statement, parameters)] = _statements(migrated_engine, lambda: store.survey(names))
+        assert _scans_whole_table(migrated_engine, statement, parameters) is None
+
+    def test_the_holders_since_a_recent_instant_are_read_by_the_index(
+        self, busy: None, store: lease.LeaseStore, migrated_engine: sa.Engine
+    ):
+        found: dict[str, datetime] = {}
+        [(statement, parameters)] = _statements(
+            migrated_engine, lambda: found.update(store.holders(START - timedelta(seconds=5)))
+        )
+        assert found == {"now": START}
+        assert _scans_whole_table(migrated_engine, statement, parameters) is None
+
+
+class TestRowCheck:
+    @pytest.fixture
+    def checked(
+        self, store: lease.LeaseStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    ) -> Iterator[list[list[str]]]:
+        """The names each check asked the lease table about."""
+        asked: list[list[str]] = []
+        missing = lease.LeaseStore.missing
+
+        def counted(self: lease.LeaseStore, names: Any) -> list[str]:
+            names = list(names)
+            asked.append(names)
+            return missing(self, names)
+
+        monkeypatch.setattr(lease.LeaseStore, "missing", counted)
+        yield asked
+
+    def test_every_row_at_start_and_hourly_in_between_only_the_rows_claims_missed(
+        self, store: lease.LeaseStore, clock: FakeClock, checked: list[list[str]]
+    ):
+        names = dict.fromkeys(["a", "b", "c"])
+        store.ensure(list(names))
+        inbox = Inbox(clock)
+        control = Control(clock, inbox)
+        check = RowCheck(clock=clock, store=store, control=control, names=names, states={})
+
+        def minute(seconds: float = CHECK_EVERY) -> None:
+            clock.advance(seconds)
+            check.tick(clock.monotonic())
+            clock.advance(0)  # the check's statements settle
+            inbox.run_pending()
+
+        check.suspect(["b"])  # before the database is ready: nothing to remember
+        check.begin()
+        minute(0)
+        assert checked == [["a", "b", "c"]]
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM cronjob_lease WHERE name = 'b'"))
+        minute()
+        assert checked == [["a", "b", "c"]], "a minute with no missed claim reads no row"
+        check.suspect(["b", "gone-since"])  # a claim missed them; one is no job of ours
+        minute()
+        assert checked[1:] == [["b"]]
+        assert store.missing(["b"]) == [], "the missing row was recreated"
+        checked.clear()
+        for _ in range(int(FULL_CHECK_EVERY // CHECK_EVERY) - 3):  # up to 59 minutes on
+            minute()
+        assert checked == [], "within the hour, no missed claim, no read of the rows"
+        minute()
+        assert checked == [["a", "b", "c"]], "an hour after the last, every row is read"
+        control.shutdown(wait=5)
