@@ -15,20 +15,19 @@
   job's round asked of this replica, or the catch-up of an instant skipped while paused.
   Requests older than `lease.REQUEST_TTL` expire. On PostgreSQL a request's ``NOTIFY``
   wakes the sweep at once (see `cronjob.engine._listen`).
-- **Check**: a job whose lease row has gone gets it back, logged: every job's row at
-  start and then every hour (`FULL_CHECK_EVERY`), and every minute the rows of the jobs a
-  claim of this replica missed since (a missing row is never won: a claim tells). Every
-  minute, a clock 2 s off the database's is logged as an error (`lease.CLAIM_AHEAD_LIMIT`).
-  Neither reads the whole table but once an hour.
+- **Check** (`cronjob.engine._rowcheck`): a job whose lease row has gone gets it back,
+  logged: every job's row every hour, and every minute the rows of the jobs a claim of
+  this replica missed since (a missing row is never won: a claim tells). Every minute, a
+  clock 2 s off the database's is logged as an error (`lease.CLAIM_AHEAD_LIMIT`).
 
 On a fake clock (every replica in this process, see
 [Clock.in_process][cronjob.Clock.in_process]) the sweeper watches the lease writes of the
 process ([lease.LeaseStore.watch][]) and sends no statement while nothing can be found: a
 sweep that found nothing runs again only once a lease is given back, or a lease held without
 its end recorded may have expired (a replica crashed); it then runs on its 15 s grid, so
-tests see the same sweeps at the same fake times. The check runs at start, then only when a
-claim of this replica missed a job that no replica of the process holds (its row may be
-gone), at most once a minute.
+tests see the same sweeps at the same fake times. The check runs at start (the clock),
+then only when a claim of this replica missed a job that no replica of the process holds
+(its row may be gone), at most once a minute.
 
 Dispatcher thread only (``_on_write`` excepted); statements run on the control thread.
 """
