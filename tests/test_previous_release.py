@@ -277,7 +277,7 @@ def test_the_previous_release_runs_beside_schedules_and_never_touches_them(
     store = lease.LeaseStore(engine)
     ids = ["every", "once"]
     try:
-        # Each release writes its jobs' rows just after its start line: wait for them. (A
+        # A release may write its jobs' rows after its start line: wait for them. (A
         # schedule added before the previous release wrote the row of a job of the same
         # name would share the row with that job: see docs/operations/deploys.md.)
         deadline = time.monotonic() + 30
