@@ -13,7 +13,8 @@ from sqlalchemy.dialects import postgresql
 
 from ._core import _StoreCore, _t, logger
 from ._dialect import _db_now_ms
-from ._exceptions import translate_errors
+from ._exceptions import DatabaseUnavailable, translate_errors
+from ._mysql_due import DEADLOCK_RETRIES, is_deadlock, write_due
 from ._rows import (
     _UNFINISHED,
     Claim,
@@ -42,17 +43,6 @@ UNCLAIMED_LIMIT: Final = 5000
 #: belongs to a job no replica has claimed for a day — most often one a deploy removed,
 #: whose row would otherwise be read at every instant of every replica for ever.
 UNCLAIMED_WITHIN: Final = 86_400
-
-#: MariaDB/MySQL: writes each claimed row's next instant after the claim (see _claim).
-#: A multi-table UPDATE there does not promise to assign left to right, which the claim's
-#: copies into ``prev_*`` rely on, so the claim stays single-table and this follows it in
-#: the same transaction. The pairs are ``[name, epoch seconds]``; only this claim's rows.
-_MYSQL_DUE: Final = sa.text(
-    "UPDATE cronjob_lease JOIN JSON_TABLE(:claim_due, '$[*]' COLUMNS ("
-    "due_name VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', "
-    "due_at BIGINT PATH '$[1]')) AS due ON cronjob_lease.name = due.due_name "
-    "SET cronjob_lease.due_s = due.due_at WHERE cronjob_lease.token = :claim_token"
-)
 
 
 def _is_free(now: sa.ColumnElement[int]) -> sa.ColumnElement[bool]:
@@ -277,26 +267,34 @@ class _Claims(_StoreCore):
             params["claim_reached"] = epoch * 1000 - self._ahead_ms
         if now_ms is not None:
             params["claim_now"] = now_ms
-        with translate_errors("claim leases"), self._transaction() as conn:
-            # Rows as tuples: (name, prev_instant, prev_state, prev_attempt). The instant,
-            # the attempt and the token are the ones just written.
-            rows = self._update_returning(
-                conn,
-                stmt,
-                _BATCH_COLUMNS,
-                # Built only where it is used (no RETURNING): an IN of thousands of names.
-                lambda: (_t.c.token == token, _t.c.name.in_(wanted)),
-                returning=returning,
-                tuples=True,
-                **params,
-            )
-            if due is not None and self._mysql and rows:
-                pairs = [[row[0], due[row[0]]] for row in rows if due.get(row[0]) is not None]
-                if pairs:
-                    conn.execute(_MYSQL_DUE, {"claim_due": json.dumps(pairs), "claim_token": token})
-            # Before the commit: a claimer that waited on these rows sees who took them.
-            if self._watched():
-                self._held([(row[0], token) for row in rows], now_ms, epoch)
+        for retry in range(DEADLOCK_RETRIES + 1):
+            try:
+                with translate_errors("claim leases"), self._transaction() as conn:
+                    # Rows as tuples: (name, prev_instant, prev_state, prev_attempt). The
+                    # instant, the attempt and the token are the ones just written.
+                    rows = self._update_returning(
+                        conn,
+                        stmt,
+                        _BATCH_COLUMNS,
+                        # Built only where it is used (no RETURNING): an IN of thousands.
+                        lambda: (_t.c.token == token, _t.c.name.in_(wanted)),
+                        returning=returning,
+                        tuples=True,
+                        **params,
+                    )
+                    if due is not None and self._mysql and rows:
+                        write_due(conn, rows, due, token)
+                    # Before the commit: a claimer that waited on these rows sees who
+                    # took them.
+                    if self._watched():
+                        self._held([(row[0], token) for row in rows], now_ms, epoch)
+                break
+            except DatabaseUnavailable as exc:
+                # Rolled back whole by a deadlock (MariaDB/MySQL; see lease._mysql_due):
+                # nothing was written, and the other transaction goes on; run it again.
+                if retry == DEADLOCK_RETRIES or not is_deadlock(exc.__cause__):
+                    raise
+                logger.debug("claim of %d lease(s) deadlocked; running it again", len(wanted))
         instant = _from_seconds(epoch)
         superseded: dict[str, tuple[datetime, int]] = {}
         won: set[str] = set()

@@ -14,21 +14,27 @@ the servers only: SQLite has one writer at a time and nothing to order.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import pymysql
 import pytest
 import sqlalchemy as sa
 from conftest import START, ManualClock
 
 import lease
+from lease._mysql_due import is_deadlock
 from lease._schema import lease_table
 
 ROWS = 300
 ROUNDS = 40
+#: A small deployment's lease table: InnoDB reads it whole for a join, not by its key.
+SMALL = 6
 
 
 @pytest.fixture(
@@ -215,3 +221,93 @@ def test_on_mariadb_renewals_and_ends_read_the_rows_along_the_primary_key(mysql_
                     assert row["type"] == "ALL" or row["key"] == "PRIMARY", plan
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def mariadb_store(mysql_url: str) -> Iterator[lease.LeaseStore]:
+    """A store on a MariaDB database at head, with the first `SMALL` rows of `_names`."""
+    engine = lease.create_engine(mysql_url, pool_size=4)
+    lease.migrate(engine)
+    store = lease.LeaseStore(engine, claim_ahead=None)
+    store.ensure(_names()[:SMALL])
+    try:
+        yield store
+    finally:
+        engine.dispose()
+
+
+def _claim_running(engine: sa.Engine) -> bool:
+    """Whether a session on this database runs a claim's UPDATE (the server's other
+    databases left out: other tests may run on it)."""
+    query = sa.text(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+        " AND STATE = 'Updating' AND INFO LIKE 'UPDATE cronjob_lease SET prev_instant%'"
+    )
+    with engine.connect() as conn:
+        return bool(conn.execute(query).scalar_one())
+
+
+@pytest.mark.mysql
+def test_on_mariadb_a_claims_due_write_locks_no_row_it_did_not_claim(mariadb_store):
+    """The claim's second statement, the due write, reads the rows it claimed by the
+    primary key: it does not wait for a row that another transaction holds (another
+    replica's claim of its own share, or a previous release's), which made two claims
+    deadlock, each waiting in its due write for the other's rows."""
+    store = mariadb_store
+    instant = START + timedelta(minutes=1)
+    names = _names()[:SMALL]
+    share, others = names[0::2], names[1::2]
+    due = {name: instant + timedelta(minutes=1) for name in share}
+    with store.engine.connect() as other:
+        other.begin()
+        # Another replica's claim of its own share, in flight.
+        other.execute(
+            lease_table.update().where(lease_table.c.name.in_(others)).values(holder="r2")
+        )
+        batch = store.claim_batch(share, instant, "r1", due=due)
+        other.rollback()
+    assert batch.names == tuple(share)
+    rows = store.read(names)
+    assert {name: row.due for name, row in rows.items() if row.due is not None} == due
+
+
+@pytest.mark.mysql
+def test_on_mariadb_a_claim_rolled_back_by_a_deadlock_runs_again(mariadb_store, caplog):
+    """A claim that InnoDB picks as a deadlock's victim (error 1213: the whole
+    transaction rolled back) is run again, and wins its rows once the other ends: a
+    replica of a previous release, whose due write waits for rows this claim holds, can
+    no longer make this release lose an instant."""
+    caplog.set_level(logging.DEBUG, logger="lease")
+    store = mariadb_store
+    instant = START + timedelta(minutes=1)
+    first, second, *rest = _names()[:6]
+    written = lease_table.update().values(due_s=1)
+    with store.engine.connect() as other:
+        other.begin()
+        # The other transaction has written more rows than the claim will have: InnoDB
+        # rolls back the transaction that wrote fewer, the claim.
+        other.execute(written.where(lease_table.c.name.in_([second, *rest])))
+        won: list[Any] = []
+        claiming = threading.Thread(
+            target=lambda: won.append(store.claim_batch([first, second], instant, "r1"))
+        )
+        claiming.start()
+        deadline = time.monotonic() + 30
+        while not _claim_running(store.engine):  # it holds the first, waits for the second
+            assert time.monotonic() < deadline, f"the claim never waited: {won}"
+            time.sleep(0.05)
+        # Now the other waits for the first: a deadlock, and the claim is its victim.
+        other.execute(written.where(lease_table.c.name == first))
+        other.rollback()
+        claiming.join(30)
+    assert [batch.names for batch in won] == [(first, second)]
+    assert "claim of 2 lease(s) deadlocked; running it again" in caplog.messages
+
+
+def test_only_mariadbs_deadlock_counts_as_a_deadlock():
+    deadlock = pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+    timeout = pymysql.err.OperationalError(1205, "Lock wait timeout exceeded")
+    assert is_deadlock(sa.exc.OperationalError("UPDATE", {}, deadlock))
+    assert not is_deadlock(sa.exc.OperationalError("UPDATE", {}, timeout))
+    assert not is_deadlock(None)
+    assert not is_deadlock(ValueError("1213"))
