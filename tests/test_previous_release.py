@@ -1,5 +1,5 @@
 """A replica of the previous release beside one of this release, on a database migrated
-to this release's head (0008, schedules made of data): the rolling deploy the issue
+to this release's head (0008 brought schedules made of data): the rolling deploy the issue
 asks for.
 
 The previous release is the last landed one, commit `PREVIOUS` (alembic head 0007: it
@@ -360,8 +360,8 @@ def test_the_previous_release_runs_beside_schedules_and_never_touches_them(
     # one line, exit 2, nothing read or deleted (so no schedule shown as retired, and no
     # `forget` of a schedule's row).
     refusal = (
-        "cronjob: error: the cronjob tables are at revision 0008, which this release "
-        "(revision 0007) does not know: use the release that migrated them\n"
+        f"cronjob: error: the cronjob tables are at revision {lease.head_revision()}, which "
+        "this release (revision 0007) does not know: use the release that migrated them\n"
     )
     for done in (old_status, old_forget):
         assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal)
