@@ -708,3 +708,28 @@ class TestUpgradeTo0008:
         with db_engine.connect() as conn:
             [row] = lease.read_schedules(conn)
         assert (row.id, row.task, row.rev) == ("report:1", "report", 1)
+
+
+class TestUpgradeTo0009:
+    """Revision 0009 adds two indexes and changes no row: a round in flight under release
+    0008 is seen by the survey after the live upgrade (now through the index of
+    unfinished rounds) and ends on record, and its holder is read by the instant's index."""
+
+    def test_a_round_in_flight_is_surveyed_and_ends_on_record_after_the_upgrade(
+        self, db_engine, manual_clock
+    ):
+        t0 = manual_clock.now()
+        expires = _upgraded_under_a_round(db_engine, "0008", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        indexes = {ix["name"] for ix in sa.inspect(db_engine).get_indexes("cronjob_lease")}
+        assert {"ix_cronjob_lease_unfinished", "ix_cronjob_lease_instant"} <= indexes
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        assert store.holders(t0) == {"old-replica": t0.replace(microsecond=0)}
+        held = store.survey(["old-job"])
+        assert held.cut_short == []
+        assert held.next_expiry is not None
+        assert int(held.next_expiry.timestamp() * 1000) == expires
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE
+        assert store.survey(["old-job"]).next_expiry is None
