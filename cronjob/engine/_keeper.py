@@ -261,6 +261,16 @@ class LeaseKeeper:
 
     def _fatal(self, run: Run) -> None:
         assert run.lost_at is not None
+        if run.child is not None:
+            # A round in a child process: the child is killed, the replica lives on.
+            log.error(
+                "job %r instant %s: the round's child process still runs after its lease "
+                "was lost: SIGKILL",
+                run.ctx.name,
+                run.ctx.instant.isoformat(),
+            )
+            run.child.kill()
+            return
         after = self._exit_deadline(run) - run.lost_at
         self.force_exit(
             run,

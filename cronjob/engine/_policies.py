@@ -173,6 +173,11 @@ class PolicyTimers:
         if not isinstance(ctx.cause, TimedOut) or self._flags.crashed:
             return
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
+        if run.child is not None:
+            # A round in a child process: the child is killed, the replica lives on.
+            log.error("%s: the round's child process still runs: SIGKILL", where)
+            run.child.kill()
+            return
         if run.token is None:
             log.critical(
                 "%s: the round is still running %g s after its timeout cancelled it; a "
