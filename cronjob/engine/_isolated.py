@@ -23,13 +23,16 @@ work (its trace id); its spans are children of the round's root span.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
 import multiprocessing
+import multiprocessing.util
 import pickle
 import signal
 import threading
+import weakref
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Final, cast
@@ -58,6 +61,23 @@ KILL_GRACE: Final = 2.0
 START_METHOD: Final = (
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 )
+
+
+#: The children running rounds now, killed as the process exits (see `_kill_children`).
+_CHILDREN: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+
+
+def _kill_children() -> None:
+    """At exit, SIGKILL the children still running rounds, as the process's own threads
+    would end with it. Registered after multiprocessing's exit handler, so it runs
+    first: that one SIGTERMs daemonic children and then joins them, and a child that
+    ignores SIGTERM would hold the exit forever."""
+    for process in list(_CHILDREN):
+        with contextlib.suppress(Exception):
+            process.kill()
+
+
+atexit.register(_kill_children)
 
 
 def _context() -> multiprocessing.context.DefaultContext:
@@ -123,9 +143,11 @@ class ChildRounds:
         process.start()
         theirs.close()
         run.child = process
+        _CHILDREN.add(process)
         try:
             end = self._wait(run, process, ours)
         finally:
+            _CHILDREN.discard(process)
             run.child = None
             ours.close()
         _raise_end(run, process, end)
