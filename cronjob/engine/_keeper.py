@@ -8,7 +8,8 @@ The rules (SPEC.md, "Timing rules"):
   renewal; the round is then cancelled with [LeaseLost][cronjob.LeaseLost];
 - a round still running 5 s after its lease was lost ends the process, and never later
   than 0.5 s before the lease can expire, so no other replica can claim the job while
-  this one still runs it.
+  this one still runs it; a round in a child process (``isolation="process"``) has its
+  child killed instead, and the process lives on.
 
 The deadlines are kept on the dispatcher thread, which never waits on the database, so a
 hung database cannot delay them; the renewals run on the control thread. They are all on

@@ -13,6 +13,8 @@ deadlines (see `PolicyTimers.next_wake`).
   other replica can run the job alongside it, and the job runs again once the lease
   expires. A per-instance round (no lease, nothing shared) is logged as critical and
   left to its thread; its job's next instant waits for it, as for any round still running.
+  A round in a child process (``isolation="process"``) has its child killed instead, and
+  the process lives on (see `cronjob.engine._isolated`).
 - **retries**: an attempt that failed with attempts left ends ``retrying`` (its worker
   decides, see ``RoundRunner._police``); once its end is on record the dispatcher hands
   it here (`PolicyTimers.backoff`) and the next attempt starts when its delay has
