@@ -25,7 +25,8 @@ import sqlalchemy as sa
 from conftest import lease_row
 
 import cronjob
-from cronjob import Registry, admin
+import execctx
+from cronjob import Registry, admin, schedules
 from cronjob._policy import DEFAULT_POLICY, make_policy, policy_text
 from cronjob.engine._isolated import KILL_GRACE
 
@@ -151,6 +152,64 @@ class TestRounds:
         # The child's log line is handled by this process's loggers, inside the round.
         [line] = [r for r in caplog.records if r.name == "app.isolated"][:1]
         assert line.getMessage().startswith("working in pid") and line.process != os.getpid()
+
+    def test_the_childs_log_records_carry_the_rounds_trace_id_and_status_shows_it(
+        self, url, replicas, clock
+    ):
+        seen: list[logging.LogRecord] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                seen.append(record)
+
+        handler = Keep(level=logging.WARNING)
+        execctx.install_log_filter(handler)
+        logger = logging.getLogger("app.isolated")
+        logger.addHandler(handler)
+        try:
+            replicas(isolated(jobs.works, "report"), "a")
+            clock.advance(60)
+            until(lambda: ended(url, "report"), "the round on record")
+        finally:
+            logger.removeHandler(handler)
+        [mark] = jobs.marks(url)
+        [record] = seen
+        assert record.getMessage() == f"working in pid {mark['pid']}"
+        assert (record.work_name, record.trace_id) == ("report", mark["trace_id"])  # type: ignore[attr-defined]
+        [job] = [j for j in admin.status(url, now=clock.now()).jobs if j.name == "report"]
+        assert job.policies == {"isolation": "process"}
+
+    def test_a_tasks_data_schedules_run_in_children_with_their_args(self, url, replicas, clock):
+        registry = Registry()
+        registry.register_task(jobs.works, "report", isolation="process")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        try:
+            for tenant in (1, 2):
+                schedules.add(
+                    engine,
+                    f"report:{tenant}",
+                    task="report",
+                    spec="0 * * * * *",
+                    args={"t": tenant},
+                )
+        finally:
+            engine.dispose()
+        clock.advance(60)
+        until(lambda: len(jobs.marks(url)) == 2, "both schedules' rounds")
+        seen = sorted((m["name"], m["task"], m["args"]["t"]) for m in jobs.marks(url))
+        assert seen == [("report:1", "report", 1), ("report:2", "report", 2)]
+        assert all(m["pid"] != os.getpid() for m in jobs.marks(url))
+
+    def test_a_per_instance_job_runs_in_a_child_on_each_replica(self, url, replicas, clock):
+        registry = Registry()
+        registry.register_per_instance(jobs.works, "0 * * * * *", "local", isolation="process")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(60)
+        until(lambda: len(jobs.marks(url)) == 2, "a round on each replica")
+        assert sorted(m["replica"] for m in jobs.marks(url)) == ["a", "b"]
 
     def test_an_async_job_runs_with_asyncio_run_in_the_child(self, url, replicas, clock):
         replicas(isolated(jobs.works_async, "report"), "a")

@@ -124,7 +124,8 @@ def child_main(spec: ChildSpec, conn: Pipe) -> None:
     root = logging.getLogger()
     root.handlers[:] = [_PipeHandler(send)]
     root.setLevel(spec.log_level)
-    engine: list[Engine] = []
+    engine: list[Engine] = []  # made on the first transaction, with its lease store
+    store: list[lease.LeaseStore] = []
     ctx = Round(
         name=spec.name,
         instant=spec.instant,
@@ -132,7 +133,7 @@ def child_main(spec: ChildSpec, conn: Pipe) -> None:
         replica=spec.replica,
         trace_id=spec.trace_id,
         clock=SystemClock(),
-        transaction=lambda ctx: _fenced(spec, ctx, engine),
+        transaction=lambda ctx: _fenced(spec, ctx, engine, store),
         trigger=Trigger(spec.trigger),
         requested_by=spec.requested_by,
         task=spec.task,
@@ -206,7 +207,9 @@ def _listen(conn: Pipe, ctx: Round) -> None:
 
 
 @contextlib.contextmanager
-def _fenced(spec: ChildSpec, ctx: Round, engines: list[Engine]) -> Iterator[Connection]:
+def _fenced(
+    spec: ChildSpec, ctx: Round, engines: list[Engine], stores: list[lease.LeaseStore]
+) -> Iterator[Connection]:
     """The child's ``ctx.transaction()``: on its own engine, fenced by the round's token.
 
     Raises:
@@ -226,8 +229,10 @@ def _fenced(spec: ChildSpec, ctx: Round, engines: list[Engine]) -> Iterator[Conn
         with engine.begin() as conn:
             yield conn
         return
-    now = spec.lease_now
-    store = lease.LeaseStore(engine, clock=None if now is None else (lambda: now))
+    if not stores:
+        now = spec.lease_now
+        stores.append(lease.LeaseStore(engine, clock=None if now is None else (lambda: now)))
+    store = stores[0]
     with engine.begin() as conn:
         if not store.holds(conn, ctx.name, spec.token):
             raise lease_lost(ctx.name, "the round no longer holds it")
