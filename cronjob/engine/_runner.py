@@ -190,8 +190,7 @@ class RoundRunner:
             self._spans = _NO_SPANS if _tracing_off() else None
         for run in runs:
             self._clock._work_started()
-            job = run.state.job
-            if not job.is_async or job.policy.isolated:  # a child's round: its thread waits
+            if not run.state.job.is_async or run.state.isolated:  # a child's: a thread waits
                 sync.append(run)
                 starts.append(Start.STARTED)
                 continue
@@ -311,11 +310,10 @@ class RoundRunner:
                             error: BaseException | None = None
                             try:
                                 run.ctx.check()  # cancelled before it could start: cut short
-                                job = run.state.job
-                                if job.policy.isolated:  # in a child process of its own
+                                if run.state.isolated:  # in a child process of its own
                                     self._child_rounds().run(run)
                                 else:
-                                    _not_awaitable(run.ctx.name, job.fn(run.ctx))
+                                    _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
                             except BaseException as exc:  # the worker's top: every outcome
                                 error = exc
                             self._end_round(run, error, scope)

@@ -91,6 +91,8 @@ class JobState:
     timeout: float | None = field(init=False, default=None)
     #: Its policy's start deadline, ``None``: none.
     start_deadline: timedelta | None = field(init=False, default=None)
+    #: Its rounds run in a child process (``isolation="process"``).
+    isolated: bool = field(init=False, default=False)
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
@@ -104,6 +106,7 @@ class JobState:
         self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
         self.start_deadline = policy.start_deadline
         self.policed = policy.acts_on_rounds
+        self.isolated = policy.isolated
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The job's first instant strictly after ``instant`` (``None``: none): the claim
