@@ -61,6 +61,10 @@ class Retry(CronjobError):
         #: Seconds to wait before the next attempt; ``None``: the job's backoff.
         self.delay = delay
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None]]:
+        """Pickle by the delay (a round in a child process sends its `Retry` back)."""
+        return (type(self), (self.delay,))
+
 
 class Cancelled(CronjobError):
     """Raised when a round has been cancelled; its subclasses say why."""

@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from ._exceptions import RegistrationError
 
@@ -60,6 +60,10 @@ class PolicyOptions(TypedDict, total=False):
     pause_after_failures: int | None
     #: Told of every failed, timed-out or deadline-missed round (see `FailureHook`).
     on_failure: FailureHook | None
+    #: ``"process"``: each round runs in a child process, which a timeout or a lost
+    #: lease ends (SIGTERM, then SIGKILL) while the replica lives on; ``"thread"``: the
+    #: default, on a worker thread (or the loop).
+    isolation: Literal["thread", "process"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +83,8 @@ class Policy:
         pause_after_failures: After this many rounds in a row failed (retries spent),
             the job pauses itself on every replica; ``None``: never. Leased jobs only.
         on_failure: The job's own `FailureHook`; ``None``: the registry's, if any.
+        isolation: ``"process"``: each round runs in a child process of its own (see
+            `cronjob.engine._isolated`); ``"thread"``: on a worker thread or the loop.
     """
 
     timeout: timedelta | None = None
@@ -87,6 +93,12 @@ class Policy:
     start_deadline: timedelta | None = None
     pause_after_failures: int | None = None
     on_failure: FailureHook | None = None
+    isolation: Literal["thread", "process"] = "thread"
+
+    @property
+    def isolated(self) -> bool:
+        """The rounds run in a child process (``isolation="process"``)."""
+        return self.isolation == "process"
 
     @property
     def is_default(self) -> bool:
@@ -119,6 +131,8 @@ class Policy:
             fn = self.on_failure
             module = getattr(fn, "__module__", None) or "?"
             described["on_failure"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+        if self.isolated:
+            described["isolation"] = self.isolation
         return described
 
 
@@ -148,6 +162,8 @@ def policy_text(described: Mapping[str, object]) -> str:
             parts.append(f"pause after {value} failures")
         elif key == "on_failure":
             parts.append(f"on failure {value}")
+        elif key == "isolation":
+            parts.append(f"isolation {value}")
         else:
             parts.append(f"{key} {value}")
     return ", ".join(parts)
@@ -175,7 +191,8 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
             duration that is not a positive finite number of seconds or a positive
             ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
             not a whole number ≥ 1, or given for a per-instance job (it has no state
-            shared by the replicas to pause); ``on_failure`` not callable.
+            shared by the replicas to pause); ``on_failure`` not callable; ``isolation``
+            neither ``"thread"`` nor ``"process"``.
     """
     unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
     if unknown:
@@ -196,6 +213,11 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
     hook = options.get("on_failure")
     if hook is not None and not callable(hook):
         raise RegistrationError(f"job {name!r}: on_failure must be callable, got {hook!r}")
+    isolation = options.get("isolation", "thread")
+    if isolation not in ("thread", "process"):
+        raise RegistrationError(
+            f"job {name!r}: isolation must be 'thread' or 'process', got {isolation!r}"
+        )
     if (
         timeout is None
         and start_deadline is None
@@ -203,6 +225,7 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         and not retries
         and pause is None
         and hook is None
+        and isolation == "thread"
     ):
         # No option: the one default policy, shared (a replica of 100,000 jobs would
         # otherwise keep 100,000 equal ones, ~120 bytes each).
@@ -214,6 +237,7 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         start_deadline=start_deadline,
         pause_after_failures=pause,
         on_failure=hook,
+        isolation=isolation,
     )
 
 

@@ -12,6 +12,7 @@ import lease
 
 from ._callables import check_fn, is_async, taken_message
 from ._exceptions import RegistrationError, ScheduleError
+from ._isolation import check_isolatable
 from ._policy import DEFAULT_POLICY, FailureHook, Policy, PolicyOptions, check_hook, make_policy
 from ._schedule import Schedule, parse
 
@@ -177,6 +178,7 @@ class Registry:
         _check_name(name)
         check_fn(fn, name)
         made = make_policy(name, leased=True, options=policy)
+        check_isolatable(fn, name, made)
         task = Task(name=name, fn=fn, is_async=is_async(fn), policy=made)
         with self._lock:
             self._refuse_after_start(name, "task")
@@ -317,6 +319,7 @@ class Registry:
         _check_name(name)
         check_fn(fn, name)
         made = make_policy(name, leased=leased, options=policy)
+        check_isolatable(fn, name, made)
         try:
             schedule = parse(spec)
         except ScheduleError as exc:
@@ -370,6 +373,7 @@ class Registry:
             fn = replace.get(name, job.fn)
             if fn is not job.fn:
                 check_fn(fn, name)
+                check_isolatable(fn, name, job.policy)
                 job = dataclasses.replace(job, fn=fn, is_async=is_async(fn))
             derived._jobs[name] = job
         derived._tasks = dict(self._tasks)

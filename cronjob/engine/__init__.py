@@ -14,7 +14,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
   ``_runner``: running rounds (a worker thread or the loop); ``_ends``: a round's end
   classified and recorded (the round's thread, the finisher's); ``_workers`` (the round
   threads), ``_loop`` (our own asyncio loop), ``_finisher`` (ends, batched),
-  ``_fencing`` (the fenced transactions), ``_tracing`` (a round's span).
+  ``_fencing`` (the fenced transactions), ``_tracing`` (a round's span);
+  ``_isolated`` and ``_child``: a round in a child process (``isolation="process"``).
 - ``_keeper``: renewal, lease loss, the forced exit.
 - ``_policies``: the job policies' timers (timeouts, retries' backoffs); ``_failures``:
   the self-pause after failures and the failure hooks' thread.

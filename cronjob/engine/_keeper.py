@@ -8,7 +8,8 @@ The rules (SPEC.md, "Timing rules"):
   renewal; the round is then cancelled with [LeaseLost][cronjob.LeaseLost];
 - a round still running 5 s after its lease was lost ends the process, and never later
   than 0.5 s before the lease can expire, so no other replica can claim the job while
-  this one still runs it.
+  this one still runs it; a round in a child process (``isolation="process"``) has its
+  child killed instead, and the process lives on.
 
 The deadlines are kept on the dispatcher thread, which never waits on the database, so a
 hung database cannot delay them; the renewals run on the control thread. They are all on
@@ -261,6 +262,16 @@ class LeaseKeeper:
 
     def _fatal(self, run: Run) -> None:
         assert run.lost_at is not None
+        if run.child is not None:
+            # A round in a child process: the child is killed, the replica lives on.
+            log.error(
+                "job %r instant %s: the round's child process still runs after its lease "
+                "was lost: SIGKILL",
+                run.ctx.name,
+                run.ctx.instant.isoformat(),
+            )
+            run.child.kill()
+            return
         after = self._exit_deadline(run) - run.lost_at
         self.force_exit(
             run,

@@ -13,6 +13,8 @@ deadlines (see `PolicyTimers.next_wake`).
   other replica can run the job alongside it, and the job runs again once the lease
   expires. A per-instance round (no lease, nothing shared) is logged as critical and
   left to its thread; its job's next instant waits for it, as for any round still running.
+  A round in a child process (``isolation="process"``) has its child killed instead, and
+  the process lives on (see `cronjob.engine._isolated`).
 - **retries**: an attempt that failed with attempts left ends ``retrying`` (its worker
   decides, see ``RoundRunner._police``); once its end is on record the dispatcher hands
   it here (`PolicyTimers.backoff`) and the next attempt starts when its delay has
@@ -173,6 +175,11 @@ class PolicyTimers:
         if not isinstance(ctx.cause, TimedOut) or self._flags.crashed:
             return
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
+        if run.child is not None:
+            # A round in a child process: the child is killed, the replica lives on.
+            log.error("%s: the round's child process still runs: SIGKILL", where)
+            run.child.kill()
+            return
         if run.token is None:
             log.critical(
                 "%s: the round is still running %g s after its timeout cancelled it; a "

@@ -38,6 +38,7 @@ from .._round import Outcome
 from ._ends import EndRecorder, round_where
 from ._failures import Failures
 from ._fencing import Fencing
+from ._isolated import ChildRounds
 from ._loop import OwnLoop
 from ._prepare import RoundMaker
 from ._state import Flags, Reason, Run
@@ -156,6 +157,8 @@ class RoundRunner:
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
         self._maker = RoundMaker(clock=clock, replica_id=replica_id, fencing=self._fencing)
+        self._engine = engine
+        self._children: ChildRounds | None = None  # made for the first isolated round
         #: Build the round of a job for an instant, not started yet (see
         #: `RoundMaker.prepare`).
         self.prepare = self._maker.prepare
@@ -187,7 +190,7 @@ class RoundRunner:
             self._spans = _NO_SPANS if _tracing_off() else None
         for run in runs:
             self._clock._work_started()
-            if not run.state.job.is_async:
+            if not run.state.job.is_async or run.state.isolated:  # a child's: a thread waits
                 sync.append(run)
                 starts.append(Start.STARTED)
                 continue
@@ -248,6 +251,13 @@ class RoundRunner:
 
     # -- running --------------------------------------------------------------------------
 
+    def _child_rounds(self) -> ChildRounds:
+        """The runner of rounds in child processes (``isolation="process"``)."""
+        children = self._children
+        if children is None:
+            children = self._children = ChildRounds(clock=self._clock, engine=self._engine)
+        return children
+
     def _scope(self, run: Run) -> RoundScope:
         """Begin ``run``'s round: its start on record and in the metrics; return its unit
         of work, not entered yet."""
@@ -300,7 +310,10 @@ class RoundRunner:
                             error: BaseException | None = None
                             try:
                                 run.ctx.check()  # cancelled before it could start: cut short
-                                _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
+                                if run.state.isolated:  # in a child process of its own
+                                    self._child_rounds().run(run)
+                                else:
+                                    _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
                             except BaseException as exc:  # the worker's top: every outcome
                                 error = exc
                             self._end_round(run, error, scope)

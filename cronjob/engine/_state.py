@@ -11,6 +11,7 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import lease
 
@@ -18,7 +19,13 @@ from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
 
-__all__ = ["Flags", "JobState", "Reason", "Run"]
+__all__ = ["Flags", "JobState", "Killable", "Reason", "Run"]
+
+
+class Killable(Protocol):
+    """A child process a round runs in: ``kill()`` ends it (SIGKILL)."""
+
+    def kill(self) -> None: ...
 
 
 #: The history's word for a reason, where it is not the reason's own value.
@@ -84,6 +91,8 @@ class JobState:
     timeout: float | None = field(init=False, default=None)
     #: Its policy's start deadline, ``None``: none.
     start_deadline: timedelta | None = field(init=False, default=None)
+    #: Its rounds run in a child process (``isolation="process"``).
+    isolated: bool = field(init=False, default=False)
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
@@ -97,6 +106,7 @@ class JobState:
         self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
         self.start_deadline = policy.start_deadline
         self.policed = policy.acts_on_rounds
+        self.isolated = policy.isolated
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The job's first instant strictly after ``instant`` (``None``: none): the claim
@@ -153,6 +163,9 @@ class Run:
     #: for a round whose job outlived its timeout, by the policies before the forced
     #: exit (see ``EndRecorder.take_end``): whichever comes first, the other does nothing.
     end_taken: bool = False
+    #: The child process a round of a job with ``isolation="process"`` runs in, while it
+    #: runs (see `cronjob.engine._isolated`): what a forced exit kills instead.
+    child: Killable | None = None
 
 
 @dataclass(eq=False)
