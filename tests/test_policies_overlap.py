@@ -17,10 +17,12 @@ import pytest
 from conftest import lease_row
 
 import cronjob
-from cronjob import Registry, admin
+import lease
+from cronjob import Registry, admin, schedules, web
 from cronjob._policy import Overlap, policy_text
+from cronjob.admin._cli import main
 from cronjob.testing import FakeClock
-from tests._helpers import run_then_stop
+from tests._helpers import run_then_stop, wsgi_call
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -203,6 +205,23 @@ class TestCancelOther:
         assert ended(url, "job")[0] == (at(minutes=1), 1, "schedule", "succeeded")
 
 
+class TestTaskSchedules:
+    def test_a_tasks_overlap_governs_each_of_its_schedules(self, db_url, replicas, clock, rounds):
+        registry = Registry()
+        registry.register_task(rounds.job(150), "report", overlap="buffer_one")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        engine = lease.create_engine(db_url)
+        try:
+            lease.migrate(engine)
+            schedules.add(engine, "report:1", task="report", spec=MINUTELY)
+        finally:
+            engine.dispose()
+        clock.advance(60 + 200)  # 09:01 to 09:03:30, then 09:02 (buffered), then 09:04
+        assert rounds.instants() == [at(minutes=1), at(minutes=2), at(minutes=4)]
+        rounds.assert_never_overlapping()
+
+
 class TestCatchUp:
     def test_latest_runs_only_the_most_recent_missed_instant(self, url, replicas, clock, rounds):
         registry = Registry()
@@ -348,3 +367,27 @@ class TestRegistration:
         registry.register(lambda ctx: None, MINUTELY, "j", overlap="skip", catch_up="latest")
         (job,) = registry.jobs
         assert job.policy == cronjob.Policy() and job.policy.describe() == {}
+
+
+class TestShown:
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        """About now: ``cronjob status`` reads the database's clock to tell live replicas."""
+        return FakeClock(datetime.now(UTC).replace(microsecond=0))
+
+    def test_status_and_the_page_show_them_from_the_replicas_record(
+        self, db_url, replicas, clock, capsys
+    ):
+        registry = Registry()
+        registry.register(
+            lambda ctx: None, MINUTELY, "sync", overlap="cancel_other", catch_up="none"
+        )
+        replicas(registry, "a")
+        clock.advance(0)
+        [job] = [j for j in admin.status(db_url, now=clock.now()).jobs if j.name == "sync"]
+        assert job.policies == {"overlap": "cancel_other", "catch_up": "none"}
+        assert main(["status", "--database-url", db_url]) == 0
+        [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("sync ")]
+        assert line.endswith("overlap cancel_other, catch-up none")
+        status, _, page = wsgi_call(web.wsgi_app(db_url, clock=clock), "/job", "name=sync")
+        assert status.startswith("200") and "overlap cancel_other, catch-up none" in page
