@@ -222,6 +222,27 @@ class TestTaskSchedules:
         rounds.assert_never_overlapping()
 
 
+class TestCancelOtherAsync:
+    def test_an_async_round_is_superseded_its_task_cancelled(self, url, replicas, clock):
+        started: list[datetime] = []
+
+        async def job(ctx: cronjob.Round) -> None:
+            started.append(ctx.instant)
+            if ctx.instant == at(minutes=1):
+                await ctx.wait_async(90)
+
+        registry = Registry()
+        registry.register(job, MINUTELY, "job", overlap="cancel_other")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(60 + 61)
+        assert started == [at(minutes=1), at(minutes=2)]
+        assert [(i, out) for i, _a, _why, out in ended(url, "job")] == [
+            (at(minutes=1), "superseded"),
+            (at(minutes=2), "succeeded"),
+        ]
+
+
 class TestCatchUp:
     def test_latest_runs_only_the_most_recent_missed_instant(self, url, replicas, clock, rounds):
         registry = Registry()
@@ -391,3 +412,32 @@ class TestShown:
         assert line.endswith("overlap cancel_other, catch-up none")
         status, _, page = wsgi_call(web.wsgi_app(db_url, clock=clock), "/job", "name=sync")
         assert status.startswith("200") and "overlap cancel_other, catch-up none" in page
+
+    def test_cronjob_next_shows_them(self, tmp_path, monkeypatch, capsys):
+        (tmp_path / "overlapjobs.py").write_text(
+            "import cronjob\n"
+            "@cronjob.job('0 */5 * * * *', name='sync', overlap='buffer_one',\n"
+            "             catch_up='all', catch_up_window=3600)\n"
+            "def sync(ctx):\n"
+            "    pass\n"
+        )
+        monkeypatch.chdir(tmp_path)
+        fresh = Registry()
+        monkeypatch.setattr(cronjob._registry, "default_registry", fresh)
+        monkeypatch.setattr(cronjob, "default_registry", fresh)
+        monkeypatch.setattr(cronjob.admin._cli, "default_registry", fresh)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        args = [
+            "next",
+            "--module",
+            "overlapjobs",
+            "sync",
+            "-n",
+            "1",
+            "--after",
+            "2026-01-01T00:00Z",
+        ]
+        assert main(args) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.splitlines()[1] == (
+            "policies: overlap buffer_one, catch-up all within 1h"
+        )
