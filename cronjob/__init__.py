@@ -68,6 +68,7 @@ from ._exceptions import RegistrationError as RegistrationError
 from ._exceptions import Retry as Retry
 from ._exceptions import ScheduleError as ScheduleError
 from ._exceptions import Shutdown as Shutdown
+from ._exceptions import Superseded as Superseded
 from ._exceptions import TimedOut as TimedOut
 from ._history import History as History
 from ._lifespan import lifespan as lifespan
@@ -107,6 +108,7 @@ __all__ = [
     "ScheduleError",
     "Scheduler",
     "Shutdown",
+    "Superseded",
     "SystemClock",
     "Task",
     "TimedOut",

@@ -9,7 +9,8 @@ The tree::
     └── Cancelled (BaseException-free)    the ending of a round: raised by ``Round.check()``
         ├── Shutdown                      the process began to drain
         ├── LeaseLost                     the round's lease was taken or timed out
-        └── TimedOut                      the round ran past its job's ``timeout``
+        ├── TimedOut                      the round ran past its job's ``timeout``
+        └── Superseded                    a newer instant came (``overlap="cancel_other"``)
 
 ``Cancelled`` derives from `Exception` (through ``CronjobError``) so that a job
 may catch and join it, as Go joins errors; the scheduler tells a round that was cut short
@@ -27,6 +28,7 @@ __all__ = [
     "ScheduleError",
     "Retry",
     "Shutdown",
+    "Superseded",
     "TimedOut",
 ]
 
@@ -83,4 +85,14 @@ class TimedOut(Cancelled):
 
     A round that ends this way is recorded ``timed_out``: it ran long, it was not cut
     short, so it never runs a second time for its instant.
+    """
+
+
+class Superseded(Cancelled):
+    """Raised when a round is cancelled because its job's next instant came while it ran,
+    under ``overlap="cancel_other"``.
+
+    A round that ends this way is recorded ``superseded``: it is never run a second time
+    (the newer instant replaces it) and it is not counted as a failure. The newer instant
+    starts once this round has ended, never beside it.
     """

@@ -9,12 +9,13 @@ no self-pause, no hook).
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar
 
 from ._exceptions import RegistrationError
 
@@ -22,10 +23,13 @@ if TYPE_CHECKING:
     from ._records import RoundRecord
 
 __all__ = [
+    "DEFAULT_CATCH_UP_WINDOW",
     "DEFAULT_POLICY",
     "DEFAULT_RETRY_BACKOFF",
     "RETRY_BACKOFF_CAP",
+    "CatchUp",
     "FailureHook",
+    "Overlap",
     "Policy",
     "PolicyOptions",
     "check_hook",
@@ -43,6 +47,32 @@ RETRY_BACKOFF_CAP: Final = 600.0
 FailureHook = Callable[["RoundRecord"], object]
 
 Seconds = float | int | timedelta
+
+#: How far back catch-up looks when ``catch_up_window`` is not given: one day.
+DEFAULT_CATCH_UP_WINDOW: Final = timedelta(days=1)
+
+
+class Overlap(enum.StrEnum):
+    """What an instant that falls while a round of its job runs does (``overlap=``)."""
+
+    #: It is skipped, on record as overrun (the seed's rule).
+    SKIP = "skip"
+    #: The first such instant waits, at most one, and starts as the round ends.
+    BUFFER_ONE = "buffer_one"
+    #: It cancels the running round ([Superseded][cronjob.Superseded]) and starts once
+    #: that round has ended (the latest such instant, if more came meanwhile).
+    CANCEL_OTHER = "cancel_other"
+
+
+class CatchUp(enum.StrEnum):
+    """Which missed instants (no replica ran them) a job runs late (``catch_up=``)."""
+
+    #: The latest one within the window, once (the seed's rule).
+    LATEST = "latest"
+    #: None: the job waits for its next instant.
+    NONE = "none"
+    #: Every one within the window, oldest first, one at a time, each on record.
+    ALL = "all"
 
 
 class PolicyOptions(TypedDict, total=False):
@@ -65,6 +95,14 @@ class PolicyOptions(TypedDict, total=False):
     #: default, on a worker thread (or the loop).
     isolation: Literal["thread", "process"]
 
+    #: An instant that falls while a round runs: ``"skip"``, ``"buffer_one"`` or
+    #: ``"cancel_other"`` (see `Overlap`).
+    overlap: Overlap | str
+    #: The missed instants run late: ``"latest"``, ``"none"`` or ``"all"`` (see `CatchUp`).
+    catch_up: CatchUp | str
+    #: How far back catch-up looks (default one day).
+    catch_up_window: Seconds
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
@@ -85,6 +123,13 @@ class Policy:
         on_failure: The job's own `FailureHook`; ``None``: the registry's, if any.
         isolation: ``"process"``: each round runs in a child process of its own (see
             `cronjob.engine._isolated`); ``"thread"``: on a worker thread or the loop.
+        overlap: What an instant that falls while a round of the job runs (on any
+            replica) does: skipped (`Overlap.SKIP`), buffered, at most one
+            (`Overlap.BUFFER_ONE`), or it cancels the running round and starts once that
+            has ended (`Overlap.CANCEL_OTHER`). No two rounds of a job run at once.
+        catch_up: Which instants no replica ran (all down, the database out) run late:
+            the latest (`CatchUp.LATEST`), none, or all oldest first (`CatchUp.ALL`).
+        catch_up_window: Only instants at most this old are caught up.
     """
 
     timeout: timedelta | None = None
@@ -94,6 +139,9 @@ class Policy:
     pause_after_failures: int | None = None
     on_failure: FailureHook | None = None
     isolation: Literal["thread", "process"] = "thread"
+    overlap: Overlap = Overlap.SKIP
+    catch_up: CatchUp = CatchUp.LATEST
+    catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
 
     @property
     def isolated(self) -> bool:
@@ -133,6 +181,13 @@ class Policy:
             described["on_failure"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
         if self.isolated:
             described["isolation"] = self.isolation
+
+        if self.overlap is not Overlap.SKIP:
+            described["overlap"] = self.overlap.value
+        if self.catch_up is not CatchUp.LATEST:
+            described["catch_up"] = self.catch_up.value
+        if self.catch_up_window != DEFAULT_CATCH_UP_WINDOW:
+            described["catch_up_window"] = self.catch_up_window.total_seconds()
         return described
 
 
@@ -164,6 +219,16 @@ def policy_text(described: Mapping[str, object]) -> str:
             parts.append(f"on failure {value}")
         elif key == "isolation":
             parts.append(f"isolation {value}")
+
+        elif key == "overlap":
+            parts.append(f"overlap {value}")
+        elif key == "catch_up":
+            window = described.get("catch_up_window")
+            suffix = "" if window is None else f" within {_span(window)}"
+            parts.append(f"catch-up {value}{suffix}")
+        elif key == "catch_up_window":
+            if "catch_up" not in described:  # else with the catch-up
+                parts.append(f"catch-up within {_span(value)}")
         else:
             parts.append(f"{key} {value}")
     return ", ".join(parts)
@@ -192,7 +257,10 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
             ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
             not a whole number ≥ 1, or given for a per-instance job (it has no state
             shared by the replicas to pause); ``on_failure`` not callable; ``isolation``
-            neither ``"thread"`` nor ``"process"``.
+            neither ``"thread"`` nor ``"process"``; ``overlap`` or ``catch_up`` not one
+            of its values (a string or the member of `Overlap`, `CatchUp`); ``catch_up``
+            or ``catch_up_window`` given for a per-instance job (it keeps no record of
+            the instants it missed).
     """
     unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
     if unknown:
@@ -218,6 +286,14 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         raise RegistrationError(
             f"job {name!r}: isolation must be 'thread' or 'process', got {isolation!r}"
         )
+    overlap = _choice(name, "overlap", options.get("overlap"), Overlap)
+    catch_up = _choice(name, "catch_up", options.get("catch_up"), CatchUp)
+    window = _duration(name, "catch_up_window", options.get("catch_up_window"))
+    if (catch_up is not None or window is not None) and not leased:
+        raise RegistrationError(
+            f"job {name!r}: catch_up and catch_up_window are for leased jobs; a "
+            "per-instance job keeps no record of the instants it missed"
+        )
     if (
         timeout is None
         and start_deadline is None
@@ -226,6 +302,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         and pause is None
         and hook is None
         and isolation == "thread"
+        and overlap is None
+        and catch_up is None
+        and window is None
     ):
         # No option: the one default policy, shared (a replica of 100,000 jobs would
         # otherwise keep 100,000 equal ones, ~120 bytes each).
@@ -238,6 +317,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         pause_after_failures=pause,
         on_failure=hook,
         isolation=isolation,
+        overlap=overlap or Overlap.SKIP,
+        catch_up=catch_up or CatchUp.LATEST,
+        catch_up_window=window or DEFAULT_CATCH_UP_WINDOW,
     )
 
 
@@ -274,3 +356,18 @@ def _count(name: str, option: str, value: object, *, low: int) -> int | None:
     if value < low:
         raise RegistrationError(f"job {name!r}: {option} must be at least {low}, got {value!r}")
     return value
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _choice(name: str, option: str, value: object, kind: type[_E]) -> _E | None:
+    """One of ``kind``'s values, as a member or its string; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        for member in kind:
+            if member.value == value:
+                return member
+    choices = ", ".join(repr(member.value) for member in kind)
+    raise RegistrationError(f"job {name!r}: {option} must be one of {choices}, got {value!r}")

@@ -37,6 +37,9 @@ class Outcome(enum.StrEnum):
     MISSED_DEADLINE = "missed_deadline"
     #: An attempt that failed (or asked for a retry): the round runs again.
     RETRYING = "retrying"
+    #: A newer instant came while it ran (``overlap="cancel_other"``): cancelled, not
+    #: run again, not a failure.
+    SUPERSEDED = "superseded"
 
 
 #: The outcomes ``history(failed=True)`` (``cronjob history --failed``) keeps: a round

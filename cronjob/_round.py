@@ -52,6 +52,9 @@ class Outcome(enum.Enum):
     MISSED_DEADLINE = "missed_deadline"
     #: This attempt failed (or asked for a retry) and the round runs again.
     RETRYING = "retrying"
+    #: A newer instant came while it ran (``overlap="cancel_other"``): cancelled with
+    #: [Superseded][cronjob.Superseded], never run again, not a failure.
+    SUPERSEDED = "superseded"
 
     text: str
 

@@ -104,10 +104,11 @@ class Ending:
 #: The outcomes of a round that ran to its end that count as one more failure in a row
 #: (``failures`` on the lease row); ``'succeeded'`` resets it. The others a policy adds
 #: leave it as it is: ``'retrying'`` (an attempt, not the round's end) and
-#: ``'missed_deadline'`` (the round never ran).
+#: ``'missed_deadline'`` (the round never ran), ``'superseded'`` (a newer instant
+#: cancelled it: ``overlap="cancel_other"``).
 COUNTED_FAILURES: Final = frozenset({"failed", "timed_out"})
 #: The outcomes that leave the failures in a row as they are.
-NOT_COUNTED: Final = frozenset({"retrying", "missed_deadline"})
+NOT_COUNTED: Final = frozenset({"retrying", "missed_deadline", "superseded"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

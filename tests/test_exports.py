@@ -26,6 +26,7 @@ SURFACE = {
         "ScheduleError",
         "Scheduler",
         "Shutdown",
+        "Superseded",
         "SystemClock",
         "Task",
         "TimedOut",

@@ -19,6 +19,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
 - ``_keeper``: renewal, lease loss, the forced exit.
 - ``_policies``: the job policies' timers (timeouts, retries' backoffs); ``_failures``:
   the self-pause after failures and the failure hooks' thread.
+- ``_overlap``: what follows a round's end (``overlap=``, ``catch_up="all"``) and the
+  rounds ``cancel_other`` supersedes (the dispatcher thread).
 - ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and
   the minute check; ``_listen``: the database's notices of lease writes.
 - ``_peers``: the live replicas and each one's share of an instant.

@@ -455,7 +455,7 @@ class Claims:
                 old_attempt,
                 instant,
             )
-        if reason is Reason.SCHEDULE:
+        if reason is Reason.SCHEDULE or reason is Reason.OVERLAP:  # not caught up
             return
         for state in claimed:
             state.metrics.caught_up(reason.text)

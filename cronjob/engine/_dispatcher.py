@@ -28,10 +28,12 @@ import lease
 
 from .._clock import Clock
 from .._exceptions import Shutdown
+from .._policy import Overlap
 from .._round import Outcome
 from ._claiming import Claims
 from ._control import Control, Inbox
 from ._keeper import LeaseKeeper
+from ._overlap import NextRounds
 from ._peers import Peers
 from ._policies import PolicyTimers
 from ._recovery import Recovery
@@ -130,6 +132,8 @@ class Dispatcher:
         self.summary = RoundSummary(clock.monotonic())
         #: The jobs' timeouts and retry backoffs (see ``_policies``).
         self.policies = PolicyTimers(self, clock=clock, store=store, control=control, flags=flags)
+        #: What follows a round's end; the rounds ``cancel_other`` supersedes.
+        self.next_rounds = NextRounds(self, clock=clock)
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -173,6 +177,7 @@ class Dispatcher:
                 self._fire_due(now, mono)
                 self.claims.start_held(now)
                 self.claims.claim_rest(now)
+                self.next_rounds.tick(now)
                 self.recovery.sweep(mono)
             else:
                 self.claims.drop_rest()
@@ -214,7 +219,11 @@ class Dispatcher:
         ]
         if not self.draining:
             # The peers' next read; a round held for its instant, an instant's rest.
-            for at in (self.peers.next_wake(), self.claims.next_wake()):
+            for at in (
+                self.peers.next_wake(),
+                self.claims.next_wake(),
+                self.next_rounds.next_wake(),
+            ):
                 if at is not None:
                     timeouts.append((at - now).total_seconds())
         for part in parts:
@@ -378,6 +387,8 @@ class Dispatcher:
                 state.busy = True
                 state.run = run
                 self.runs.add(run)
+                if state.job.policy.overlap is Overlap.CANCEL_OTHER:
+                    self.next_rounds.watch(run)
                 if token is not None:
                     self.keeper.hold(run, claimed_at)
                 runs.append(run)
@@ -451,9 +462,10 @@ class Dispatcher:
             self.round_ended(run, ended)
 
     def round_ended(self, run: Run, ended: datetime) -> None:
-        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant
-        (not after a manual round: the schedule never moved for it). An attempt that
-        ended ``retrying`` keeps its lease and waits for its retry instead."""
+        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant,
+        or claim the one its policy says follows (see ``_overlap``); not after a manual
+        round: the schedule never moved for it. An attempt that ended ``retrying`` keeps
+        its lease and waits for its retry instead."""
         if run.outcome is Outcome.RETRYING:
             self.runs.discard(run)
             if self.policies.backoff(run, ended):
@@ -467,20 +479,7 @@ class Dispatcher:
             state.run = None
         self.summary.ended(run.outcome, self._clock.monotonic())
         if not self._flags.stopped:
-            schedule = state.job.schedule
-            instant = run.ctx.instant
-            started = run.started_at or instant
-            # The next after the instant, as its claim asked (no instant lies between).
-            first = state.next_after(instant) if started >= instant else schedule.next(started)
-            if first is not None and started >= first:
-                first = schedule.next(started)
-            if first is not None and started <= ended < first:
-                # The common case, no instant overrun: the first instant after the start
-                # is the first after the end too (one schedule step per round, not two).
-                self.schedule_after(state, ended, when=first)
-                return
-            state.metrics.overrun(schedule, started, ended)
-            self.schedule_after(state, ended)
+            self.next_rounds.after(run, ended)
 
     def _forget(self, run: Run) -> None:
         self.runs.discard(run)

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 import lease
 
 from .._clock import Clock
-from .._exceptions import Retry, TimedOut
+from .._exceptions import Retry, Superseded, TimedOut
 from .._history import History, Pruner
 from .._round import Outcome, classify, iter_own_errors
 from ._decided import DecidedEnds, error_summary, round_where
@@ -142,6 +142,8 @@ class EndRecorder:
         outcome = classify(error)
         if run.state.policed:
             outcome = self._police(run, outcome, error, ended)
+        if outcome is Outcome.CUT_SHORT and isinstance(ctx.cause, Superseded):
+            outcome = Outcome.SUPERSEDED  # a newer instant replaces it: never run again
         given_up = ctx.attempt >= 2 and run.token is not None and outcome is Outcome.CUT_SHORT
         seconds = self._clock.monotonic() - run.started_mono
         if outcome is Outcome.MISSED_DEADLINE:  # it never started: no duration, not active
@@ -208,6 +210,8 @@ class EndRecorder:
             )
         elif outcome is Outcome.MISSED_DEADLINE:
             pass  # logged by _missed, as it decided
+        elif outcome is Outcome.SUPERSEDED:
+            log.info("round of %s superseded (%s)", round_where(ctx), ctx.cause)
         else:
             where, cause = round_where(ctx), ctx.cause or error
             for own in iter_own_errors(error) if error else ():

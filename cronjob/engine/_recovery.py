@@ -34,7 +34,9 @@ import lease
 
 from .._bounds import OneOff
 from .._clock import Clock
+from .._policy import CatchUp
 from ._control import Control
+from ._overlap import oldest_owed
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 
@@ -48,8 +50,10 @@ __all__ = ["Recovery"]
 
 log = logging.getLogger("cronjob")
 
-#: Catch-up only runs an instant this recent.
+#: Catch-up only runs an instant this recent, unless a job's ``catch_up_window`` says.
 CATCH_UP_HORIZON = timedelta(days=1)
+#: Lease states of a round not run to its end (a second run may follow).
+_UNENDED = (lease.LeaseState.RUNNING, lease.LeaseState.CUT)
 #: First and longest pause between attempts to reach a database that is down.
 RETRY_FIRST, RETRY_LONGEST = 1.0, 30.0
 #: ... and to probe a database lost after start (what a failover usually takes).
@@ -357,7 +361,10 @@ class Recovery:
         schedule starts strictly after its start) — no replica claimed it, and no round
         that ran to its end overran it. A row whose first deployment is unknown (an older
         release wrote it) owes nothing before it has run. A job busy with a round is
-        skipped.
+        skipped. The job's policy bends the rule: ``catch_up="none"`` owes nothing,
+        ``catch_up_window`` replaces the day, and ``catch_up="all"`` claims the oldest
+        instant owed (its end claims the next, see ``_overlap``), unless the row's round
+        awaits its second run (the sweep's; its end goes on from there).
         """
         latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
         owed: dict[datetime, list[JobState]] = {}
@@ -374,10 +381,11 @@ class Recovery:
                     row.instant.isoformat(),
                     now.isoformat(),
                 )
-            if row is None or state.busy or state.retired:
+            catch_up = state.job.policy.catch_up
+            if row is None or state.busy or state.retired or catch_up is CatchUp.NONE:
                 continue
             instant = state.job.schedule.prev(latest)
-            if instant is None or now - instant > CATCH_UP_HORIZON:
+            if instant is None or now - instant > state.job.policy.catch_up_window:
                 continue  # history, not a missed round
             if row.instant is not None:
                 if row.instant >= instant:
@@ -392,6 +400,10 @@ class Recovery:
                 continue
             if row.skipped_through is not None and instant <= row.skipped_through:
                 continue  # overrun by a round that ran to its end
+            if catch_up is CatchUp.ALL:  # the oldest first; the others follow its end
+                if row.instant is not None and row.attempt == 1 and row.state in _UNENDED:
+                    continue  # the sweep's second run of it comes first; the rest follow
+                instant = oldest_owed(state.job, row, instant, now)
             self._dispatcher.take(state)
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():

@@ -29,7 +29,7 @@ class Killable(Protocol):
 
 
 #: The history's word for a reason, where it is not the reason's own value.
-_WHY = {"catch-up after an outage": "catch-up", "start-up": "start"}
+_WHY = {"catch-up after an outage": "catch-up", "start-up": "start", "overlap": "schedule"}
 
 
 class Reason(enum.Enum):
@@ -54,6 +54,9 @@ class Reason(enum.Enum):
     MANUAL = "manual"
     #: A further attempt of a round whose attempt failed (the job's ``retries``).
     RETRY = "retry"
+    #: Its instant fell while the round before ran (``overlap="buffer_one"`` or
+    #: ``"cancel_other"``): it starts as that round ends (``why=schedule`` on record).
+    OVERLAP = "overlap"
 
     text: str
     why: str

@@ -1,0 +1,168 @@
+"""What follows a round's end: the job's ``overlap`` and ``catch_up`` policies.
+
+An instant that falls while a round of its job runs (see [Policy][cronjob.Policy]):
+
+- ``overlap="skip"`` (the seed's rule): skipped. Another replica's claim of it is refused
+  (the lease is held); the replica running the round schedules the job after its end,
+  and the lease row's ``skipped_through`` keeps the overrun on record.
+- ``"buffer_one"``: the first such instant waits, the later ones are skipped. As the
+  round ends, the replica that ran it claims that instant, at once, under the same rule as
+  any claim (one claim per instant: the row's instant older, its lease free).
+- ``"cancel_other"``: at the first instant after a round's start, the replica running it
+  cancels it with [Superseded][cronjob.Superseded]; as it ends, that replica claims the
+  latest instant that fell while it ran. A round that ignores its cancellation keeps its
+  lease: the newer instant waits for its end and never runs beside it.
+
+Only the replica running the round acts: it alone knows when the round ends, and
+every instant that falls meanwhile is refused to the others by the lease. A follow-up
+claim that finds a later instant already claimed (another replica's claim came between
+the end and the follow-up) wins nothing: the job goes on from that later instant.
+
+``catch_up="all"``: a round run late (a catch-up after a start or an outage, or the second
+run of a round cut short) is followed at once by the job's next instant when that is due
+already and within ``catch_up_window``: the missed instants run oldest first, one at a
+time, each on record (``why=catch-up``). A drain stops the chain: the second run of a
+round it cut short goes on with it on another replica, and the next start's catch-up
+takes what is left (the row's instant says how far it went: nothing runs twice).
+
+Dispatcher thread only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from .._exceptions import Superseded
+from .._policy import CatchUp, Overlap
+from .._registry import Job
+from ._state import JobState, Reason, Run
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["NextRounds", "oldest_owed"]
+
+#: Rounds run late: under ``catch_up="all"`` the next instant, if due already, follows.
+_LATE = frozenset({Reason.CATCH_UP, Reason.OUTAGE, Reason.RERUN})
+_TICK = timedelta(microseconds=1)
+
+
+class NextRounds:
+    """Decides what follows a round's end, and supersedes rounds of ``cancel_other`` jobs.
+
+    Args:
+        dispatcher: Whose heap, claims and runner it uses.
+        clock: The scheduler's clock.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, *, clock: Clock) -> None:
+        self._dispatcher = dispatcher
+        self._clock = clock
+        #: Rounds of ``cancel_other`` jobs by the instant that supersedes them.
+        self._watched: list[tuple[datetime, int, Run]] = []
+        self._seq = itertools.count()
+
+    def watch(self, run: Run) -> None:
+        """``run`` (of a ``cancel_other`` job) starts: supersede it if it still runs at
+        the job's first instant after now."""
+        when = run.state.job.schedule.next(max(run.ctx.instant, self._clock.now()))
+        if when is not None:
+            heapq.heappush(self._watched, (when, next(self._seq), run))
+
+    def next_wake(self) -> datetime | None:
+        """When a watched round is due to be superseded (wall clock); ``None``: none."""
+        return self._watched[0][0] if self._watched else None
+
+    def tick(self, now: datetime) -> None:
+        """Cancel, with [Superseded][cronjob.Superseded], each watched round still running
+        at an instant of its job that has come."""
+        dispatcher = self._dispatcher
+        while self._watched and self._watched[0][0] <= now:
+            when, _seq, run = heapq.heappop(self._watched)
+            if run.ended or run not in dispatcher.runs:
+                continue
+            dispatcher.runner.cancel(
+                run,
+                Superseded(
+                    f"job {run.ctx.name!r}: its instant {when.isoformat()} came while the "
+                    f"round of {run.ctx.instant.isoformat()} ran (overlap=cancel_other)"
+                ),
+            )
+
+    def after(self, run: Run, ended: datetime) -> None:
+        """``run`` (not a manual round) ended at ``ended``, its end settled, the scheduler
+        not stopped: schedule the job's next instant, or claim at once the instant its
+        policy says follows (buffered, superseding, or the next one caught up)."""
+        dispatcher = self._dispatcher
+        state = run.state
+        job = state.job
+        schedule = job.schedule
+        instant = run.ctx.instant
+        policy = job.policy
+        if policy.catch_up is CatchUp.ALL and run.reason in _LATE and not dispatcher.draining:
+            due, now = schedule.next(instant), self._clock.now()
+            if due is not None and due <= now and now - due <= policy.catch_up_window:
+                why = Reason.OUTAGE if run.reason is Reason.OUTAGE else Reason.CATCH_UP
+                self._follow(state, due, why)
+                return
+        started = run.started_at or instant
+        # The next after the instant, as its claim asked (no instant lies between).
+        first = state.next_after(instant) if started >= instant else schedule.next(started)
+        if first is not None and started >= first:
+            first = schedule.next(started)
+        if first is not None and started <= ended < first:
+            # The common case, no instant overrun: the first instant after the start
+            # is the first after the end too (one schedule step per round, not two).
+            dispatcher.schedule_after(state, ended, when=first)
+            return
+        overlap = policy.overlap
+        if first is None or overlap is Overlap.SKIP or dispatcher.draining:
+            state.metrics.overrun(schedule, started, ended)
+            dispatcher.schedule_after(state, ended)
+            return
+        if overlap is Overlap.BUFFER_ONE:
+            follow = first  # the first that fell while it ran waits; the later are skipped
+            state.metrics.overrun(schedule, first, ended)
+        else:  # the latest that fell while it ran supersedes the others too
+            follow = schedule.prev(ended + _TICK) or first
+            state.metrics.overrun(schedule, started, follow - _TICK)
+        self._follow(state, follow, Reason.OVERLAP)
+
+    def _follow(self, state: JobState, instant: datetime, reason: Reason) -> None:
+        """Claim ``instant`` of ``state``'s job now (a per-instance job: start it)."""
+        dispatcher = self._dispatcher
+        dispatcher.take(state)
+        if state.job.leased:
+            dispatcher.claims.claim(instant, [state], reason=reason)
+        else:
+            dispatcher.start_round(
+                state,
+                instant,
+                attempt=1,
+                token=None,
+                claimed_at=self._clock.monotonic(),
+                reason=reason,
+            )
+
+
+def oldest_owed(job: Job, row: lease.LeaseRow, latest: datetime, now: datetime) -> datetime:
+    """The oldest instant ``job`` (``catch_up="all"``) is owed, ``latest`` being the most
+    recent one owed: the first after what its row says ran, was overrun, or came before
+    its deployment, and within its ``catch_up_window`` of ``now``."""
+    bounds = [now - job.policy.catch_up_window - _TICK]
+    if row.instant is not None:
+        bounds.append(row.instant)
+        if job.task is not None and row.deployed is not None:
+            bounds.append(row.deployed)  # a schedule made of data, changed since
+    elif row.deployed is not None:
+        bounds.append(row.deployed)
+    if row.skipped_through is not None:
+        bounds.append(row.skipped_through)
+    first = job.schedule.next(max(bounds))
+    return first if first is not None and first <= latest else latest
