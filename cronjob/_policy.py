@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_RETRY_BACKOFF",
     "RETRY_BACKOFF_CAP",
     "FailureHook",
+    "SuccessHook",
     "Policy",
     "PolicyOptions",
     "check_hook",
@@ -41,6 +43,9 @@ RETRY_BACKOFF_CAP: Final = 600.0
 #: Called once per round that failed, timed out or missed its start deadline, with the
 #: round's record, on a thread of its own (not a worker's); what it raises is logged.
 FailureHook = Callable[["RoundRecord"], object]
+#: Called once per round that succeeded, with the round's record, on the same thread as
+#: the failure hooks; what it raises is logged.
+SuccessHook = Callable[["RoundRecord"], object]
 
 Seconds = float | int | timedelta
 
@@ -60,6 +65,12 @@ class PolicyOptions(TypedDict, total=False):
     pause_after_failures: int | None
     #: Told of every failed, timed-out or deadline-missed round (see `FailureHook`).
     on_failure: FailureHook | None
+    #: Told of every round that succeeded (see `SuccessHook`).
+    on_success: SuccessHook | None
+    #: A Healthchecks-style URL pinged as each round starts, succeeds or fails.
+    heartbeat: str | None
+    #: Each round starts after a delay below this, drawn from a hash of (name, instant).
+    jitter: Seconds | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +90,17 @@ class Policy:
         pause_after_failures: After this many rounds in a row failed (retries spent),
             the job pauses itself on every replica; ``None``: never. Leased jobs only.
         on_failure: The job's own `FailureHook`; ``None``: the registry's, if any.
+        on_success: The job's `SuccessHook`; ``None``: none.
+        heartbeat: An ``http(s)`` URL pinged on the hooks thread (bounded to 5 s): with
+            ``/start`` appended as a round starts, as is when it succeeds, with
+            ``/fail`` when it fails, times out or misses its start deadline
+            (Healthchecks.io); a URL with a ``status`` query parameter (Sentry Crons'
+            check-in URL) gets ``status=in_progress``, ``ok`` or ``error`` instead.
+            ``None``: no pings.
+        jitter: Each round starts after a delay drawn from a hash of the job's name and
+            the instant (`cronjob._jitter.jitter_delay`): the same on every replica
+            and after every restart, below ``jitter`` and below the gap to the job's
+            next instant; ``ctx.instant`` stays the nominal instant. ``None``: none.
     """
 
     timeout: timedelta | None = None
@@ -87,6 +109,9 @@ class Policy:
     start_deadline: timedelta | None = None
     pause_after_failures: int | None = None
     on_failure: FailureHook | None = None
+    on_success: SuccessHook | None = None
+    heartbeat: str | None = None
+    jitter: timedelta | None = None
 
     @property
     def is_default(self) -> bool:
@@ -119,6 +144,16 @@ class Policy:
             fn = self.on_failure
             module = getattr(fn, "__module__", None) or "?"
             described["on_failure"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+        if self.on_success is not None:
+            fn = self.on_success
+            module = getattr(fn, "__module__", None) or "?"
+            described["on_success"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+        if self.heartbeat is not None:
+            # The host only: the path of a ping URL is its check's key (anyone holding it
+            # can ping), and the record is read by every operator.
+            described["heartbeat"] = urllib.parse.urlsplit(self.heartbeat).hostname or "?"
+        if self.jitter is not None:
+            described["jitter"] = self.jitter.total_seconds()
         return described
 
 
@@ -148,6 +183,12 @@ def policy_text(described: Mapping[str, object]) -> str:
             parts.append(f"pause after {value} failures")
         elif key == "on_failure":
             parts.append(f"on failure {value}")
+        elif key == "on_success":
+            parts.append(f"on success {value}")
+        elif key == "heartbeat":
+            parts.append(f"heartbeat to {value}")
+        elif key == "jitter":
+            parts.append(f"jitter {_span(value)}")
         else:
             parts.append(f"{key} {value}")
     return ", ".join(parts)
@@ -175,7 +216,8 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
             duration that is not a positive finite number of seconds or a positive
             ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
             not a whole number ≥ 1, or given for a per-instance job (it has no state
-            shared by the replicas to pause); ``on_failure`` not callable.
+            shared by the replicas to pause); ``on_failure`` or ``on_success`` not
+            callable; ``heartbeat`` not an ``http`` or ``https`` URL with a host.
     """
     unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
     if unknown:
@@ -196,6 +238,11 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
     hook = options.get("on_failure")
     if hook is not None and not callable(hook):
         raise RegistrationError(f"job {name!r}: on_failure must be callable, got {hook!r}")
+    on_success = options.get("on_success")
+    if on_success is not None and not callable(on_success):
+        raise RegistrationError(f"job {name!r}: on_success must be callable, got {on_success!r}")
+    heartbeat = _heartbeat(name, options.get("heartbeat"))
+    jitter = _duration(name, "jitter", options.get("jitter"))
     if (
         timeout is None
         and start_deadline is None
@@ -203,6 +250,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         and not retries
         and pause is None
         and hook is None
+        and on_success is None
+        and heartbeat is None
+        and jitter is None
     ):
         # No option: the one default policy, shared (a replica of 100,000 jobs would
         # otherwise keep 100,000 equal ones, ~120 bytes each).
@@ -214,6 +264,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         start_deadline=start_deadline,
         pause_after_failures=pause,
         on_failure=hook,
+        on_success=on_success,
+        heartbeat=heartbeat,
+        jitter=jitter,
     )
 
 
@@ -249,4 +302,22 @@ def _count(name: str, option: str, value: object, *, low: int) -> int | None:
         raise RegistrationError(f"job {name!r}: {option} must be a whole number, got {value!r}")
     if value < low:
         raise RegistrationError(f"job {name!r}: {option} must be at least {low}, got {value!r}")
+    return value
+
+
+def _heartbeat(name: str, value: object) -> str | None:
+    """An ``http`` or ``https`` URL with a host; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RegistrationError(f"job {name!r}: heartbeat must be a URL (a str), got {value!r}")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+    except ValueError as exc:  # a malformed port, an unbalanced bracket
+        raise RegistrationError(f"job {name!r}: heartbeat {value!r} is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
+        raise RegistrationError(
+            f"job {name!r}: heartbeat must be an http or https URL with a host, got {value!r}"
+        )
     return value
