@@ -63,12 +63,15 @@ def ping_url(url: str, event: Event) -> str:
     return urllib.parse.urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{event}"))
 
 
-def ping(job: str, url: str, event: Event, *, timeout: float = PING_TIMEOUT) -> bool:
+def ping(job: str, url: str, event: Event, *, timeout: float | None = None) -> bool:
     """Ping job ``job``'s heartbeat ``url`` for ``event``; ``True`` if it answered 2xx/3xx.
 
-    Never raises for the network's or the endpoint's failures: they are logged (with the
-    URL's host only) and ``False`` is returned.
+    ``timeout`` bounds the connection and the wait for the answer, each (real seconds;
+    ``None``: `PING_TIMEOUT`). Never raises for the network's or the endpoint's
+    failures: they are logged (with the URL's host only) and ``False`` is returned.
     """
+    if timeout is None:
+        timeout = PING_TIMEOUT
     target = ping_url(url, event)
     host = urllib.parse.urlsplit(url).hostname
     request = urllib.request.Request(target, headers={"User-Agent": f"cronjob/{__version__}"})
