@@ -6,7 +6,8 @@ start keeps the same start. Python's ``hash()`` of a string is salted per proces
 (``PYTHONHASHSEED``), so the draw hashes the job's name and the instant (microseconds
 since the epoch, UTC) with BLAKE2b instead, and scales its 64 bits to the span in
 integers: ``(h * span) >> 64`` is below ``span`` for every ``h < 2**64`` (a float
-``h / 2**64`` could round to 1.0 and reach it).
+``h / 2**64`` could round to 1.0 and reach it). The delay is whole milliseconds, as the
+lease table and the history keep times: a round's recorded start is its delayed start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = ["jitter_delay"]
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO: Final = timedelta(microseconds=1)
+_MILLI: Final = timedelta(milliseconds=1)
 
 
 def jitter_delay(
@@ -34,14 +36,14 @@ def jitter_delay(
             delay is below the gap to it too, so the round starts before it.
 
     Returns:
-        A whole number of microseconds, at least 0, strictly below both bounds (0 when
-        the gap is a microsecond or less).
+        A whole number of milliseconds, at least 0, strictly below both bounds (0 when
+        either is a millisecond or less).
     """
-    span = jitter // _MICRO
+    span = -(-jitter // _MILLI)  # whole milliseconds, rounded up: the delays stay below
     if next_instant is not None:
-        span = min(span, (next_instant - instant) // _MICRO)
+        span = min(span, -(-(next_instant - instant) // _MILLI))
     if span <= 0:
         return timedelta(0)
     key = f"{name}\x00{(instant - _EPOCH) // _MICRO}".encode()
     drawn = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-    return (drawn * span >> 64) * _MICRO
+    return (drawn * span >> 64) * _MILLI
