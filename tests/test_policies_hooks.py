@@ -18,11 +18,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import cronjob
-from cronjob import Registry, admin
+import lease
+from cronjob import Registry, admin, schedules, web
 from cronjob.admin import Why
 from cronjob.engine import _failures, _heartbeat
 from cronjob.engine._failures import Hooks
 from cronjob.engine._heartbeat import ping, ping_url
+from cronjob.testing import FakeClock
+from tests._helpers import wsgi_call
 
 #: A Monday, on the hour (the ``clock`` fixture's start).
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -462,3 +465,59 @@ class TestPing:
         finally:
             endpoint.release.set()
             assert hooks.close(timeout=WAIT)
+
+
+class TestTaskHooks:
+    def test_a_tasks_success_hook_and_heartbeat_serve_each_of_its_schedules(
+        self, db_url, replicas, clock, endpoint
+    ):
+        engine = lease.create_engine(db_url)
+        lease.migrate(engine)
+        try:
+            hook = Hooked()
+            registry = Registry()
+            registry.register_task(fine, "report", on_success=hook, heartbeat=f"{endpoint.base}/r")
+            replicas(registry, "a")
+            replicas(registry, "b")
+            for tenant in (1, 2):
+                schedules.add(engine, f"report:{tenant}", task="report", spec=EVERY_MINUTE)
+            clock.advance(60 + 5)
+            hook.wait(2)
+            assert sorted((r.job, r.instant) for r in hook.records) == [
+                ("report:1", at(1)),
+                ("report:2", at(1)),
+            ]
+            assert sorted(endpoint.wait_for(4)) == ["/r", "/r", "/r/start", "/r/start"]
+        finally:
+            engine.dispose()
+
+
+class TestShown:
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        """About now: ``cronjob status`` reads the database's clock to tell live replicas."""
+        return FakeClock(datetime.now(UTC).replace(microsecond=0))
+
+    def test_status_and_the_page_show_them_with_the_heartbeats_host_only(
+        self, db_url, replicas, clock
+    ):
+        registry = Registry()
+        registry.register(
+            fine,
+            EVERY_MINUTE,
+            "sync",
+            on_success=print,
+            heartbeat="https://hc-ping.com/0b5e-secret",
+            jitter=90,
+        )
+        replicas(registry, "a")
+        clock.advance(0)
+        [job] = [j for j in admin.status(db_url, now=clock.now()).jobs if j.name == "sync"]
+        assert job.policies == {
+            "on_success": "builtins.print",
+            "heartbeat": "hc-ping.com",
+            "jitter": 90.0,
+        }
+        page = wsgi_call(web.wsgi_app(db_url, clock=clock), "/job", "name=sync")[2]
+        assert "on success builtins.print, heartbeat to hc-ping.com, jitter 1m30s" in page
+        assert "secret" not in page

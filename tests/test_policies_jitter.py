@@ -8,19 +8,25 @@ in real time.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import redirect_stdout
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+import sqlalchemy as sa
 
 import cronjob
-from cronjob import Registry, admin
+import lease
+from cronjob import Registry, admin, schedules
 from cronjob._jitter import jitter_delay
 from cronjob.admin import Why
+from cronjob.admin._cli import main
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour (the ``clock`` fixture's start).
@@ -255,3 +261,60 @@ class TestJitteredRounds:
         clock.advance_to(at(1, 59))
         assert job.seen == []
         assert admin.history(db_url, "sync") == []
+
+
+class TestTaskJitter:
+    @pytest.fixture
+    def engine(self, db_url: str) -> Iterator[sa.Engine]:
+        engine = lease.create_engine(db_url)
+        lease.migrate(engine)
+        yield engine
+        engine.dispose()
+
+    def test_each_data_schedule_of_a_task_starts_after_its_own_delay(self, engine, replicas, clock):
+        """A task's jitter governs all its schedules, each drawn from its own name."""
+        job = Starts(clock)
+        registry = Registry()
+        registry.register_task(job, "report", jitter=40)
+        replicas(registry, "a")
+        replicas(registry, "b")
+        for tenant in (1, 2):
+            schedules.add(engine, f"report:{tenant}", task="report", spec=EVERY_MINUTE)
+        clock.advance_to(at(1, 59))
+        starts = sorted((instant, started) for _, instant, started in job.seen)
+        expected = sorted(
+            (at(1), at(1) + delay(f"report:{tenant}", at(1), 40, 60)) for tenant in (1, 2)
+        )
+        assert starts == expected
+        assert expected[0][1] != expected[1][1]  # spread apart
+
+
+class TestNext:
+    def test_cronjob_next_shows_each_instants_delayed_start(self, tmp_path, monkeypatch, capsys):
+        (tmp_path / "jitterjobs.py").write_text(
+            "import cronjob\n"
+            "@cronjob.job('0 */5 * * * *', name='sync', jitter=60)\n"
+            "def sync(ctx):\n"
+            "    pass\n"
+        )
+        monkeypatch.chdir(tmp_path)
+        fresh = Registry()
+        monkeypatch.setattr(cronjob._registry, "default_registry", fresh)
+        monkeypatch.setattr(cronjob, "default_registry", fresh)
+        monkeypatch.setattr(cronjob.admin._cli, "default_registry", fresh)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        args = ["next", "--module", "jitterjobs", "sync", "-n", "2", "--after", "2026-01-01T00:00Z"]
+        buffer = io.StringIO()
+        with redirect_stdout(buffer):
+            status = main(args)
+        assert status == 0, capsys.readouterr().err
+        first = datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+        second = first + timedelta(minutes=5)
+        d1, d2 = (delay("sync", t, 60, 300).total_seconds() for t in (first, second))
+        assert buffer.getvalue().splitlines() == [
+            "job 'sync' (leased): 0 */5 * * * *",
+            "policies: jitter 1m",
+            "next 2 instants of '0 */5 * * * *' (UTC) after 2026-01-01T00:00:00+00:00:",
+            f"  2026-01-01T00:05:00+00:00  starts +{d1:g}s (jitter)",
+            f"  2026-01-01T00:10:00+00:00  starts +{d2:g}s (jitter)",
+        ]
