@@ -401,7 +401,8 @@ class TestPolicyOptions:
             (
                 {"timout": 3},
                 "job 'p': unknown option(s) timout; a job's options are timeout, retries, "
-                "retry_backoff, start_deadline, pause_after_failures, on_failure",
+                "retry_backoff, start_deadline, pause_after_failures, on_failure, on_success, "
+                "heartbeat, jitter",
             ),
         ],
     )
