@@ -17,7 +17,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
   ``_fencing`` (the fenced transactions), ``_tracing`` (a round's span).
 - ``_keeper``: renewal, lease loss, the forced exit.
 - ``_policies``: the job policies' timers (timeouts, retries' backoffs); ``_failures``:
-  the self-pause after failures and the failure hooks' thread.
+  the self-pause after failures and the hooks' thread (failure and success hooks, the
+  heartbeat pings of ``_heartbeat``).
 - ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and
   the minute check; ``_listen``: the database's notices of lease writes.
 - ``_peers``: the live replicas and each one's share of an instant.
