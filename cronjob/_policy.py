@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +31,7 @@ __all__ = [
     "CatchUp",
     "FailureHook",
     "Overlap",
+    "SuccessHook",
     "Policy",
     "PolicyOptions",
     "check_hook",
@@ -45,6 +47,9 @@ RETRY_BACKOFF_CAP: Final = 600.0
 #: Called once per round that failed, timed out or missed its start deadline, with the
 #: round's record, on a thread of its own (not a worker's); what it raises is logged.
 FailureHook = Callable[["RoundRecord"], object]
+#: Called once per round that succeeded, with the round's record, on the same thread as
+#: the failure hooks; what it raises is logged.
+SuccessHook = Callable[["RoundRecord"], object]
 
 Seconds = float | int | timedelta
 
@@ -94,7 +99,6 @@ class PolicyOptions(TypedDict, total=False):
     #: lease ends (SIGTERM, then SIGKILL) while the replica lives on; ``"thread"``: the
     #: default, on a worker thread (or the loop).
     isolation: Literal["thread", "process"]
-
     #: An instant that falls while a round runs: ``"skip"``, ``"buffer_one"`` or
     #: ``"cancel_other"`` (see `Overlap`).
     overlap: Overlap | str
@@ -102,6 +106,12 @@ class PolicyOptions(TypedDict, total=False):
     catch_up: CatchUp | str
     #: How far back catch-up looks (default one day).
     catch_up_window: Seconds
+    #: Told of every round that succeeded (see `SuccessHook`).
+    on_success: SuccessHook | None
+    #: A Healthchecks-style URL pinged as each round starts, succeeds or fails.
+    heartbeat: str | None
+    #: Each round starts after a delay below this, drawn from a hash of (name, instant).
+    jitter: Seconds | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +140,17 @@ class Policy:
         catch_up: Which instants no replica ran (all down, the database out) run late:
             the latest (`CatchUp.LATEST`), none, or all oldest first (`CatchUp.ALL`).
         catch_up_window: Only instants at most this old are caught up.
+        on_success: The job's `SuccessHook`; ``None``: none.
+        heartbeat: An ``http(s)`` URL pinged on the hooks thread (bounded to 5 s): with
+            ``/start`` appended as a round starts, as is when it succeeds, with
+            ``/fail`` when it fails, times out or misses its start deadline
+            (Healthchecks.io); a URL with a ``status`` query parameter (Sentry Crons'
+            check-in URL) gets ``status=in_progress``, ``ok`` or ``error`` instead.
+            ``None``: no pings.
+        jitter: Each round starts after a delay drawn from a hash of the job's name and
+            the instant (`cronjob._jitter.jitter_delay`): the same on every replica
+            and after every restart, below ``jitter`` and below the gap to the job's
+            next instant; ``ctx.instant`` stays the nominal instant. ``None``: none.
     """
 
     timeout: timedelta | None = None
@@ -142,6 +163,9 @@ class Policy:
     overlap: Overlap = Overlap.SKIP
     catch_up: CatchUp = CatchUp.LATEST
     catch_up_window: timedelta = DEFAULT_CATCH_UP_WINDOW
+    on_success: SuccessHook | None = None
+    heartbeat: str | None = None
+    jitter: timedelta | None = None
 
     @property
     def isolated(self) -> bool:
@@ -188,6 +212,16 @@ class Policy:
             described["catch_up"] = self.catch_up.value
         if self.catch_up_window != DEFAULT_CATCH_UP_WINDOW:
             described["catch_up_window"] = self.catch_up_window.total_seconds()
+        if self.on_success is not None:
+            fn = self.on_success
+            module = getattr(fn, "__module__", None) or "?"
+            described["on_success"] = f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+        if self.heartbeat is not None:
+            # The host only: the path of a ping URL is its check's key (anyone holding it
+            # can ping), and the record is read by every operator.
+            described["heartbeat"] = urllib.parse.urlsplit(self.heartbeat).hostname or "?"
+        if self.jitter is not None:
+            described["jitter"] = self.jitter.total_seconds()
         return described
 
 
@@ -219,7 +253,6 @@ def policy_text(described: Mapping[str, object]) -> str:
             parts.append(f"on failure {value}")
         elif key == "isolation":
             parts.append(f"isolation {value}")
-
         elif key == "overlap":
             parts.append(f"overlap {value}")
         elif key == "catch_up":
@@ -229,6 +262,12 @@ def policy_text(described: Mapping[str, object]) -> str:
         elif key == "catch_up_window":
             if "catch_up" not in described:  # else with the catch-up
                 parts.append(f"catch-up within {_span(value)}")
+        elif key == "on_success":
+            parts.append(f"on success {value}")
+        elif key == "heartbeat":
+            parts.append(f"heartbeat to {value}")
+        elif key == "jitter":
+            parts.append(f"jitter {_span(value)}")
         else:
             parts.append(f"{key} {value}")
     return ", ".join(parts)
@@ -256,11 +295,12 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
             duration that is not a positive finite number of seconds or a positive
             ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
             not a whole number ≥ 1, or given for a per-instance job (it has no state
-            shared by the replicas to pause); ``on_failure`` not callable; ``isolation``
-            neither ``"thread"`` nor ``"process"``; ``overlap`` or ``catch_up`` not one
-            of its values (a string or the member of `Overlap`, `CatchUp`); ``catch_up``
-            or ``catch_up_window`` given for a per-instance job (it keeps no record of
-            the instants it missed).
+            shared by the replicas to pause); ``on_failure`` or ``on_success`` not
+            callable; ``isolation`` neither ``"thread"`` nor ``"process"``; ``overlap``
+            or ``catch_up`` not one of its values (a string or the member of `Overlap`,
+            `CatchUp`); ``catch_up`` or ``catch_up_window`` given for a per-instance job
+            (it keeps no record of the instants it missed); ``heartbeat`` not an ``http``
+            or ``https`` URL with a host.
     """
     unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
     if unknown:
@@ -294,6 +334,11 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
             f"job {name!r}: catch_up and catch_up_window are for leased jobs; a "
             "per-instance job keeps no record of the instants it missed"
         )
+    on_success = options.get("on_success")
+    if on_success is not None and not callable(on_success):
+        raise RegistrationError(f"job {name!r}: on_success must be callable, got {on_success!r}")
+    heartbeat = _heartbeat(name, options.get("heartbeat"))
+    jitter = _duration(name, "jitter", options.get("jitter"))
     if (
         timeout is None
         and start_deadline is None
@@ -305,6 +350,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         and overlap is None
         and catch_up is None
         and window is None
+        and on_success is None
+        and heartbeat is None
+        and jitter is None
     ):
         # No option: the one default policy, shared (a replica of 100,000 jobs would
         # otherwise keep 100,000 equal ones, ~120 bytes each).
@@ -320,6 +368,9 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
         overlap=overlap or Overlap.SKIP,
         catch_up=catch_up or CatchUp.LATEST,
         catch_up_window=window or DEFAULT_CATCH_UP_WINDOW,
+        on_success=on_success,
+        heartbeat=heartbeat,
+        jitter=jitter,
     )
 
 
@@ -371,3 +422,21 @@ def _choice(name: str, option: str, value: object, kind: type[_E]) -> _E | None:
                 return member
     choices = ", ".join(repr(member.value) for member in kind)
     raise RegistrationError(f"job {name!r}: {option} must be one of {choices}, got {value!r}")
+
+
+def _heartbeat(name: str, value: object) -> str | None:
+    """An ``http`` or ``https`` URL with a host; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RegistrationError(f"job {name!r}: heartbeat must be a URL (a str), got {value!r}")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+    except ValueError as exc:  # a malformed port, an unbalanced bracket
+        raise RegistrationError(f"job {name!r}: heartbeat {value!r} is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
+        raise RegistrationError(
+            f"job {name!r}: heartbeat must be an http or https URL with a host, got {value!r}"
+        )
+    return value

@@ -402,7 +402,7 @@ class TestPolicyOptions:
                 {"timout": 3},
                 "job 'p': unknown option(s) timout; a job's options are timeout, retries, "
                 "retry_backoff, start_deadline, pause_after_failures, on_failure, isolation, "
-                "overlap, catch_up, catch_up_window",
+                "overlap, catch_up, catch_up_window, on_success, heartbeat, jitter",
             ),
         ],
     )

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import NoReturn, TextIO
 
 from .._exceptions import ScheduleError
+from .._jitter import jitter_delay
 from .._policy import policy_text
 from .._registry import Job, default_registry
 from .._schedule import DstMark, Schedule, parse
@@ -263,10 +264,14 @@ def _show_job_next(job: Job, count: int, after: datetime | None, out: TextIO) ->
     print(f"job {job.name!r} ({kind}): {job.schedule.spec}", file=out)
     described = policy_text(job.policy.describe())
     print(f"policies: {described or 'none'}", file=out)
-    return _show_next(job.schedule.spec, count, after, out)
+    return _show_next(job.schedule.spec, count, after, out, job=job)
 
 
-def _show_next(spec: str, count: int, after: datetime | None, out: TextIO) -> int:
+def _show_next(
+    spec: str, count: int, after: datetime | None, out: TextIO, *, job: Job | None = None
+) -> int:
+    """Print the next ``count`` instants of ``spec`` after ``after``; with a ``job``
+    that has a ``jitter``, each instant's delayed start too (the same on every replica)."""
     schedule = parse(spec)
     start = after if after is not None else datetime.now(UTC)
     zone = schedule.zone
@@ -285,7 +290,12 @@ def _show_next(spec: str, count: int, after: datetime | None, out: TextIO) -> in
         if found is None:
             print("  (no further instant up to the end of year 9999)", file=out)
             break
-        print(_format_line(schedule, found), file=out)
+        line = _format_line(schedule, found)
+        jitter = None if job is None else job.policy.jitter
+        if job is not None and jitter is not None:
+            delay = jitter_delay(job.name, found, jitter, schedule.next(found))
+            line += f"  starts +{delay.total_seconds():g}s (jitter)"
+        print(line, file=out)
         moment = found
     return 0
 

@@ -18,7 +18,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
   ``_isolated`` and ``_child``: a round in a child process (``isolation="process"``).
 - ``_keeper``: renewal, lease loss, the forced exit.
 - ``_policies``: the job policies' timers (timeouts, retries' backoffs); ``_failures``:
-  the self-pause after failures and the failure hooks' thread.
+  the self-pause after failures and the hooks' thread (failure and success hooks, the
+  heartbeat pings of ``_heartbeat``).
 - ``_overlap``: what follows a round's end (``overlap=``, ``catch_up="all"``) and the
   rounds ``cancel_other`` supersedes (the dispatcher thread).
 - ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and

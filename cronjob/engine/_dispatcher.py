@@ -50,16 +50,15 @@ START_BATCH = 128
 
 
 class _Due(NamedTuple):
-    """A job's next instant in the heap; stale once the job's generation moved on.
+    """A job's next instant in the heap; stale once the job's generation moved on. A
+    tuple, ordered by ``(at, seq)`` in C (``seq`` is unique, so ``state`` is never
+    compared): the heap compares entries thousands of times per instant at scale."""
 
-    A tuple, ordered by ``(when, seq)`` in C (``seq`` is unique, so ``state`` is never
-    compared): the heap compares entries thousands of times per instant at scale.
-    """
-
-    when: datetime
+    at: datetime  # when its round starts: ``when``, or later by the job's jitter
     seq: int
     state: JobState
     generation: int
+    when: datetime
 
 
 class Dispatcher:
@@ -211,7 +210,7 @@ class Dispatcher:
         while self._heap and self._heap[0].generation != self._heap[0].state.generation:
             heapq.heappop(self._heap)  # entries of jobs that were rescheduled or started
         if self._heap and not self.draining and not self.recovery.catch_up_pending:
-            timeouts.append((self._heap[0].when - now).total_seconds() - self.claims.lead())
+            timeouts.append((self._heap[0].at - now).total_seconds() - self.claims.lead())
         parts = [
             self.recovery.next_wake(draining=self.draining),
             self.keeper.next_wake(),
@@ -252,7 +251,8 @@ class Dispatcher:
                 "job %r has no instant after %s: it will not run again", state.job.name, after
             )
             return
-        heapq.heappush(self._heap, _Due(when, next(self._seq), state, state.generation))
+        due = _Due(state.starts_at(when), next(self._seq), state, state.generation, when)
+        heapq.heappush(self._heap, due)
 
     @property
     def inbox(self) -> Inbox:
@@ -287,9 +287,9 @@ class Dispatcher:
         horizon = now + timedelta(seconds=claims.lead())
         # Counted before this wake's rounds start: rounds of one instant share the threads.
         heap = self._heap
-        saturated = bool(heap) and heap[0].when <= horizon and claims.workers_saturated()
+        saturated = bool(heap) and heap[0].at <= horizon and claims.workers_saturated()
         due: dict[datetime, list[JobState]] = {}
-        while self._heap and self._heap[0].when <= horizon:
+        while self._heap and self._heap[0].at <= horizon:
             entry = heapq.heappop(self._heap)
             state = entry.state
             if entry.generation != state.generation or state.busy:
@@ -309,9 +309,9 @@ class Dispatcher:
                     claimed_at=mono,
                     reason=Reason.SCHEDULE,
                 )
-                if entry.when > now:
+                if entry.at > now:
                     drop = functools.partial(self.schedule_after, state, entry.when)
-                    claims.hold(entry.when, start, drop)
+                    claims.hold(entry.at, start, drop)
                 else:
                     start()
             elif not self.recovery.db_ready:
@@ -322,6 +322,9 @@ class Dispatcher:
                 )
                 state.metrics.skipped(1, "database unreachable")
                 self.schedule_after(state, entry.when)
+            elif entry.at != entry.when:  # jittered: claimed alone at its start (_jitter)
+                drop = functools.partial(self.schedule_after, state, entry.when)
+                claims.hold(entry.at, functools.partial(claims.claim, entry.when, [state]), drop)
             else:
                 due.setdefault(entry.when, []).append(state)
         if due:

@@ -31,7 +31,7 @@ from .._exceptions import Retry, Superseded, TimedOut
 from .._history import History, Pruner
 from .._round import Outcome, classify, iter_own_errors
 from ._decided import DecidedEnds, error_summary, round_where
-from ._failures import HOOKED, Failures, round_record
+from ._failures import Failures, round_record
 from ._finisher import Finisher
 from ._policies import backoff_delay
 from ._state import Flags, Run
@@ -344,7 +344,7 @@ class EndRecorder:
                 [
                     (outcome, round_record(run, outcome, ending, self._replica_id), on_record)
                     for run, outcome, ending, on_record in ends
-                    if outcome in HOOKED
+                    if outcome in failures.told
                 ]
             )
         except Exception:

@@ -26,6 +26,15 @@ per-instance round, a manual one). It never runs user code there:
   with its traceback and the next one runs. At stop the scheduler waits up to
   `HOOKS_STOP_SECONDS` (real seconds) for the hooks queued; a hook still running
   then is left to its daemon thread, and the rest queued are dropped, with a warning.
+- **The success hook** (a job's ``on_success``): called once per round that ended
+  ``succeeded``, with its record, on the same thread, in the same order, as the
+  failure hooks; what it raises is logged.
+- **The heartbeat** (a job's ``heartbeat=URL``, see `cronjob.engine._heartbeat`): a
+  ping as a round starts (not a retry's attempt: the round goes on), as it succeeds,
+  and as it ends ``failed``, ``timed_out`` or ``missed_deadline``, each queued on the
+  same thread (a round cut short pings no end: its second run starts again). At most
+  `MAX_QUEUED_PINGS` wait at once; more (an endpoint that hangs, a job every second)
+  are dropped, with a warning: the endpoint then alerts, as it should.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ from typing import TYPE_CHECKING, Final
 
 import lease
 
-from .._policy import FailureHook
+from .._policy import FailureHook, SuccessHook
 from .._round import Outcome
+from ._heartbeat import Event, ping
+from ._state import Reason
 
 if TYPE_CHECKING:
     from .._history import History
@@ -50,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOOKS_STOP_SECONDS",
+    "MAX_QUEUED_PINGS",
     "PAUSED_BY",
     "Failures",
     "Hooks",
@@ -67,6 +79,10 @@ HOOKS_STOP_SECONDS: Final = 5.0
 
 #: The ends a failure hook is told of.
 HOOKED: Final = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.MISSED_DEADLINE})
+#: The ends told with a success hook or a heartbeat.
+TOLD_ALL: Final = HOOKED | {Outcome.SUCCEEDED}
+#: Heartbeat pings that may wait for the hooks thread at once; more are dropped.
+MAX_QUEUED_PINGS: Final = 100
 #: The ends that count towards ``pause_after_failures``.
 COUNTED: Final = frozenset(Outcome(word) for word in lease.COUNTED_FAILURES)
 #: The history's outcomes the self-pause reads: those that count, and those that end a
@@ -105,10 +121,14 @@ def check_history(jobs: tuple[Job, ...], history: object) -> None:
 
 
 def hooked(registry: Registry) -> bool:
-    """Whether any job of ``registry`` has a failure hook (its own or the registry's)."""
+    """Whether any job of ``registry`` has a failure hook (its own or the registry's), a
+    success hook or a heartbeat."""
     policies = [job.policy for job in registry.jobs] + [task.policy for task in registry.tasks]
     return registry.on_failure is not None or any(
-        policy.on_failure is not None for policy in policies
+        policy.on_failure is not None
+        or policy.on_success is not None
+        or policy.heartbeat is not None
+        for policy in policies
     )
 
 
@@ -121,10 +141,12 @@ class Hooks:
 
     def __init__(self, name: str = "cronjob-hooks") -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[FailureHook, RoundRecord] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: Heartbeat pings queued and not yet sent.
+        self._pings = 0
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -136,14 +158,46 @@ class Hooks:
         with self._lock:
             if self._closed:
                 log.warning(
-                    "job %r: the scheduler has stopped; its failure hook is not called",
+                    "job %r: the scheduler has stopped; its hook is not called (round of %s)",
                     record.job,
+                    record.instant.isoformat(),
                 )
                 return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-                self._thread.start()
-            self._queue.put((hook, record))
+            self._put(lambda: _call(hook, record))
+
+    def ping_later(self, job: str, url: str, event: Event) -> None:
+        """Ping job ``job``'s heartbeat ``url`` for ``event`` on the hooks thread; dropped
+        (logged) once closed or when `MAX_QUEUED_PINGS` wait already."""
+        with self._lock:
+            if self._closed:
+                log.warning(
+                    "job %r: the scheduler has stopped; its %s ping is not sent", job, event
+                )
+                return
+            if self._pings >= MAX_QUEUED_PINGS:
+                log.warning(
+                    "job %r: its %s ping is dropped: %d heartbeat pings wait already (an "
+                    "endpoint that does not answer?)",
+                    job,
+                    event,
+                    self._pings,
+                )
+                return
+            self._pings += 1
+
+            def send() -> None:
+                with self._lock:
+                    self._pings -= 1
+                ping(job, url, event)
+
+            self._put(send)
+
+    def _put(self, call: Callable[[], None]) -> None:
+        """Queue ``call``, starting the thread if need be (under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put(call)
 
     def close(self, timeout: float = HOOKS_STOP_SECONDS) -> bool:
         """Refuse new calls; wait up to ``timeout`` real seconds for those queued.
@@ -176,17 +230,7 @@ class Hooks:
             item = self._queue.get()
             if item is None:
                 return
-            hook, record = item
-            try:
-                hook(record)
-            except Exception:  # the application's bug: logged, the next hook runs
-                log.exception(
-                    "job %r: its failure hook %s raised (round of %s, %s)",
-                    record.job,
-                    _named(hook),
-                    record.instant.isoformat(),
-                    record.outcome,
-                )
+            item()
 
 
 class Failures:
@@ -218,6 +262,16 @@ class Failures:
         self._hook_of: Mapping[str, FailureHook | None] = {
             job.name: job.policy.on_failure or fallback for job in registry.jobs
         } | {task.name: task.policy.on_failure or fallback for task in registry.tasks}
+        policies = [(job.name, job.policy) for job in registry.jobs]
+        policies += [(task.name, task.policy) for task in registry.tasks]
+        self._success_of: Mapping[str, SuccessHook] = {
+            name: policy.on_success for name, policy in policies if policy.on_success is not None
+        }
+        self._beat_of: Mapping[str, str] = {
+            name: policy.heartbeat for name, policy in policies if policy.heartbeat is not None
+        }
+        #: The ends `ended` wants to be told of (the others are not handed in).
+        self.told = TOLD_ALL if self._success_of or self._beat_of else HOOKED
         leased = [(job.name, job.policy) for job in registry.jobs if job.leased]
         leased += [(task.name, task.policy) for task in registry.tasks]
         self._pause_after: Mapping[str, int] = {
@@ -230,15 +284,20 @@ class Failures:
         self.task_of: Callable[[str], str | None] = _no_task
         #: Whether any end needs a look: the runner skips the call otherwise.
         self.active = hooks is not None or bool(self._pause_after)
+        #: Whether any job has a heartbeat: the runner tells `started` then.
+        self.beats = hooks is not None and bool(self._beat_of)
 
     def ended(self, ends: list[tuple[Outcome, RoundRecord, bool]]) -> None:
         """Act on rounds that ended: ``(outcome, record, on_record)`` each, ``on_record``
         when the end was written to the lease table. Never raises."""
         for outcome, record, on_record in ends:
+            if outcome is Outcome.SUCCEEDED and self._hooks is not None:
+                self._succeeded(record)
             if outcome not in HOOKED:
                 continue  # most ends: a success, a round cut short, a retried attempt
             name = record.job
             key = self.task_of(name) or name  # a schedule's task; a job's own name
+            self._beat(key, name, "fail")
             if on_record and outcome in COUNTED and key in self._pause_after:
                 try:
                     self._maybe_pause(name, self._pause_after[key])
@@ -247,6 +306,28 @@ class Failures:
             hook = self._hook_of.get(key)
             if hook is not None and self._hooks is not None:
                 self._hooks.call_later(hook, record)
+
+    def started(self, run: Run) -> None:
+        """``run``'s round started (on its own thread): its heartbeat's start ping, queued
+        (not for a retry's attempt: the round started already)."""
+        if run.reason is not Reason.RETRY:
+            name = run.ctx.name
+            self._beat(self.task_of(name) or name, name, "start")
+
+    def _succeeded(self, record: RoundRecord) -> None:
+        """A round ended ``succeeded``: its success hook and its heartbeat's ping."""
+        name = record.job
+        key = self.task_of(name) or name
+        hook = self._success_of.get(key)
+        if hook is not None and self._hooks is not None:
+            self._hooks.call_later(hook, record)
+        self._beat(key, name, "success")
+
+    def _beat(self, key: str, name: str, event: Event) -> None:
+        """Queue job ``name``'s heartbeat ping for ``event`` (``key``: its policy's name)."""
+        url = self._beat_of.get(key)
+        if url is not None and self._hooks is not None:
+            self._hooks.ping_later(name, url, event)
 
     def _pruned(self, name: str, row: lease.LeaseRow) -> bool:
         """Whether ``name``'s history may have lost rounds to pruning: the job is older
@@ -320,6 +401,22 @@ def _bounded(reason: str) -> str:
     """``reason`` cut to what the lease row keeps (marked)."""
     limit = lease.REASON_LENGTH
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+def _call(hook: FailureHook | SuccessHook, record: RoundRecord) -> None:
+    """Call a hook on the hooks thread; what it raises is logged, the next one runs."""
+    try:
+        hook(record)
+    except Exception:  # the application's bug: logged, the next hook runs
+        kind = "success" if record.outcome == "succeeded" else "failure"
+        log.exception(
+            "job %r: its %s hook %s raised (round of %s, %s)",
+            record.job,
+            kind,
+            _named(hook),
+            record.instant.isoformat(),
+            record.outcome,
+        )
 
 
 def _named(hook: object) -> str:

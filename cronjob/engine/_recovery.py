@@ -405,6 +405,11 @@ class Recovery:
                     continue  # the sweep's second run of it comes first; the rest follow
                 instant = oldest_owed(state.job, row, instant, now)
             self._dispatcher.take(state)
+            if state.starts_at(instant) > now:
+                # Its jitter's delay has not passed (a replica started within it): the
+                # instant is not missed, it starts on time, as on the other replicas.
+                self._dispatcher.schedule_after(state, instant, when=instant)
+                continue
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():
             self._dispatcher.claims.claim(instant, states, reason=reason)

@@ -115,6 +115,8 @@ class RoundRunner:
     ) -> None:
         self._clock = clock
         self._started = started
+        #: Told of each round's start for the heartbeats' pings; ``None``: no heartbeat.
+        self._beats = failures if failures is not None and failures.beats else None
         self._replica_id = replica_id
         self._tracer_provider = tracer_provider
         self._fencing = Fencing(
@@ -268,6 +270,8 @@ class RoundRunner:
         run.state.metrics.started(ctx.instant, run.started_at, reason)
         if run.state.policed:
             self._started(run)
+        if self._beats is not None:
+            self._beats.started(run)
         return round_scope(ctx, self._replica_id, self._spans, reason=reason)
 
     def _log_start(self, run: Run) -> None:
@@ -385,13 +389,14 @@ class RoundRunner:
         Checked for every round of the instant's schedule (scheduled, caught up, a second
         run); not for a retry (bounded by the job's next instant instead) nor a manual
         round (an operator asked for it now). A round that starts exactly at the deadline
-        makes it.
+        makes it. With a ``jitter``, the deadline runs from the round's delayed start:
+        the delay is the job's own choice, not lateness.
         """
         deadline = run.state.start_deadline
         if deadline is None or run.reason is Reason.RETRY or run.request is not None:
             return False
         ctx = run.ctx
-        late = self._clock.now() - ctx.instant
+        late = self._clock.now() - run.state.starts_at(ctx.instant)
         if late <= deadline:
             return False
         run.outcome = Outcome.MISSED_DEADLINE

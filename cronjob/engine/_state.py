@@ -15,6 +15,7 @@ from typing import Protocol
 
 import lease
 
+from .._jitter import jitter_delay
 from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
@@ -118,6 +119,16 @@ class JobState:
         its last answer (see [cronjob.Schedule][]): the jobs due at one instant
         compute it once."""
         return self.job.schedule.next(instant)
+
+    def starts_at(self, instant: datetime) -> datetime:
+        """When the job's round of ``instant`` starts: the instant, or, with a ``jitter``,
+        that much later (see `cronjob._jitter.jitter_delay`): the dispatcher's heap
+        keeps it, and the claim goes out then."""
+        jitter = self.job.policy.jitter
+        if jitter is None:
+            return instant
+        delay = jitter_delay(self.job.name, instant, jitter, self.job.schedule.next(instant))
+        return instant + delay
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
