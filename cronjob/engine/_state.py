@@ -47,6 +47,9 @@ class Reason(enum.Enum):
     MANUAL = "manual"
     #: A further attempt of a round whose attempt failed (the job's ``retries``).
     RETRY = "retry"
+    #: An instant of the past an operator asked for again (``cronjob backfill``); never
+    #: moves the schedule.
+    BACKFILL = "backfill"
 
     text: str
     why: str
