@@ -35,6 +35,7 @@ import lease
 from .._bounds import OneOff
 from .._clock import Clock
 from ._control import Control
+from ._metrics import missed_before
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 
@@ -392,6 +393,7 @@ class Recovery:
                 continue
             if row.skipped_through is not None and instant <= row.skipped_through:
                 continue  # overrun by a round that ran to its end
+            state.missed = missed_before(state.job.schedule, row, instant, now)
             self._dispatcher.take(state)
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():

@@ -90,6 +90,9 @@ class JobState:
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
+    #: The instants before the one a catch-up claims that no replica ran (counted in
+    #: ``cronjob.instants.missed`` by the replica whose claim wins).
+    missed: int = 0
 
     def __post_init__(self) -> None:
         self.refresh()
