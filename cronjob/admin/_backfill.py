@@ -91,8 +91,9 @@ def backfill(
 
     Args:
         database: a URL, or an engine (not disposed).
-        start, end: the range, aware; instants at or after "now" are left to the
-            schedule.
+        start: the range's first moment, aware (an instant at it is included).
+        end: the range's end, aware (excluded); instants at or after "now" are left to
+            the schedule.
         now: the moment of the request on the lease clock; the database's by default.
         by: who asks; ``user@host`` of this process by default.
         limit: the most instants the range may hold (`BACKFILL_LIMIT`).
