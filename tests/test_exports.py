@@ -76,6 +76,8 @@ SURFACE = {
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
         "Activity",
+        "Backfill",
+        "BackfillTooLarge",
         "FAILED_OUTCOMES",
         "ForgetRefused",
         "Forgotten",
@@ -96,6 +98,7 @@ SURFACE = {
         "TriggerRequest",
         "UnknownJob",
         "Why",
+        "backfill",
         "forget",
         "history",
         "pause",

@@ -169,3 +169,32 @@ class TestMissed:
         err = capsys.readouterr().err
         assert code == 1
         assert "report: missed: " in err
+
+    def test_status_reads_the_history_in_two_statements_whatever_the_number_of_jobs(
+        self, db_url, replicas, clock
+    ):
+        """One counts every job's instants on record; one reads the day's rows of the
+        jobs that fall short (per 500 of them)."""
+        registry = Registry()
+        for n in range(60):
+            registry.register(Job(), MINUTELY, f"job-{n:02d}")
+        started = two(replicas, registry)
+        clock.advance(3 * 60 + 30)
+        for scheduler in started:
+            scheduler.stop()
+        clock.advance(3 * 60)
+        engine = sa.create_engine(db_url)
+        sent: list[str] = []
+
+        def count(conn, cursor, statement, *args):
+            if "cronjob_round" in statement:
+                sent.append(statement)
+
+        sa.event.listen(engine, "before_cursor_execute", count)
+        try:
+            jobs = admin.status(engine, now=clock.now()).jobs
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", count)
+            engine.dispose()
+        assert [job.missed for job in jobs] == [2] * 60  # 09:04, 09:05
+        assert len(sent) == 2

@@ -71,7 +71,6 @@ from ._trigger import wait as wait
 __all__ = [
     "FAILED_OUTCOMES",
     "Activity",
-    "BACKFILL_LIMIT",
     "Backfill",
     "BackfillTooLarge",
     "ForgetRefused",

@@ -94,6 +94,12 @@ class BackfillTaker:
             return
         self._take(state, queued[0])
 
+    def ended(self, request: lease.TriggerRow) -> None:
+        """A request's round ended on this replica: after a backfill's, sweep at once, so
+        its next instant is taken without waiting for the 15 s grid."""
+        if request.backfill:
+            self._sweep_soon()
+
     def swept(self) -> None:
         """A sweep begins: `waiting` is told anew by its steps."""
         self.waiting = False

@@ -133,7 +133,7 @@ class Sweeper:
             give_up=self._give_up,
             sweep_soon=self._sweep_soon,
         )
-        dispatcher.request_ended = self._request_ended
+        dispatcher.request_ended = self._backfill.ended
         #: Claims and starts the second runs of the rounds a sweep found cut short.
         self._reruns = Reruns(
             clock=clock,
@@ -212,12 +212,6 @@ class Sweeper:
             return survey, triggers.read()
 
         self._control.run(read, done)
-
-    def _request_ended(self, request: lease.TriggerRow) -> None:
-        """A request's round ended on this replica: after a backfill's, sweep at once, so
-        its next instant is taken without waiting for the 15 s grid."""
-        if request.backfill:
-            self._sweep_soon()
 
     def _sweep_soon(self) -> None:
         """Sweep at once (after the one in flight, if one is)."""
