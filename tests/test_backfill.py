@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 from conftest import lease_row
 
 import cronjob
-from cronjob import Registry, Scheduler, Trigger, admin
+from cronjob import Registry, Scheduler, Trigger, admin, schedules
 from cronjob.admin import RequestState, Why
 from cronjob.admin._cli import main
 from cronjob.testing import FakeClock
@@ -258,3 +259,48 @@ class TestBackfill:
             admin.backfill(db_url, "report", start=at(1), end=at(0), now=clock.now())
         with pytest.raises(admin.UnknownJob, match="'nope'"):
             admin.backfill(db_url, "nope", start=at(-1), end=at(0), now=clock.now())
+
+    def test_a_paused_job_s_backfill_waits_for_the_resume(self, db_url, replicas, clock):
+        job = Job(clock)
+        cluster(replicas, job)
+        clock.advance(3600 + 5)
+        admin.pause(db_url, "report", by="ops", now=clock.now())
+        admin.backfill(db_url, "report", start=at(-2), end=at(0), now=clock.now())
+        clock.advance(120)
+        assert job.instants(Trigger.BACKFILL) == []
+        [report] = admin.status(db_url, now=clock.now()).jobs
+        assert report.backfill_queued == 2
+        admin.resume(db_url, "report", by="ops", now=clock.now())
+        clock.advance(30)
+        assert job.instants(Trigger.BACKFILL) == [at(-2), at(-1)]
+
+    def test_a_per_instance_job_is_refused(self, db_url, replicas, clock):
+        registry = Registry()
+        registry.register_per_instance(Job(clock), HOURLY, "local")
+        replicas(registry, "a")
+        clock.advance(5)
+        with pytest.raises(ValueError, match=r"^job 'local' runs on every replica, without a"):
+            admin.backfill(db_url, "local", start=at(-2), end=at(0), now=clock.now())
+
+    def test_a_schedule_made_of_data_is_backfilled_by_its_id_with_its_args(
+        self, db_url, replicas, clock
+    ):
+        seen: list[tuple[datetime, dict[str, object]]] = []
+
+        def sync(ctx: cronjob.Round) -> None:
+            seen.append((ctx.instant, ctx.args))
+
+        registry = Registry()
+        registry.register_task(sync, "sync")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        engine = sa.create_engine(db_url)
+        try:
+            schedules.add(engine, "tenant-1", task="sync", spec=HOURLY, args={"t": 1})
+        finally:
+            engine.dispose()
+        clock.advance(3600 + 5)
+        done = admin.backfill(db_url, "tenant-1", start=at(-2), end=at(1), now=clock.now())
+        assert done.queued == (at(-2), at(-1), at(0))
+        clock.advance(60)
+        assert sorted(seen) == [(at(m), {"t": 1}) for m in (-2, -1, 0, 1)]
