@@ -74,6 +74,9 @@ class Why(enum.StrEnum):
     #: Not a round: a note that an operator resumed the job (`resume`); outcome
     #: ``'resumed'``.
     RESUME = "resume"
+    #: An instant of the past that had no round on record, run by a backfill
+    #: (`cronjob.admin.backfill`); ``requested_by`` says who asked.
+    BACKFILL = "backfill"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,6 +30,9 @@ class Trigger(enum.StrEnum):
     SCHEDULE = "schedule"
     #: An operator asked for it now (``cronjob trigger``, `cronjob.admin.trigger`).
     MANUAL = "manual"
+    #: An operator asked for an instant of the past (``cronjob backfill``,
+    #: `cronjob.admin.backfill`): ``ctx.instant`` is that instant.
+    BACKFILL = "backfill"
 
 
 class Outcome(enum.Enum):
@@ -184,7 +187,9 @@ class Round:
 
     def __repr__(self) -> str:
         state = f" cancelled ({self._cause})" if self._cause else ""
-        manual = "" if self.trigger is Trigger.SCHEDULE else f" manual ({self.requested_by})"
+        manual = (
+            "" if self.trigger is Trigger.SCHEDULE else f" {self.trigger} ({self.requested_by})"
+        )
         return (
             f"<Round {self.name!r} {self.instant.isoformat()} attempt {self.attempt}"
             f"{manual} on {self.replica!r}{state}>"

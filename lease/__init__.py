@@ -27,6 +27,8 @@ outcomes — nothing about what the holder runs.
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
+#   _backfill    Backfills: past instants run again under the lease, one at a time
+#   _tally       Tally: the history's instants of the last day, for the missed count
 #   _engine      engines suited to leases (SQLite's single connection), their async
 #                counterparts and driver swaps, URL redaction
 #   _migrate     alembic migrations to head, under a lock
@@ -35,6 +37,7 @@ outcomes — nothing about what the holder runs.
 
 from __future__ import annotations
 
+from ._backfill import Backfills as Backfills
 from ._engine import async_url as async_url
 from ._engine import behind_transaction_pooler as behind_transaction_pooler
 from ._engine import create_async_engine as create_async_engine
@@ -95,6 +98,9 @@ from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
 from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
+from ._tally import NOT_SCHEDULED as NOT_SCHEDULED
+from ._tally import RoundSpan as RoundSpan
+from ._tally import Tally as Tally
 from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
@@ -105,6 +111,7 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "Backfills",
     "CLAIM_AHEAD_LIMIT",
     "COUNTED_FAILURES",
     "Claim",
@@ -126,15 +133,18 @@ __all__ = [
     "LeaseWrite",
     "MigrationFailed",
     "MigrationRequired",
+    "NOT_SCHEDULED",
     "REASON_LENGTH",
     "REQUEST_TTL",
     "ReplicaRow",
+    "RoundSpan",
     "RoundRow",
     "SCHEDULE_FORMAT",
     "ScheduleRow",
     "Survey",
     "TABLE_NAME",
     "TRIGGER_CHANNEL",
+    "Tally",
     "TriggerRow",
     "TriggerState",
     "Triggers",

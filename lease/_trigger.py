@@ -39,7 +39,15 @@ from ._schema import lease_table, round_table, trigger_table
 from ._store import LeaseStore, _new_token
 from ._text import check_holder
 
-__all__ = ["REQUEST_TTL", "TRIGGER_CHANNEL", "TriggerRow", "TriggerState", "Triggers"]
+__all__ = [
+    "BACKFILL_MARK",
+    "OPEN",
+    "REQUEST_TTL",
+    "TRIGGER_CHANNEL",
+    "TriggerRow",
+    "TriggerState",
+    "Triggers",
+]
 
 #: Seconds a request may wait to be taken before it expires (documented in the README).
 REQUEST_TTL: Final = 600.0
@@ -70,10 +78,21 @@ class TriggerState(enum.StrEnum):
     REFUSED = "refused"
     #: Not taken within `REQUEST_TTL`.
     EXPIRED = "expired"
+    #: An instant of a backfill waiting its turn (see `lease.Backfills`): it never
+    #: expires, and a release without backfills never reads it (its open states are the
+    #: three above).
+    QUEUED = "queued"
 
 
 #: The states of a request that may still run.
-OPEN: Final = (TriggerState.PENDING.value, TriggerState.RUNNING.value, TriggerState.CUT.value)
+OPEN: Final = (
+    TriggerState.PENDING.value,
+    TriggerState.RUNNING.value,
+    TriggerState.CUT.value,
+    TriggerState.QUEUED.value,
+)
+#: The ``forced`` column of a backfill's instant (a request's is 0 or 1).
+BACKFILL_MARK: Final = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +124,9 @@ class TriggerRow:
     lease_token: int | None = None
     lease_free: bool = False
     lease_expires_ms: int | None = None
+    #: An instant of a backfill (`lease.Backfills`): ``instant`` is the instant to run,
+    #: under the lease, without moving the schedule.
+    backfill: bool = False
 
     @property
     def open(self) -> bool:
@@ -359,7 +381,7 @@ def _row(row: RowMapping) -> TriggerRow:
         name=row["name"],
         requested=requested,
         requested_by=row["requested_by"],
-        force=bool(row["forced"]),
+        force=row["forced"] == 1,
         replica=row["replica"],
         instant=None if instant is None else _EPOCH + timedelta(seconds=int(instant)),
         state=state,
@@ -373,4 +395,5 @@ def _row(row: RowMapping) -> TriggerRow:
         lease_token=None if row["lease_token"] is None else int(row["lease_token"]),
         lease_free=bool(row["lease_free"]),
         lease_expires_ms=None if row["lease_expires_ms"] is None else int(row["lease_expires_ms"]),
+        backfill=row["forced"] == BACKFILL_MARK,
     )

@@ -150,10 +150,12 @@ class TestJobState:
         a.stop()  # no replica runs it any more
         assert job_status(db_url, clock, "hourly").problems == ()
         clock.advance(2 * 3600 + 60)  # 12:01: two periods and the slack since 10:00
-        assert job_status(db_url, clock, "hourly").problems == ()
+        missed = "missed: 2 instants of the last day did not run"  # 11:00, 12:00 (60 s ago)
+        assert job_status(db_url, clock, "hourly").problems == (missed,)
         clock.advance(1)
         assert job_status(db_url, clock, "hourly").problems == (
             "stale: no successful end within 2h1m (last at 2026-03-02T10:00:00+00:00)",
+            "missed: 2 instants of the last day did not run",
         )
 
 

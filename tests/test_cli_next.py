@@ -165,7 +165,7 @@ class TestBadInput:
                 ["frobnicate"],
                 "cronjob: error: argument COMMAND: invalid choice: 'frobnicate' "
                 "(choose from 'next', 'run', 'status', 'history', 'schedules', 'pause', 'resume', "
-                "'trigger', 'forget')",
+                "'trigger', 'forget', 'backfill')",
             ),
         ],
     )

@@ -77,6 +77,8 @@ SURFACE = {
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.admin": [
         "Activity",
+        "Backfill",
+        "BackfillTooLarge",
         "FAILED_OUTCOMES",
         "ForgetRefused",
         "Forgotten",
@@ -97,6 +99,7 @@ SURFACE = {
         "TriggerRequest",
         "UnknownJob",
         "Why",
+        "backfill",
         "forget",
         "history",
         "pause",

@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricR
 
 import cronjob
 import lease
-from cronjob import Registry, Scheduler
+from cronjob import Registry, Scheduler, admin
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour.
@@ -274,6 +274,26 @@ class TestCatchUpAndSkips:
         assert b.value("cronjob.catch_ups", cronjob_job="hourly", cronjob_reason="catch-up") == 1
         assert b.value("cronjob.round.lateness", cronjob_reason="catch-up") == 1800
         assert first.value("cronjob.catch_ups") == 0
+
+    def test_instants_no_replica_ran_are_counted_missed_once_by_the_replica_catching_up(
+        self, any_url, replicas, clock
+    ):
+        """Both replicas down from 10:30 to 13:30: 11:00 and 12:00 ran nowhere (13:00, the
+        latest, is caught up); the replica whose catch-up wins counts them, as status."""
+        registry = Registry()
+        registry.register(lambda ctx: None, "0 0 * * * *", "hourly")
+        first = [replicas(any_url, registry, "a1"), replicas(any_url, registry, "b1")]
+        clock.advance(3600 + 1800)  # 10:00 ran
+        for replica in first:
+            replica.scheduler.stop()
+        clock.advance(3 * 3600)  # 13:30
+        again = [replicas(any_url, registry, "a2"), replicas(any_url, registry, "b2")]
+        clock.advance(0)
+        assert total(again, "cronjob.instants.missed", cronjob_job="hourly") == 2
+        assert total(again, "cronjob.catch_ups") == 1
+        assert total(first, "cronjob.instants.missed") == 0
+        [job] = admin.status(any_url, now=clock.now()).jobs
+        assert job.missed == 2
 
     def test_instants_that_came_due_while_a_round_ran_are_counted_as_skipped(
         self, url, replicas, clock

@@ -142,7 +142,8 @@ class TestRetired:
         [tick] = status.jobs
         assert (tick.activity, tick.next_instant) == (Activity.IDLE, at(12))
         assert tick.problems == ("stale: no successful end within 3m (last at "
-                                 "2026-03-02T09:01:00+00:00)",)  # fmt: skip
+                                 "2026-03-02T09:01:00+00:00)",
+                                 "missed: 9 instants of the last day did not run")  # fmt: skip
 
     def test_a_crashed_replica_still_counts_as_registering_its_jobs_for_a_minute(
         self, db_url, replicas, clock

@@ -31,6 +31,10 @@ from .._records import FAILED_OUTCOMES as FAILED_OUTCOMES
 from .._records import Outcome as Outcome
 from .._records import RoundRecord as RoundRecord
 from .._records import Why as Why
+from ._backfill import BACKFILL_LIMIT as BACKFILL_LIMIT
+from ._backfill import Backfill as Backfill
+from ._backfill import BackfillTooLarge as BackfillTooLarge
+from ._backfill import backfill as backfill
 from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
 from ._base import SchemaNewer as SchemaNewer
 from ._base import SchemaOutdated as SchemaOutdated
@@ -67,6 +71,8 @@ from ._trigger import wait as wait
 __all__ = [
     "FAILED_OUTCOMES",
     "Activity",
+    "Backfill",
+    "BackfillTooLarge",
     "ForgetRefused",
     "Forgotten",
     "JobStatus",
@@ -86,6 +92,7 @@ __all__ = [
     "TriggerRequest",
     "UnknownJob",
     "Why",
+    "backfill",
     "forget",
     "history",
     "pause",

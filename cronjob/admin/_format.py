@@ -42,10 +42,19 @@ def _activity(job: admin.JobStatus, pause_detail: bool = True) -> str:
 
 def _asked(job: admin.JobStatus) -> str:
     """``round now asked by WHO at TIME (pending)``, one per open request."""
-    return "; ".join(
+    asked = [
         f"round now asked by {_cell(r.requested_by)} at {r.requested:%H:%M:%S} ({r.state})"
         for r in job.requests
-    )
+    ]
+    if job.backfill_queued or job.backfilling is not None:
+        asked.append(_backfill(job))
+    return "; ".join(asked)
+
+
+def _backfill(job: admin.JobStatus) -> str:
+    """``backfill: N instant(s) queued, running TIME``."""
+    running = "" if job.backfilling is None else f", running {_time(job.backfilling)}"
+    return f"backfill: {job.backfill_queued} instant(s) queued{running}"
 
 
 def _paused(job: admin.JobStatus) -> str | None:

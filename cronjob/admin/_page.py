@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from .. import admin
 from .._policy import policy_text
-from ._format import _duration, _last, _state, _time
+from ._format import _backfill, _duration, _last, _state, _time
 
 __all__ = ["error_page", "job_page", "jobs_page"]
 
@@ -158,6 +158,10 @@ def job_page(
         facts["Last error"] = f"<pre>{e(job.last_error)}</pre>"
     if job.skipped_through is not None:
         facts["Overrun instants skipped through"] = e(_time(job.skipped_through))
+    if not job.per_instance:
+        facts["Missed instants (last day)"] = e(job.missed)
+    if job.backfill_queued or job.backfilling is not None:
+        facts["Backfill"] = e(_backfill(job))
     if job.specs_seen:
         facts["Specs the replicas registered"] = _list(
             f"<code>{e(spec)}</code>" for spec in job.specs_seen

@@ -43,7 +43,7 @@ import lease
 
 from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, record_of
 from .._schedule import Schedule
-from . import _scheduled
+from . import _missed, _scheduled
 from ._base import REPLICA_LIVE_SECONDS, UnknownJob
 from ._base import as_enum as _enum
 from ._base import at_ms as _at
@@ -141,6 +141,13 @@ class JobStatus:
     #: The task that runs it: a schedule's task (see `cronjob.schedules`); a registered
     #: job's own name for a registered job (the default, given none).
     task: str = ""
+    #: The instants of the last day that no round ran or accounted for (see
+    #: `cronjob.admin._missed`: overrun, paused, given up, missed deadline are accounted).
+    missed: int = 0
+    #: A backfill's instants queued (see [backfill][cronjob.admin.backfill]), and the one
+    #: running now (``None``: none).
+    backfill_queued: int = 0
+    backfilling: datetime | None = None
 
     def __post_init__(self) -> None:
         if not self.task:
@@ -221,7 +228,8 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         now_ms = store.now_ms() if now is None else _ms(_aware(now, "now"))
         rows = store.read_all()
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
-        open_requests = lease.Triggers(store).read()
+        open_requests, backfills = _missed.progress(lease.Triggers(store).read())
+        on_record = lease.Tally(store).on_record(since_ms=now_ms - _missed.WINDOW_MS)
         # Every schedule made of data, tombstones too: one query, joined by name below.
         plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
     checked_at = _at(now_ms)
@@ -272,9 +280,10 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         )
         for name, plan in shown.items()
     ]
+    late = _missed.missed(database, jobs, rows, shown, on_record, checked_at)
     return Status(
         checked_at=checked_at,
-        jobs=tuple(jobs),
+        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills) for job in jobs),
         replicas=tuple(
             ReplicaStatus(
                 id=r.holder,

@@ -23,7 +23,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
 - ``_overlap``: what follows a round's end (``overlap=``, ``catch_up="all"``) and the
   rounds ``cancel_other`` supersedes (the dispatcher thread).
 - ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and
-  the minute check; ``_listen``: the database's notices of lease writes.
+  the minute check; ``_listen``: the database's notices of lease writes; ``_backfill``:
+  a backfill's instants, taken with the sweep.
 - ``_peers``: the live replicas and each one's share of an instant.
 - ``_control``: the inbox and the control thread; ``_state``: the records the parts share.
 - ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.

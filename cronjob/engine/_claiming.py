@@ -458,7 +458,7 @@ class Claims:
         if reason is Reason.SCHEDULE or reason is Reason.OVERLAP:  # not caught up
             return
         for state in claimed:
-            state.metrics.caught_up(reason.text)
+            state.metrics.caught_up(reason.text, missed=state.missed)
             log.info(
                 "job %r: catching up instant %s%s",
                 state.job.name,

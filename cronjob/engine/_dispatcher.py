@@ -89,6 +89,7 @@ class Dispatcher:
         self._inbox = inbox
         self._control = control
         self._flags = flags
+        self.request_ended: Callable[[lease.TriggerRow], None] = lambda _: None  # the sweeper's
         self.runner: RoundRunner
         self.keeper: LeaseKeeper
         self.recovery: Recovery
@@ -424,15 +425,16 @@ class Dispatcher:
         self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float
     ) -> None:
         """Start the manual round ``request`` asked for, taken with ``token`` (``None`` for
-        a per-instance job). It leaves the job's schedule alone: its next instant stays
-        in the heap, and its end schedules nothing."""
+        a per-instance job), or a backfill's instant of the past (its ``ctx.instant``).
+        The job's next instant stays in the heap, and its end schedules nothing."""
+        instant, why = (request.instant, Reason.BACKFILL) if request.backfill else (None, None)
         run = self.runner.prepare(
             state,
-            request.requested,
+            instant or request.requested,
             attempt=request.attempt + 1,
             token=token,
             claimed_at=claimed_at,
-            reason=Reason.MANUAL,
+            reason=why or Reason.MANUAL,
             request=request,
         )
         self.runs.add(run)
@@ -476,6 +478,7 @@ class Dispatcher:
                 return
         self._forget(run)
         if run.request is not None:
+            self.request_ended(run.request)  # a backfill's next instant may be taken now
             return
         state = run.state
         if state.run is run:

@@ -14,6 +14,7 @@ name                          instrument       unit           attributes
 ``cronjob.catch_ups``         counter          ``{round}``    job, reason
 ``cronjob.lost_leases``       counter          ``{lease}``    job
 ``cronjob.skipped_instants``  counter          ``{instant}``  job, reason
+``cronjob.instants.missed``   counter          ``{instant}``  job
 ============================  ===============  =============  ==========================
 
 Names follow OpenTelemetry's naming rules: a namespace of our own (``cronjob``), never
@@ -42,7 +43,7 @@ for its whole life.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics
@@ -51,6 +52,8 @@ from opentelemetry.metrics import MeterProvider
 from .._round import Outcome
 
 if TYPE_CHECKING:
+    from lease import LeaseRow
+
     from .._schedule import Schedule
 
 __all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters"]
@@ -60,6 +63,9 @@ GIVEN_UP = "given up"
 #: Overrun instants counted for one round at most (an ``@every 1s`` job stuck for a day
 #: would otherwise cost the dispatcher 86,400 steps of its schedule).
 SKIP_COUNT_LIMIT = 10_000
+
+#: How far back a catch-up counts the instants it finds missed (the catch-up's day).
+MISSED_HORIZON = timedelta(days=1)
 
 #: Bucket boundaries, in seconds, for lateness: a few milliseconds to an hour (a catch-up).
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15, 60, 300, 3600)
@@ -122,6 +128,11 @@ class Meters:
         )
         self.skipped_instants = meter.create_counter(
             "cronjob.skipped_instants", "{instant}", "Instants of a job that did not run."
+        )
+        self.missed_instants = meter.create_counter(
+            "cronjob.instants.missed",
+            "{instant}",
+            "Instants that no replica ran nor accounted for, found as a catch-up runs the latest.",
         )
 
     def job(self, name: str) -> JobMetrics:
@@ -190,9 +201,11 @@ class JobMetrics:
         """A second run of a round cut short starts."""
         self._meters.reruns.add(1, {"cronjob.job": self._name})
 
-    def caught_up(self, reason: str) -> None:
-        """A round owed after start-up or an outage starts (``reason`` says which)."""
+    def caught_up(self, reason: str, *, missed: int = 0) -> None:
+        """A round owed after start-up or an outage starts (``reason`` says which); the
+        ``missed`` instants before it ran nowhere (see `missed_before`)."""
         self._meters.catch_ups.add(1, self._with("cronjob.reason", reason))
+        self.missed(missed)
 
     def lost_lease(self) -> None:
         """The lease of a running round was found taken, or went too long unrenewed."""
@@ -203,6 +216,11 @@ class JobMetrics:
         if count > 0:
             self._meters.skipped_instants.add(count, self._with("cronjob.reason", reason))
 
+    def missed(self, count: int) -> None:
+        """``count`` instants before the one caught up ran nowhere (see `missed_before`)."""
+        if count > 0:
+            self._meters.missed_instants.add(count, {"cronjob.job": self._name})
+
     def overrun(self, schedule: Schedule, started: datetime, ended: datetime) -> None:
         """Count the instants that came due while a round ran, from ``started`` through
         ``ended``: the dispatcher schedules the job after ``ended``, so they are skipped
@@ -212,6 +230,23 @@ class JobMetrics:
             count += 1
             when = schedule.next(when)
         self.skipped(count, "overrun")
+
+
+def missed_before(schedule: Schedule, row: LeaseRow, instant: datetime, now: datetime) -> int:
+    """The instants of ``schedule`` before ``instant`` (the one a catch-up claims) that no
+    replica ran nor accounted for, as `cronjob.admin.JobStatus.missed` counts them: after
+    the row's latest claim, its first deployment, the overrun it records
+    (``skipped_through``) and a day before ``now``; at most `SKIP_COUNT_LIMIT`."""
+    floor = max(
+        (at for at in (row.instant, row.deployed, row.skipped_through) if at is not None),
+        default=now - MISSED_HORIZON,
+    )
+    floor = max(floor, now - MISSED_HORIZON)
+    count, when = 0, schedule.next(floor)
+    while when is not None and when < instant and count < SKIP_COUNT_LIMIT:
+        count += 1
+        when = schedule.next(when)
+    return count
 
 
 #: Measurements that go nowhere: a job's state built without a scheduler (tests).

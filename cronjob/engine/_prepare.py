@@ -86,7 +86,13 @@ class RoundMaker:
             transaction=self._transaction,
             transaction_async=self._transaction_async,
             fence=self._fence,
-            trigger=Trigger.SCHEDULE if request is None else Trigger.MANUAL,
+            trigger=(
+                Trigger.SCHEDULE
+                if request is None
+                else Trigger.BACKFILL
+                if request.backfill
+                else Trigger.MANUAL
+            ),
             requested_by=None if request is None else request.requested_by,
             task=state.job.task,
             args=state.job.args,

@@ -36,6 +36,7 @@ from .._bounds import OneOff
 from .._clock import Clock
 from .._policy import CatchUp
 from ._control import Control
+from ._metrics import missed_before
 from ._overlap import oldest_owed
 from ._state import JobState, Reason
 from ._sweep import Sweeper
@@ -404,6 +405,8 @@ class Recovery:
                 if row.instant is not None and row.attempt == 1 and row.state in _UNENDED:
                     continue  # the sweep's second run of it comes first; the rest follow
                 instant = oldest_owed(state.job, row, instant, now)
+            else:  # the instants before the latest are not run: count them missed
+                state.missed = missed_before(state.job.schedule, row, instant, now)
             self._dispatcher.take(state)
             if state.starts_at(instant) > now:
                 # Its jitter's delay has not passed (a replica started within it): the

@@ -441,7 +441,7 @@ def _why(run: Run) -> str:
     if run.reason is Reason.SCHEDULE:
         return ""
     if run.request is not None:
-        return f" (manual, asked by {run.request.requested_by})"
+        return f" ({run.ctx.trigger}, asked by {run.request.requested_by})"
     return f" ({run.reason.value})"
 
 

@@ -58,6 +58,9 @@ class Reason(enum.Enum):
     #: Its instant fell while the round before ran (``overlap="buffer_one"`` or
     #: ``"cancel_other"``): it starts as that round ends (``why=schedule`` on record).
     OVERLAP = "overlap"
+    #: An instant of the past an operator asked for again (``cronjob backfill``); never
+    #: moves the schedule.
+    BACKFILL = "backfill"
 
     text: str
     why: str
@@ -100,6 +103,9 @@ class JobState:
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
+    #: The instants before the one a catch-up claims that no replica ran (counted in
+    #: ``cronjob.instants.missed`` by the replica whose claim wins).
+    missed: int = 0
 
     def __post_init__(self) -> None:
         self.refresh()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 import lease
 
 from .._clock import Clock
+from ._backfill import BackfillTaker
 from ._control import Control
 from ._keeper import too_late
 from ._listen import Listener
@@ -98,6 +99,7 @@ class Sweeper:
         # Local timers, on the clock's monotonic time; none until the database is ready.
         self._sweep_at: float | None = None
         self._sweeping = False
+        self._again = False  # sweep again at once: a backfill's round ended meanwhile
         #: The check of the lease rows and the clock (it rides on the sweep's wake-ups).
         self._rows = RowCheck(
             clock=clock, store=store, control=control, names=self._names, states=dispatcher.states
@@ -117,6 +119,20 @@ class Sweeper:
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
         self._triggers = lease.Triggers(store)
+        #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
+        self._taking: set[int] = set()
+        #: Takes the instants of backfills, one at a time per job.
+        self._backfill = BackfillTaker(
+            clock=clock,
+            store=store,
+            control=control,
+            dispatcher=dispatcher,
+            replica_id=replica_id,
+            taking=self._taking,
+            give_up=self._give_up,
+            sweep_soon=self._sweep_soon,
+        )
+        dispatcher.request_ended = self._backfill.ended
         #: Claims and starts the second runs of the rounds a sweep found cut short.
         self._reruns = Reruns(
             clock=clock,
@@ -133,8 +149,6 @@ class Sweeper:
         )
         #: The per-instance jobs: a pause of theirs is read with each sweep.
         self._local = [name for name, state in dispatcher.states.items() if not state.job.leased]
-        #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
-        self._taking: set[int] = set()
 
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
@@ -179,7 +193,10 @@ class Sweeper:
             result, requests = found
             self._take_requests(requests)
             self._reruns.claim(result.cut_short)
-            if self._unwatch is not None and not result.cut_short:
+            if self._again:  # a backfill's round ended while this sweep read
+                self._again = False
+                self._sweep_at = mono
+            elif self._unwatch is not None and not result.cut_short and not self._backfill.waiting:
                 self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
                 self._suspend(given_back)
 
@@ -194,6 +211,16 @@ class Sweeper:
             return survey, triggers.read()
 
         self._control.run(read, done)
+
+    def _sweep_soon(self) -> None:
+        """Sweep at once (after the one in flight, if one is)."""
+        if self._sweep_at is None:
+            return
+        if self._sweeping:
+            self._again = True
+            return
+        self._suspended = False
+        self._sweep_at = self._clock.monotonic()
 
     def names_changed(self, added: list[str], dropped: list[str]) -> None:
         """Leased names came or went (schedules made of data): swept from now on, or not."""
@@ -230,12 +257,18 @@ class Sweeper:
     def _take_requests(self, rows: list[lease.TriggerRow]) -> None:
         """Take the open requests a sweep read that this replica may run."""
         dispatcher = self._dispatcher
+        self._backfill.swept()
         if dispatcher.draining:
             return
         now = self._clock.now()
         expired: list[int] = []
+        backfills: dict[str, list[lease.TriggerRow]] = {}
         for row in rows:
             state = dispatcher.states.get(row.name)
+            if row.backfill:
+                if state is not None and state.job.leased and row.id not in self._taking:
+                    backfills.setdefault(row.name, []).append(row)
+                continue
             pending = row.state is lease.TriggerState.PENDING
             if pending and (now - row.requested).total_seconds() > lease.REQUEST_TTL:
                 expired.append(row.id)
@@ -260,6 +293,8 @@ class Sweeper:
         if expired:
             triggers = self._triggers
             self._control.run(lambda: triggers.close(expired, expired=True), lambda _result: None)
+        for name, queue in backfills.items():
+            self._backfill.step(dispatcher.states[name], queue)
 
     def _take(self, state: JobState, row: lease.TriggerRow, *, leased: bool) -> None:
         dispatcher, triggers, holder = self._dispatcher, self._triggers, self._replica_id

@@ -1,0 +1,148 @@
+"""Backfills: the instants of the past an operator asked for (``cronjob backfill``), run
+on the replicas that register the job, one at a time, oldest first.
+
+Each sweep hands `BackfillTaker.step` the open backfill requests of each of this
+replica's leased jobs ([lease.Backfills][] says the rule by which one is taken). Per job:
+
+- a request whose round runs (its lease held) leaves the job alone: one at a time;
+- a request whose round was cut short, or died with its replica (running, its lease
+  free), is queued again as attempt 2; its second run cut short is given up;
+- else the oldest queued instant is taken: it runs under the job's lease as a manual
+  round does (`Dispatcher.start_manual`), ``ctx.instant`` the instant, ``why``
+  ``'backfill'``; or it is closed as on record; or it waits.
+
+A job with instants queued keeps the sweeps going on an in-process clock (`waiting`);
+the end of a backfill's round sweeps at once (see ``Sweeper``), so a backfill on a live
+replica moves at the pace of its rounds, not of the 15 s grid.
+
+Dispatcher thread only; the statements run on the control thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import lease
+
+from .._clock import Clock
+from ._control import Control
+from ._keeper import too_late
+from ._state import JobState
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+
+__all__ = ["BackfillTaker"]
+
+log = logging.getLogger("cronjob")
+
+#: How long after the instant that follows it a backfill's instant is past the
+#: schedule's reach: its claim, late as it may be, was sent by then.
+PASSED_GRACE = timedelta(seconds=60)
+
+
+class BackfillTaker:
+    """Takes the instants of backfills for the dispatcher's jobs."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: lease.LeaseStore,
+        control: Control,
+        dispatcher: Dispatcher,
+        replica_id: str,
+        taking: set[int],
+        give_up: Callable[[lease.TriggerRow], None],
+        sweep_soon: Callable[[], None],
+    ) -> None:
+        self._clock = clock
+        self._control = control
+        self._dispatcher = dispatcher
+        self._replica_id = replica_id
+        self._backfills = lease.Backfills(store)
+        self._triggers = lease.Triggers(store)
+        #: The ids of requests being taken (shared with the sweeper's own requests).
+        self._taking = taking
+        self._give_up = give_up
+        self._sweep_soon = sweep_soon
+        #: The last sweep found instants queued for a job of this replica.
+        self.waiting = False
+
+    def step(self, state: JobState, rows: list[lease.TriggerRow]) -> None:
+        """Move the backfill of ``state``'s job on by one step (see the module docstring).
+        ``rows`` are its open backfill requests, as a sweep read them."""
+        queued = sorted(
+            (row for row in rows if row.state is lease.TriggerState.QUEUED),
+            key=lambda row: (row.instant, row.id),
+        )
+        self.waiting = self.waiting or bool(rows)
+        for row in rows:
+            if row.state is lease.TriggerState.QUEUED:
+                continue
+            if not row.lease_free and row.lease_token == row.token:
+                return  # its round runs: one at a time
+            if row.lease_free and row.attempt >= 2:
+                self._give_up(row)  # its second run died, or was cut short
+            elif row.lease_free:
+                self._requeue(row)
+            return
+        if not queued or state.busy or state.run is not None or self._dispatcher.draining:
+            return
+        self._take(state, queued[0])
+
+    def ended(self, request: lease.TriggerRow) -> None:
+        """A request's round ended on this replica: after a backfill's, sweep at once, so
+        its next instant is taken without waiting for the 15 s grid."""
+        if request.backfill:
+            self._sweep_soon()
+
+    def swept(self) -> None:
+        """A sweep begins: `waiting` is told anew by its steps."""
+        self.waiting = False
+
+    def _requeue(self, row: lease.TriggerRow) -> None:
+        backfills = self._backfills
+        self._taking.add(row.id)
+
+        def done(_result: object) -> None:
+            self._taking.discard(row.id)
+            self._sweep_soon()  # its second run may be taken now
+
+        self._control.run(lambda: backfills.requeue(row), done)
+
+    def _take(self, state: JobState, row: lease.TriggerRow) -> None:
+        dispatcher, backfills, holder = self._dispatcher, self._backfills, self._replica_id
+        triggers = self._triggers
+        claimed_at = self._clock.monotonic()
+        self._taking.add(row.id)
+
+        def done(result: int | BaseException | None) -> None:
+            self._taking.discard(row.id)
+            if isinstance(result, BaseException):
+                log.error("job %r: taking a backfill's instant failed: %s", row.name, result)
+                return
+            if result is None:
+                return  # it waits, or was on record (closed), or another replica took it
+            if dispatcher.draining or too_late(claimed_at, self._clock.monotonic()):
+                name = row.name
+                self._control.run(
+                    lambda: triggers.end(row.id, name, result, leased=True, outcome="cut short"),
+                    lambda _result: None,
+                )
+                return
+            log.info(
+                "job %r: backfilling instant %s, asked by %s",
+                row.name,
+                row.instant,
+                row.requested_by,
+            )
+            dispatcher.start_manual(state, row, token=result, claimed_at=claimed_at)
+
+        assert row.instant is not None
+        following = state.job.schedule.next(row.instant)
+        passed = following is not None and following + PASSED_GRACE <= self._clock.now()
+        self._control.run(lambda: backfills.take(row, holder, passed=passed), done)

@@ -1,0 +1,104 @@
+"""What the history says of the instants of a span of time, for every name at once: the
+reads behind the missed-instants count of ``cronjob status`` (see
+``cronjob.admin._missed``).
+
+Two reads, each one statement whatever the number of names, both on the index of
+``ended_ms`` (a round of an instant ends after it, so the rounds of the instants after
+``since_ms`` all ended after it):
+
+- `Tally.on_record`: per name, how many distinct instants after ``since_ms`` have a
+  round on record that a schedule ran (manual rounds and the pause notes left out). A
+  name whose count is its schedule's count of instants missed none: no further read.
+- `Tally.spans`: for a few names (those that fall short), each round and note that
+  ended after ``since_ms``: its instant, why, and when it ran, so that the instants a
+  round overran, or a pause covered, are told from those that nothing accounted for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Final
+
+import sqlalchemy as sa
+
+from ._core import _IN_LIST_LIMIT
+from ._exceptions import translate_errors
+from ._schema import round_table
+from ._store import LeaseStore
+
+__all__ = ["NOT_SCHEDULED", "RoundSpan", "Tally"]
+
+_h = round_table
+
+#: The ``why`` of history rows that are not a scheduled instant's round: a manual round
+#: (its instant is its request's moment), and the pause and resume notes.
+NOT_SCHEDULED: Final = ("manual", "pause", "resume")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundSpan:
+    """One row of the history, as the tally reads it (epoch seconds and milliseconds)."""
+
+    name: str
+    instant_s: int
+    why: str
+    started_ms: int
+    ended_ms: int
+
+
+class Tally:
+    """The tally's reads, on ``store``'s engine."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+
+    def on_record(self, *, since_ms: int) -> dict[str, int]:
+        """Per name, the count of distinct instants after ``since_ms`` (epoch ms) with a
+        round on record that a schedule ran (any outcome: given up, missed deadline and
+        timed out count too). One statement."""
+        since_s = since_ms // 1000
+        stmt = (
+            sa.select(_h.c.name, sa.func.count(sa.distinct(_h.c.instant)))
+            .where(
+                _h.c.ended_ms >= since_ms,
+                _h.c.instant > since_s,
+                _h.c.why.not_in(NOT_SCHEDULED),
+            )
+            .group_by(_h.c.name)
+        )
+        with (
+            translate_errors("count the history's instants"),
+            self._store._transaction(read=True) as conn,
+        ):
+            return {name: int(count) for name, count in conn.execute(stmt)}
+
+    def spans(self, names: Collection[str], *, since_ms: int) -> dict[str, list[RoundSpan]]:
+        """Each row of the history of ``names`` that ended at or after ``since_ms``,
+        rounds and notes alike, by name, oldest end first. One statement per
+        `_IN_LIST_LIMIT` names."""
+        wanted = sorted(names)
+        found: dict[str, list[RoundSpan]] = {name: [] for name in wanted}
+        columns = (_h.c.name, _h.c.instant, _h.c.why, _h.c.started_ms, _h.c.ended_ms)
+        with (
+            translate_errors("read the history's spans"),
+            self._store._transaction(read=True) as conn,
+        ):
+            for at in range(0, len(wanted), _IN_LIST_LIMIT):
+                chunk = wanted[at : at + _IN_LIST_LIMIT]
+                stmt = (
+                    sa.select(*columns)
+                    .where(_h.c.ended_ms >= since_ms, _h.c.name.in_(chunk))
+                    .order_by(_h.c.ended_ms, _h.c.id)
+                )
+                for name, instant, why, started, ended in conn.execute(stmt):
+                    found[name].append(
+                        RoundSpan(
+                            name=name,
+                            instant_s=int(instant),
+                            why=why,
+                            started_ms=int(started),
+                            ended_ms=int(ended),
+                        )
+                    )
+        return found
