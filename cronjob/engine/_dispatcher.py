@@ -7,10 +7,8 @@ instant for this replica's share of the leased jobs due then, and one more after
 for the shares other replicas left, see ``_peers``), lets recovery and the lease keeper
 act, and starts the rounds that were won. It never does I/O: statements go to the
 control thread and their results come back through the inbox, so a slow database cannot
-delay a deadline.
-
-Claiming the instants (the shares, the rest after a grace, the rounds held until their
-instant) is the `Claims` part's, on this same thread.
+delay a deadline. Claiming the instants (the shares, the rest after a grace, the rounds
+held until their instant) is the `Claims` part's, on this same thread.
 """
 
 from __future__ import annotations
