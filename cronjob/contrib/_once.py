@@ -62,7 +62,8 @@ def _engine(database: str | sa.Engine | None) -> sa.Engine:
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = _engines[url] = lease.create_engine(lease.sync_url(url))
+            url = lease.sync_url(url) if lease.is_async_url(url) else url
+            engine = _engines[url] = lease.create_engine(url)
         return engine
 
 
