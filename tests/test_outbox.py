@@ -219,3 +219,33 @@ def test_payload_is_json(migrated_engine):
     with migrated_engine.connect() as conn:
         text = conn.execute(sa.text("SELECT payload FROM cronjob_outbox")).scalar()
     assert json.loads(text) == {"a": [1]}
+
+
+class TestStatus:
+    def test_status_counts_the_unsent_and_exits_1_once_the_oldest_is_past_the_option(
+        self, migrated_engine, db_url, capsys
+    ):
+        from cronjob import admin
+        from cronjob.admin._cli import main
+
+        recorded = START - timedelta(minutes=10)
+        with migrated_engine.begin() as conn:
+            lease.record_publication(
+                conn,
+                id="i",
+                name="n",
+                instant=recorded,
+                target="rq",
+                payload={},
+                now_ms=round(recorded.timestamp() * 1000),
+                hold_ms=0,
+            )
+        report = admin.status(db_url, now=START)
+        assert report.outbox == admin.OutboxStatus(unsent=1, oldest=recorded)
+        assert not report.outbox.overdue(START, after=601)
+        assert report.outbox.overdue(START, after=599)
+        assert main(["status", "--database-url", db_url, "--unsent-after", "1e9"]) == 0
+        assert main(["status", "--database-url", db_url, "--json", "--unsent-after", "60"]) == 1
+        out, err = capsys.readouterr()
+        assert '"unsent": 1' in out
+        assert "outbox: 1 occurrence(s) unsent" in err

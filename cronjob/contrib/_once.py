@@ -62,7 +62,7 @@ def _engine(database: str | sa.Engine | None) -> sa.Engine:
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            url = lease.sync_url(url) if lease.is_async_url(url) else url
+            url = str(lease.sync_url(url)) if lease.is_async_url(url) else url
             engine = _engines[url] = lease.create_engine(url)
         return engine
 
