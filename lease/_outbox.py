@@ -225,10 +225,11 @@ def outbox_summary(conn: Connection) -> OutboxSummary:
     return OutboxSummary(unsent=int(count), oldest_ms=None if oldest is None else int(oldest))
 
 
-def prune_outbox(conn: Connection, *, before_ms: int) -> int:
-    """Delete the publications sent, and the once-rows done, before ``before_ms``;
-    returns how many rows went. Unsent publications and running bodies stay."""
-    with translate_errors("prune the outbox"):
+def prune_outbox(engine: Engine, *, before_ms: int) -> int:
+    """Delete the publications sent, and the once-rows done, before ``before_ms``, in a
+    transaction of its own; returns how many rows went. Unsent publications and running
+    bodies stay."""
+    with translate_errors("prune the outbox"), engine.begin() as conn:
         sent = conn.execute(
             _o.delete().where(_o.c.sent_ms.is_not(None), _o.c.sent_ms < before_ms)
         ).rowcount

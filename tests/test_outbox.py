@@ -200,8 +200,8 @@ class TestOutboxRows:
             assert lease.mark_published(conn, "id-1", now_ms=2000)
             assert not lease.mark_published(conn, "id-1", now_ms=2001)
             assert lease.outbox_summary(conn) == lease.OutboxSummary(unsent=0, oldest_ms=None)
-            assert lease.prune_outbox(conn, before_ms=2000) == 0
-            assert lease.prune_outbox(conn, before_ms=2001) == 1
+        assert lease.prune_outbox(migrated_engine, before_ms=2000) == 0
+        assert lease.prune_outbox(migrated_engine, before_ms=2001) == 1
 
 
 def test_payload_is_json(migrated_engine):
@@ -249,3 +249,23 @@ class TestStatus:
         out, err = capsys.readouterr()
         assert '"unsent": 1' in out
         assert "outbox: 1 occurrence(s) unsent" in err
+
+
+def test_done_once_rows_are_pruned_and_running_ones_stay(migrated_engine):
+    for id_ in ("done", "running"):
+        token, _ = lease.begin_once(
+            migrated_engine, id_, task="t", holder="w", now_ms=1000, stale_ms=10
+        )
+        if id_ == "done":
+            with migrated_engine.begin() as conn:
+                assert lease.finish_once(conn, id_, token, now_ms=1500)
+    assert lease.prune_outbox(migrated_engine, before_ms=1500) == 0
+    assert lease.prune_outbox(migrated_engine, before_ms=10**12) == 1
+    again, state = lease.begin_once(
+        migrated_engine, "running", task="t", holder="w2", now_ms=1005, stale_ms=10
+    )
+    assert (again, state) == (None, lease.ONCE_RUNNING)
+    taken, _ = lease.begin_once(
+        migrated_engine, "running", task="t", holder="w2", now_ms=1010, stale_ms=10
+    )
+    assert taken is not None
