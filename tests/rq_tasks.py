@@ -61,3 +61,14 @@ def counted(label: str, sleep: float = 0.0, fail: bool = False) -> str:
     if fail:
         raise RuntimeError(f"{label} failed")
     return label
+
+
+@once(stale_after=15)
+def counted_stale(label: str, sleep: float = 0.0) -> str:
+    """`counted` with a stale time of 15 s (a killed worker's body runs again after it)."""
+    job = get_current_job()
+    assert job is not None
+    _write({"body": job.id, "label": label})
+    if sleep:
+        time.sleep(sleep)
+    return label

@@ -111,9 +111,16 @@ class Handoff:
         publisher: What puts the messages on the broker.
         retry_within: Seconds the round retries a refused send before it leaves it to
             the sweep.
+        hold: Seconds an attempt keeps its row from the other retriers (`HOLD_SECONDS`).
     """
 
-    def __init__(self, publisher: Publisher, *, retry_within: float = RETRY_WITHIN) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        retry_within: float = RETRY_WITHIN,
+        hold: float = HOLD_SECONDS,
+    ) -> None:
         target = getattr(publisher, "target", None)
         if not isinstance(target, str) or not target or len(target) > 16:
             raise RegistrationError(
@@ -123,8 +130,11 @@ class Handoff:
             raise RegistrationError(
                 f"handoff: retry_within must be a number of seconds >= 0, got {retry_within!r}"
             )
+        if not isinstance(hold, int | float) or not hold > 0:
+            raise RegistrationError(f"handoff: hold must be a number of seconds > 0, got {hold!r}")
         self.publisher = publisher
         self.retry_within = float(retry_within)
+        self.hold = float(hold)
         self.__name__ = f"handoff_{target}"
         self.__qualname__ = self.__name__
         self.__module__ = "cronjob.contrib"
@@ -152,7 +162,7 @@ class Handoff:
             id=ctx.occurrence_id, name=ctx.name, instant=ctx.instant, headers=headers
         )
         clock = ctx._clock
-        hold = round(HOLD_SECONDS * 1000)
+        hold = round(self.hold * 1000)
         with ctx.transaction() as conn:
             engine = conn.engine
             now = _now_ms(clock.now())
@@ -221,7 +231,7 @@ class Handoff:
             (sent meanwhile, or another replica took it).
         """
         now_ms = _now_ms(now)
-        hold = now_ms + round(HOLD_SECONDS * 1000)
+        hold = now_ms + round(self.hold * 1000)
         if not _claim(engine, row.id, row.next_try_ms, hold):
             return None
         error = _send(self.publisher, _occurrence(row))
@@ -241,7 +251,9 @@ class Handoff:
         return False
 
 
-def handoff(publisher: Publisher, *, retry_within: float = RETRY_WITHIN) -> Handoff:
+def handoff(
+    publisher: Publisher, *, retry_within: float = RETRY_WITHIN, hold: float = HOLD_SECONDS
+) -> Handoff:
     """Turn ``publisher`` into a job function that hands each instant to its task system.
 
     Register what it returns as any job (``cronjob.register(handoff(p), spec, name)``,
@@ -249,11 +261,18 @@ def handoff(publisher: Publisher, *, retry_within: float = RETRY_WITHIN) -> Hand
     fenced transaction, sends it with the occurrence id as the message's own id, and
     marks it sent once the broker accepted it; see `Handoff.__call__` and `Handoff.resend`.
 
+    Args:
+        retry_within: Seconds the round retries a refused send before it leaves it to
+            the sweep (keep it below the job's period: a round that runs past its next
+            instant makes that instant skipped).
+        hold: Seconds an attempt keeps its row from the other retriers; after them, a
+            replica that died while sending is retried for (longer than a send takes).
+
     Raises:
-        RegistrationError: ``publisher`` has no ``target``, or ``retry_within`` is not a
-            number of seconds >= 0.
+        RegistrationError: ``publisher`` has no ``target``, ``retry_within`` is not a
+            number of seconds >= 0, or ``hold`` not > 0.
     """
-    return Handoff(publisher, retry_within=retry_within)
+    return Handoff(publisher, retry_within=retry_within, hold=hold)
 
 
 def _occurrence(row: lease.OutboxRow) -> Occurrence:

@@ -30,7 +30,7 @@ from rq import Queue, get_current_job
 from rq.job import Job
 
 from .._exceptions import RegistrationError
-from ._handoff import RETRY_WITHIN, Handoff, Occurrence
+from ._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
 from ._once import STALE_AFTER, run_once
 
 __all__ = ["JOB_OPTIONS", "META_KEY", "RQPublisher", "enqueue", "once", "trace_context"]
@@ -119,6 +119,7 @@ def enqueue(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     retry_within: float = RETRY_WITHIN,
+    hold: float = HOLD_SECONDS,
     **options: Any,
 ) -> Handoff:
     """A job function that enqueues ``func`` on ``queue`` once per instant.
@@ -129,6 +130,8 @@ def enqueue(
         args, kwargs: Passed to the task.
         retry_within: Seconds the round retries a refused enqueue before it leaves it to
             the sweep (see [handoff][cronjob.contrib.handoff]).
+        hold: Seconds an attempt keeps its row from the other retriers (see
+            [handoff][cronjob.contrib.handoff]).
         options: Passed to ``Queue.enqueue_call`` (`JOB_OPTIONS`).
 
     Raises:
@@ -136,7 +139,7 @@ def enqueue(
             callable nor a dotted path, or an option is not one of `JOB_OPTIONS`.
     """
     publisher = RQPublisher(queue, func, args=args, kwargs=kwargs, options=options)
-    return Handoff(publisher, retry_within=retry_within)
+    return Handoff(publisher, retry_within=retry_within, hold=hold)
 
 
 def trace_context(job: Job | None = None) -> Context:
