@@ -12,6 +12,8 @@ import sys
 import time
 
 from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq import Queue
 
 import cronjob
@@ -28,8 +30,13 @@ class Announced(RQPublisher):
             time.sleep(pause)
 
 
+# No retries of the client's own (redis-py retries three times, backing off): a send
+# that fails must fail within the round's period, and the outbox retries it anyway.
 _redis = Redis(
-    port=int(os.environ["OUTBOX_REDIS_PORT"]), socket_timeout=2, socket_connect_timeout=2
+    port=int(os.environ["OUTBOX_REDIS_PORT"]),
+    socket_timeout=1,
+    socket_connect_timeout=1,
+    retry=Retry(NoBackoff(), 0),
 )
 _queue = Queue(os.environ["OUTBOX_QUEUE"], connection=_redis)
 cronjob.register(
