@@ -89,9 +89,11 @@ def test_a_replica_killed_between_send_and_mark_republishes_the_same_id_once(
     with ExitStack() as stack:
         victim = replica(stack, db_url, queue, 6379, OUTBOX_PAUSE_AFTER_SEND="3")
         other = replica(stack, db_url, queue, 6379)
-        wait_for(lambda: "outbox-sent" in victim.output, 60, "a send by the victim")
+        before = victim.output.count("outbox-sent")
+        # A send just announced: the victim waits 3 s before its mark. Kill it there.
+        wait_for(lambda: victim.output.count("outbox-sent") > before, 60, "a send")
         victim.process.send_signal(signal.SIGKILL)
-        killed_id = victim.output.split("outbox-sent ")[1].split()[0]
+        killed_id = victim.output.split("outbox-sent ")[-1].split()[0]
         time.sleep(40)  # the victim's lease expires, its row's hold passes, a sweep runs
         wait_for(lambda: all(r["sent_ms"] is not None for r in rows(db_url)), 60, "all sent")
         assert other.process.poll() is None
