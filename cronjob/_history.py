@@ -119,16 +119,20 @@ class Pruner:
                 replicas_gone=REPLICA_GONE,
             )
             done = lease.prune_schedules(self._store, days=self._history.days)
+            # Publications sent and bodies done as long ago as the history is kept.
+            cutoff = self._clock.now().timestamp() * 1000 - self._history.days * 86_400_000
+            outbox = lease.prune_outbox(self._store.engine, before_ms=round(cutoff))
         except lease.LeaseError as exc:
             log.warning("pruning the round history failed: %s", exc)
             return
         finally:
             self._clock._work_finished()
-        if rounds or replicas or done:
+        if rounds or replicas or done or outbox:
             log.info(
-                "pruned %d round(s) from the history, %d replica(s) gone and %d schedule(s) "
-                "over (one-offs run, past their end, removed)",
+                "pruned %d round(s) from the history, %d replica(s) gone, %d schedule(s) "
+                "over (one-offs run, past their end, removed) and %d outbox row(s)",
                 rounds,
                 replicas,
                 done,
+                outbox,
             )

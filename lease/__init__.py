@@ -26,6 +26,8 @@ outcomes — nothing about what the holder runs.
 #                rerun), _history (history, replicas, prune, survey), _pause, _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
+#   _outbox      publications handed to another system (recorded, retried, marked sent)
+#                and bodies run once per id
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
 #   _backfill    Backfills: past instants run again under the lease, one at a time
 #   _tally       Tally: the history's instants of the last day, for the missed count
@@ -55,6 +57,19 @@ from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
 from ._migrate import current_revision as current_revision
 from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
+from ._outbox import ONCE_DONE as ONCE_DONE
+from ._outbox import ONCE_RUNNING as ONCE_RUNNING
+from ._outbox import OutboxRow as OutboxRow
+from ._outbox import OutboxSummary as OutboxSummary
+from ._outbox import begin_once as begin_once
+from ._outbox import claim_publication as claim_publication
+from ._outbox import due_publications as due_publications
+from ._outbox import finish_once as finish_once
+from ._outbox import mark_published as mark_published
+from ._outbox import outbox_summary as outbox_summary
+from ._outbox import prune_outbox as prune_outbox
+from ._outbox import record_publication as record_publication
+from ._outbox import release_once as release_once
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
@@ -134,6 +149,10 @@ __all__ = [
     "MigrationFailed",
     "MigrationRequired",
     "NOT_SCHEDULED",
+    "ONCE_DONE",
+    "ONCE_RUNNING",
+    "OutboxRow",
+    "OutboxSummary",
     "REASON_LENGTH",
     "REQUEST_TTL",
     "ReplicaRow",
@@ -154,24 +173,33 @@ __all__ = [
     "VERSION_TABLE",
     "WriteKind",
     "async_url",
+    "begin_once",
     "behind_transaction_pooler",
     "bump_schedule_rev",
     "check_dialect",
     "check_holder",
+    "claim_publication",
     "create_async_engine",
     "create_engine",
     "current_revision",
+    "due_publications",
+    "finish_once",
     "head_revision",
     "insert_schedules",
     "is_async_url",
     "leased_names",
+    "mark_published",
     "metadata",
     "migrate",
+    "outbox_summary",
+    "prune_outbox",
     "prune_schedules",
     "read_schedule_rev",
     "read_schedules",
+    "record_publication",
     "redact",
     "redeploy_schedule_leases",
+    "release_once",
     "remove_schedule",
     "replace_schedules",
     "schedule_changes",

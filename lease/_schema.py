@@ -18,6 +18,9 @@
 - ``cronjob_schedule`` (revision 0008): one row per schedule made of data (a task's
   schedule added at run time), removed ones kept as tombstones; ``cronjob_schedule_rev``:
   one row, the change counter every change of a schedule raises in its transaction.
+- ``cronjob_outbox`` (revision 0010): one row per publication handed to another system
+  (a task queue), recorded before it is sent, marked once accepted; ``cronjob_once``: one
+  row per id whose body a worker ran or runs (see ``lease._outbox``).
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -34,6 +37,8 @@ __all__ = [
     "ERROR_LENGTH",
     "NAME_LENGTH",
     "NEVER",
+    "ONCE_TABLE",
+    "OUTBOX_TABLE",
     "REASON_LENGTH",
     "REPLICA_TABLE",
     "ROUND_TABLE",
@@ -44,6 +49,8 @@ __all__ = [
     "VERSION_TABLE",
     "lease_table",
     "metadata",
+    "once_table",
+    "outbox_table",
     "replica_table",
     "round_table",
     "schedule_rev_table",
@@ -66,6 +73,10 @@ TRIGGER_TABLE = "cronjob_trigger"
 SCHEDULE_TABLE = "cronjob_schedule"
 #: The one-row table of the schedules' change counter (revision 0008).
 SCHEDULE_REV_TABLE = "cronjob_schedule_rev"
+#: The table of publications handed to another system (revision 0010).
+OUTBOX_TABLE = "cronjob_outbox"
+#: The table of bodies run once per id (revision 0010).
+ONCE_TABLE = "cronjob_once"
 #: The longest error summary kept, in characters (longer ones are cut, marked so).
 ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
@@ -291,6 +302,55 @@ schedule_rev_table = sa.Table(
     # Raised by one in the transaction of every change: its row lock orders the changes'
     # commits, so the rows changed at a value are all committed once it is read.
     sa.Column("rev", sa.BigInteger(), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+#: The length of an id of the outbox and the once-table (a UUID's text is 36).
+_ID_LENGTH = 64
+
+outbox_table = sa.Table(
+    OUTBOX_TABLE,
+    metadata,
+    # The publication's id: the message's own id (an occurrence id).
+    sa.Column("id", sa.String(_ID_LENGTH), primary_key=True),
+    # The lease name and the instant (epoch milliseconds) it belongs to.
+    sa.Column("name", _Name, nullable=False),
+    sa.Column("instant_ms", sa.BigInteger(), nullable=False),
+    # What it is sent to ('rq', 'celery', ...): the holder's word.
+    sa.Column("target", sa.String(16), nullable=False),
+    # JSON: what the holder needs to send it again (its trace headers, a description).
+    sa.Column("payload", sa.Text(), nullable=False),
+    # Epoch milliseconds on the recorder's clock: recorded; nobody else tries it before
+    # next_try_ms (a retry claims it by moving this); accepted (NULL: unsent).
+    sa.Column("created_ms", sa.BigInteger(), nullable=False),
+    sa.Column("next_try_ms", sa.BigInteger(), nullable=False),
+    sa.Column("sent_ms", sa.BigInteger(), nullable=True),
+    # Failed attempts to send it, and the latest failure.
+    sa.Column("tries", sa.Integer(), nullable=False),
+    sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
+    # The unsent rows that are due, in one range; the sent ones to prune.
+    sa.Index("ix_cronjob_outbox_sent_next", "sent_ms", "next_try_ms"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+once_table = sa.Table(
+    ONCE_TABLE,
+    metadata,
+    # The id the body runs once for (an occurrence id).
+    sa.Column("id", sa.String(_ID_LENGTH), primary_key=True),
+    # The task whose body it is, and the worker that runs (or ran) it.
+    sa.Column("task", sa.String(NAME_LENGTH), nullable=False),
+    sa.Column("holder", sa.String(HOLDER_LENGTH), nullable=True),
+    # 'running' or 'done'; a failed body's row is deleted (a redelivery runs it again).
+    sa.Column("state", sa.String(16), nullable=False),
+    # A fresh random 63-bit value at each start: a taken-over run's end changes nothing.
+    sa.Column("token", sa.BigInteger(), nullable=False),
+    # Epoch milliseconds on the worker's clock.
+    sa.Column("started_ms", sa.BigInteger(), nullable=False),
+    sa.Column("ended_ms", sa.BigInteger(), nullable=True),
+    sa.Index("ix_cronjob_once_state_ended", "state", "ended_ms"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

@@ -156,6 +156,32 @@ def pgbouncer_url() -> Iterator[str]:
         _execute_outside_transaction(POSTGRES_URL, f"DROP DATABASE {database} WITH (FORCE)")
 
 
+#: The Redis server of the development and CI machines (RQ's broker).
+REDIS_URL = os.environ.get("CRONJOB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The Redis server, reachable (skipped when it is not, failed under CI)."""
+    redis = pytest.importorskip("redis")
+    if REDIS_URL not in _unreachable:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+        try:
+            client.ping()
+            _unreachable[REDIS_URL] = None
+        except redis.RedisError as exc:
+            _unreachable[REDIS_URL] = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+    reason = _unreachable[REDIS_URL]
+    if reason is not None:
+        message = f"the Redis server at {REDIS_URL} is unreachable ({reason})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; under CI the servers must run (.ci/run starts them)")
+        pytest.skip(message)
+    return REDIS_URL
+
+
 #: The databases ``db_url`` runs a test on, by the name of their URL fixture.
 DATABASES = [
     pytest.param("sqlite", id="sqlite"),

@@ -75,6 +75,22 @@ SURFACE = {
         "update",
     ],
     "cronjob.contrib.flask": ["Cronjob", "command"],
+    "cronjob.contrib": [
+        "Handoff",
+        "Occurrence",
+        "OccurrenceBusy",
+        "Publisher",
+        "handoff",
+        "run_once",
+    ],
+    "cronjob.contrib.rq": [
+        "JOB_OPTIONS",
+        "META_KEY",
+        "RQPublisher",
+        "enqueue",
+        "once",
+        "trace_context",
+    ],
     "cronjob.admin": [
         "Activity",
         "Backfill",
@@ -83,6 +99,7 @@ SURFACE = {
         "ForgetRefused",
         "Forgotten",
         "JobStatus",
+        "OutboxStatus",
         "Outcome",
         "PauseChange",
         "Refusal",
@@ -97,6 +114,7 @@ SURFACE = {
         "TablesMissing",
         "TriggerRefused",
         "TriggerRequest",
+        "UNSENT_AFTER",
         "UnknownJob",
         "Why",
         "backfill",
@@ -164,7 +182,8 @@ def test_importing_cronjob_imports_no_framework():
 
     code = (
         "import sys, cronjob, cronjob.testing, cronjob.contrib;"
-        "print(sorted(m for m in ('django', 'flask', 'fastapi', 'starlette') if m in sys.modules))"
+        "names = ('django', 'flask', 'fastapi', 'starlette', 'rq', 'redis');"
+        "print(sorted(m for m in names if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

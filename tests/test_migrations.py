@@ -26,7 +26,7 @@ from lease import _migrate
 from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0009"
+HEAD = "0010"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -733,3 +733,37 @@ class TestUpgradeTo0009:
         assert store.finish("old-job", 42, ended=manual_clock.now())
         assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE
         assert store.survey(["old-job"]).next_expiry is None
+
+
+class TestUpgradeTo0010:
+    """Revision 0010 adds the outbox and the once-table and touches no existing row: a
+    round in flight under release 0009 ends on record after the live upgrade, and the
+    outbox takes a publication beside it at once."""
+
+    def test_a_round_in_flight_ends_on_record_and_the_outbox_works_beside_it(
+        self, db_engine, manual_clock
+    ):
+        t0 = manual_clock.now()
+        _upgraded_under_a_round(db_engine, "0009", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE
+        with db_engine.begin() as conn:
+            _row, new = lease.record_publication(
+                conn,
+                id="occurrence",
+                name="old-job",
+                instant=t0,
+                target="rq",
+                payload={},
+                now_ms=0,
+                hold_ms=0,
+            )
+            assert new
+            assert lease.outbox_summary(conn).unsent == 1
+        token, state = lease.begin_once(
+            db_engine, "occurrence", task="t", holder="w", now_ms=0, stale_ms=1
+        )
+        assert token is not None and state == lease.ONCE_RUNNING

@@ -50,6 +50,8 @@ from ._control import resume_all as resume_all
 from ._forget import ForgetRefused as ForgetRefused
 from ._forget import Forgotten as Forgotten
 from ._forget import forget as forget
+from ._outbox import UNSENT_AFTER as UNSENT_AFTER
+from ._outbox import OutboxStatus as OutboxStatus
 from ._status import HISTORY_LIMIT as HISTORY_LIMIT
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
 from ._status import Activity as Activity
@@ -76,6 +78,7 @@ __all__ = [
     "ForgetRefused",
     "Forgotten",
     "JobStatus",
+    "OutboxStatus",
     "Outcome",
     "PauseChange",
     "Refusal",
@@ -90,6 +93,7 @@ __all__ = [
     "TablesMissing",
     "TriggerRefused",
     "TriggerRequest",
+    "UNSENT_AFTER",
     "UnknownJob",
     "Why",
     "backfill",

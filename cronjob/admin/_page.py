@@ -128,6 +128,13 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
             "<code>cronjob forget NAME</code> deletes one's record.</p>"
         )
         body.append(_retired(retired, prefix))
+    if report.outbox.unsent:
+        oldest = report.outbox.oldest
+        body.append("<h2>Outbox</h2>")
+        body.append(
+            f"<p>{report.outbox.unsent} occurrence(s) not yet accepted by their task queue; "
+            f"the oldest recorded {e(oldest.isoformat() if oldest else '-')}.</p>"
+        )
     body.append("<h2>Live replicas</h2>")
     body.append(_replicas(report.replicas))
     return _document("cronjob status", prefix, body)

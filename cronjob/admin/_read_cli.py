@@ -5,7 +5,8 @@ Neither writes, nor migrates: a database without the tables, or at an older revi
 gets one line saying which, and is left as it was.
 
 Exit statuses: 0 all is well; 1 (``status``) a job is failing, stale, registered with
-specs that disagree, or a schedule whose task no live replica registers — one line on
+specs that disagree, a schedule whose task no live replica registers, or an occurrence
+handed to a task queue still unsent after ``--unsent-after`` seconds — one line on
 stderr says which, so the command serves as a probe or an alert check (a retired job,
 which no live replica registers, never is: it is listed apart); 2 bad input (an unknown
 job, no schedule of ``--task``, a bad option, no tables, an older schema); 3 the database
@@ -38,6 +39,7 @@ from ._format import (
     _time,
     _why,
 )
+from ._outbox import UNSENT_AFTER
 
 __all__ = ["add_commands", "run_history", "run_status"]
 
@@ -73,6 +75,14 @@ def add_commands(commands: Any, database_help: str) -> None:
     )
     status.add_argument(
         "--task", metavar="T", default=None, help="show the schedules of task T only"
+    )
+    status.add_argument(
+        "--unsent-after",
+        type=float,
+        default=UNSENT_AFTER,
+        metavar="SECONDS",
+        help="exit 1 when an occurrence handed to a task queue is still unsent after "
+        f"SECONDS (default {UNSENT_AFTER:g})",
     )
     status.add_argument(
         "--serve",
@@ -137,6 +147,11 @@ def run_status(
         else:
             _print_status(report, out)
         problems = report.problems
+        if report.outbox.overdue(report.checked_at, after=args.unsent_after):
+            problems += (
+                f"outbox: {report.outbox.unsent} occurrence(s) unsent, the oldest recorded "
+                f"{_time(report.outbox.oldest)}",
+            )
         if problems:
             noun = "job needs" if len({p.split(":", 1)[0] for p in problems}) == 1 else "jobs need"
             print(f"cronjob: {noun} attention: " + "; ".join(problems), file=err)
@@ -225,6 +240,12 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
         if rows:
             print(file=out)
         _print_retired(report.retired, out)
+    if report.outbox.unsent:
+        print(
+            f"outbox: {report.outbox.unsent} occurrence(s) not yet accepted by their task "
+            f"queue, the oldest recorded {_time(report.outbox.oldest)} UTC",
+            file=out,
+        )
     print(file=out)
     replicas = [
         [

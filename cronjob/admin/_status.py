@@ -50,6 +50,7 @@ from ._base import at_ms as _at
 from ._base import aware as _aware
 from ._base import store_on as _store
 from ._base import to_ms as _ms
+from ._outbox import OutboxStatus, read_outbox
 from ._spec import human as _human
 from ._spec import next_instant as _next
 from ._spec import period as _period
@@ -177,6 +178,8 @@ class Status:
     checked_at: datetime
     jobs: tuple[JobStatus, ...]
     replicas: tuple[ReplicaStatus, ...]
+    #: The occurrences handed to a task system and not yet accepted.
+    outbox: OutboxStatus = dataclasses.field(default_factory=OutboxStatus)
 
     @property
     def healthy(self) -> bool:
@@ -232,6 +235,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         on_record = lease.Tally(store).on_record(since_ms=now_ms - _missed.WINDOW_MS)
         # Every schedule made of data, tombstones too: one query, joined by name below.
         plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
+        outbox = read_outbox(store)
     checked_at = _at(now_ms)
     asked: dict[str, list[RequestStatus]] = {}
     live = {replica.holder for replica in replicas}
@@ -283,6 +287,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     late = _missed.missed(database, jobs, rows, shown, on_record, checked_at)
     return Status(
         checked_at=checked_at,
+        outbox=outbox,
         jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills) for job in jobs),
         replicas=tuple(
             ReplicaStatus(

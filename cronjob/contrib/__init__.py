@@ -3,7 +3,26 @@
 - ``cronjob.contrib.django`` (``pip install 'cronjob-lease[django]'``): an app for
   ``INSTALLED_APPS``, ``manage.py cronjob``, fenced ORM transactions.
 - ``cronjob.contrib.flask`` (``[flask]``): the ``Cronjob`` extension and ``flask cronjob``.
+- ``cronjob.contrib.rq`` (``[rq]``): each instant handed to an RQ queue, and ``once``.
+
+What every task-queue target shares lives here, needing no extra: `handoff` (a publisher
+made a job function: the outbox), `run_once` (a worker's body once per occurrence id).
 
 The pytest plugin (`cronjob.pytest_plugin`) needs no extra. Importing this package
 imports no framework.
 """
+
+from ._handoff import Handoff as Handoff
+from ._handoff import Occurrence as Occurrence
+from ._handoff import Publisher as Publisher
+from ._handoff import handoff as handoff
+from ._once import OccurrenceBusy as OccurrenceBusy
+from ._once import run_once as run_once
+
+__all__ = ["Handoff", "Occurrence", "OccurrenceBusy", "Publisher", "handoff", "run_once"]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("cronjob.contrib._"):
+        _obj.__module__ = __name__
+del _name, _obj

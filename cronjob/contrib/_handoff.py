@@ -4,16 +4,54 @@ A *publisher* knows one task system and how to put one message on it. `handoff` 
 publisher into a job function: the round that claims an instant records an *occurrence*
 in the outbox (in its fenced transaction), has the publisher send it with the
 occurrence id as the message's own id, and marks it sent once the broker accepted it.
+
+`Handoff` is the job function `handoff` returns: it carries its publisher, so that the
+sweep of any replica, which finds a job by its name, can send an unsent occurrence again
+([Handoff.resend][cronjob.contrib.Handoff.resend]) with the same id. See
+docs/concepts/outbox.md for the whole story and docs/decisions.md for why.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-__all__ = ["Occurrence", "Publisher"]
+from opentelemetry import propagate
+
+import lease
+
+from .._exceptions import RegistrationError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from .._round import Round
+
+__all__ = [
+    "HOLD_SECONDS",
+    "RETRY_FIRST",
+    "RETRY_LONGEST",
+    "RETRY_WITHIN",
+    "Handoff",
+    "Occurrence",
+    "Publisher",
+    "handoff",
+]
+
+log = logging.getLogger("cronjob")
+
+#: Seconds an attempt to send keeps its outbox row from every other retrier (the sweep
+#: of each replica); past them, a replica that died while sending is retried for.
+HOLD_SECONDS: Final = 60.0
+#: Seconds before the first retry of a send that failed; each retry doubles it.
+RETRY_FIRST: Final = 1.0
+#: The longest pause between two retries, in seconds (the round's and the sweep's).
+RETRY_LONGEST: Final = 60.0
+#: Seconds the round itself retries a refused send before it leaves it to the sweep.
+RETRY_WITHIN: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -55,3 +93,216 @@ class Publisher(Protocol):
         RabbitMQ); raise on any failure. It may be called again with the same
         occurrence (after a failure, a crash, or on another replica)."""
         ...
+
+
+def _now_ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
+
+
+def retry_pause(tries: int) -> float:
+    """The pause before the retry that follows ``tries`` failed attempts, in seconds."""
+    return min(RETRY_LONGEST, RETRY_FIRST * float(2 ** max(0, tries - 1)))
+
+
+class Handoff:
+    """A job function that hands each instant to a task system (see `handoff`).
+
+    Attributes:
+        publisher: What puts the messages on the broker.
+        retry_within: Seconds the round retries a refused send before it leaves it to
+            the sweep.
+        hold: Seconds an attempt keeps its row from the other retriers (`HOLD_SECONDS`).
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        retry_within: float = RETRY_WITHIN,
+        hold: float = HOLD_SECONDS,
+    ) -> None:
+        target = getattr(publisher, "target", None)
+        if not isinstance(target, str) or not target or len(target) > 16:
+            raise RegistrationError(
+                f"handoff: the publisher {publisher!r} has no target (a short name such as 'rq')"
+            )
+        if not isinstance(retry_within, int | float) or not retry_within >= 0:
+            raise RegistrationError(
+                f"handoff: retry_within must be a number of seconds >= 0, got {retry_within!r}"
+            )
+        if not isinstance(hold, int | float) or not hold > 0:
+            raise RegistrationError(f"handoff: hold must be a number of seconds > 0, got {hold!r}")
+        self.publisher = publisher
+        self.retry_within = float(retry_within)
+        self.hold = float(hold)
+        self.__name__ = f"handoff_{target}"
+        self.__qualname__ = self.__name__
+        self.__module__ = "cronjob.contrib"
+
+    def __repr__(self) -> str:
+        return f"<Handoff {self.publisher.target} {self.publisher.describe()!r}>"
+
+    def __call__(self, ctx: Round) -> None:
+        """The round: record the occurrence, send it, mark it sent.
+
+        The record is written in the round's fenced transaction (`ctx.transaction()`),
+        so a round whose lease is gone records nothing. A second run of the instant finds
+        the record: sent, it sends nothing more; unsent, it sends it again with the same
+        id. A refused send is retried with back-off (`RETRY_FIRST`, doubling) through
+        `ctx.wait` for `retry_within` seconds, then left to the sweep (logged).
+
+        Raises:
+            LeaseLost: the lease is gone when the record is written.
+            Cancelled: the round was cancelled (drain, lease lost) while it retried:
+                the record stays, the sweep sends it.
+        """
+        headers: dict[str, str] = {}
+        propagate.inject(headers)  # the round's span is current on its thread
+        occurrence = Occurrence(
+            id=ctx.occurrence_id, name=ctx.name, instant=ctx.instant, headers=headers
+        )
+        clock = ctx._clock
+        hold = round(self.hold * 1000)
+        with ctx.transaction() as conn:
+            engine = conn.engine
+            now = _now_ms(clock.now())
+            row, new = lease.record_publication(
+                conn,
+                id=occurrence.id,
+                name=occurrence.name,
+                instant=occurrence.instant,
+                target=self.publisher.target,
+                payload={"headers": headers, "publisher": self.publisher.describe()},
+                now_ms=now,
+                hold_ms=hold,
+            )
+        if row.sent_ms is not None:
+            log.info("job %r: occurrence %s was sent already", ctx.name, occurrence.id)
+            return
+        if not new:  # a second run: take the row as the sweep does
+            occurrence = _occurrence(row)
+            if not _claim(engine, row.id, row.next_try_ms, now + hold):
+                return  # a sweep sends it now
+        seen, started, tries = now + hold, clock.monotonic(), row.tries
+        while True:
+            error = _send(self.publisher, occurrence)
+            now = _now_ms(clock.now())
+            if error is None:
+                _mark(engine, occurrence.id, now)
+                return
+            tries += 1
+            pause = retry_pause(tries)
+            if pause > started + self.retry_within - clock.monotonic():
+                _claim(engine, occurrence.id, seen, now, error=error)  # due for the sweep
+                log.warning(
+                    "job %r: occurrence %s not accepted by %s (%s); the sweep retries it",
+                    ctx.name,
+                    occurrence.id,
+                    self.publisher.target,
+                    error,
+                )
+                return
+            # Kept from the sweeps through the pause and the next attempt.
+            later = now + round(pause * 1000) + hold
+            if not _claim(engine, occurrence.id, seen, later, error=error):
+                return  # a sweep took it meanwhile
+            log.warning(
+                "job %r: occurrence %s not accepted by %s (%s); retrying in %gs",
+                ctx.name,
+                occurrence.id,
+                self.publisher.target,
+                error,
+                pause,
+            )
+            seen = later
+            if ctx.wait(pause):  # cancelled: the row is the sweep's at once
+                _claim(engine, occurrence.id, seen, _now_ms(clock.now()))
+                ctx.check()
+
+    def resend(self, engine: Engine, row: lease.OutboxRow, *, now: datetime) -> bool | None:
+        """Send an unsent outbox row again (the sweep), with its id and recorded headers.
+
+        The row is claimed first (a conditional update of its next try time), so of the
+        replicas that sweep at once one sends it; a failure sets its next try after a
+        back-off (`retry_pause`).
+
+        Returns:
+            ``True``: sent; ``False``: refused (retried later); ``None``: not claimed
+            (sent meanwhile, or another replica took it).
+        """
+        now_ms = _now_ms(now)
+        hold = now_ms + round(self.hold * 1000)
+        if not _claim(engine, row.id, row.next_try_ms, hold):
+            return None
+        error = _send(self.publisher, _occurrence(row))
+        if error is None:
+            _mark(engine, row.id, _now_ms(now))
+            log.info("job %r: occurrence %s sent by the sweep", row.name, row.id)
+            return True
+        later = now_ms + round(retry_pause(row.tries + 1) * 1000)
+        _claim(engine, row.id, hold, later, error=error)
+        log.warning(
+            "job %r: occurrence %s still not accepted by %s (%s)",
+            row.name,
+            row.id,
+            self.publisher.target,
+            error,
+        )
+        return False
+
+
+def handoff(
+    publisher: Publisher, *, retry_within: float = RETRY_WITHIN, hold: float = HOLD_SECONDS
+) -> Handoff:
+    """Turn ``publisher`` into a job function that hands each instant to its task system.
+
+    Register what it returns as any job (``cronjob.register(handoff(p), spec, name)``,
+    or a task's function). Each round records its occurrence in the outbox, in its
+    fenced transaction, sends it with the occurrence id as the message's own id, and
+    marks it sent once the broker accepted it; see `Handoff.__call__` and `Handoff.resend`.
+
+    Args:
+        retry_within: Seconds the round retries a refused send before it leaves it to
+            the sweep (keep it below the job's period: a round that runs past its next
+            instant makes that instant skipped).
+        hold: Seconds an attempt keeps its row from the other retriers; after them, a
+            replica that died while sending is retried for (longer than a send takes).
+
+    Raises:
+        RegistrationError: ``publisher`` has no ``target``, ``retry_within`` is not a
+            number of seconds >= 0, or ``hold`` not > 0.
+    """
+    return Handoff(publisher, retry_within=retry_within, hold=hold)
+
+
+def _occurrence(row: lease.OutboxRow) -> Occurrence:
+    headers = row.payload.get("headers") or {}
+    return Occurrence(
+        id=row.id,
+        name=row.name,
+        instant=row.instant.astimezone(UTC),
+        headers={str(k): str(v) for k, v in headers.items()},
+    )
+
+
+def _send(publisher: Publisher, occurrence: Occurrence) -> str | None:
+    """Publish; the failure's summary, or ``None`` once the broker accepted it."""
+    try:
+        publisher.publish(occurrence)
+    except Exception as exc:  # any failure of the broker's client: retried
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _claim(
+    engine: Engine, id: str, seen: int, next_try_ms: int, *, error: str | None = None
+) -> bool:
+    with engine.begin() as conn:
+        return lease.claim_publication(
+            conn, id, seen_next_try_ms=seen, next_try_ms=next_try_ms, error=error
+        )
+
+
+def _mark(engine: Engine, id: str, now_ms: int) -> None:
+    with engine.begin() as conn:
+        lease.mark_published(conn, id, now_ms=now_ms)

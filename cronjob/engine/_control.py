@@ -77,6 +77,10 @@ class Control:
         self._inbox = inbox
         self._thread = Workers(1, name)
 
+    def sibling(self, name: str) -> Control:
+        """Another thread of its own (``name``) that posts to the same inbox."""
+        return Control(self._clock, self._inbox, name=name)
+
     def run(
         self,
         work: Callable[[], T],

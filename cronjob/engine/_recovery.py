@@ -38,6 +38,7 @@ from .._policy import CatchUp
 from ._control import Control
 from ._metrics import missed_before
 from ._overlap import oldest_owed
+from ._republish import Republisher
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 
@@ -121,6 +122,10 @@ class Recovery:
             names=list(self._leased),
             post=post,
             replica=_replica_record(replica_id, clock, dispatcher, tasks),
+        )
+        #: Sends again what the rounds of jobs that hand their instants on could not.
+        self.republisher = Republisher(
+            clock=clock, store=store, control=control, states=dispatcher.states
         )
         #: The schedules made of data this replica follows (set by the scheduler when it
         #: registers tasks).
@@ -251,6 +256,7 @@ class Recovery:
         for name in dropped:
             self._leased.pop(name, None)
         self.sweeper.names_changed([state.job.name for state in added], dropped)
+        self.republisher.notice(added)
         self._dispatcher.peers.set_count(len(self._leased))
 
     def _start_catch_up(self) -> None:
@@ -428,15 +434,17 @@ class Recovery:
             candidates.append(self._db_retry_at)
         if self._probe_at is not None and not self._probing:
             candidates.append(self._probe_at)
-        sweep_at = self.sweeper.next_wake(draining=draining)
-        if sweep_at is not None:
-            candidates.append(sweep_at)
+        for part in (self.sweeper, self.republisher):
+            sweep_at = part.next_wake(draining=draining)
+            if sweep_at is not None:
+                candidates.append(sweep_at)
         return min(candidates, default=None)
 
     def sweep(self, now: float) -> None:
         """Sweep for rounds cut short if it is time (see `Sweeper`)."""
         if self.db_ready:
             self.sweeper.sweep(now)
+            self.republisher.sweep(now)
 
     def poll(self, now: float) -> None:
         """Read the schedules' changes if it is time: also while start-up's catch-up runs
@@ -459,6 +467,7 @@ class Recovery:
         if self.data is not None:
             self.data.close()
         self.sweeper.close(leave=leave and reachable)
+        self.republisher.close()
 
 
 def _replica_record(

@@ -1,0 +1,146 @@
+"""A worker's body run once per occurrence id: what every target's ``once`` shares.
+
+Task systems deliver at least once: a message may come twice (a replica that died between
+its send and its mark sends it again, with the same id; a broker redelivers a message
+whose worker died). `run_once` turns that into effectively once: the body runs only if an
+insert of the id into the lease database's once-table is new ([lease.begin_once][]).
+
+- The body returns: the id is marked done; a later delivery runs nothing.
+- The body raises: the row is deleted and the error goes on, so a redelivery (the task
+  system's retry) runs the body again.
+- The worker dies in the body: the row stays *running*; a delivery within
+  ``stale_after`` seconds of its start raises [OccurrenceBusy][cronjob.contrib.OccurrenceBusy]
+  (the task system may retry it later), one after that takes the row over and runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Final, TypeVar
+
+import sqlalchemy as sa
+
+import lease
+
+from .._clock import Clock, SystemClock
+from .._exceptions import CronjobError
+from ..engine._database import resolve_database
+
+__all__ = ["STALE_AFTER", "OccurrenceBusy", "run_once"]
+
+log = logging.getLogger("cronjob")
+
+T = TypeVar("T")
+
+#: Seconds after which a body still marked running is taken to be dead (its worker was
+#: killed) and a redelivery may run it. Longer than any body should take.
+STALE_AFTER: Final = 3600.0
+
+_engines: dict[str, sa.Engine] = {}
+_engines_lock = threading.Lock()
+_SYSTEM = SystemClock()
+
+
+class OccurrenceBusy(CronjobError, RuntimeError):
+    """Raised when a delivery finds the body of its occurrence id running elsewhere
+    (started less than ``stale_after`` seconds ago): not run here; a retry after that
+    time runs it if the other worker died."""
+
+
+def _engine(database: str | sa.Engine | None) -> sa.Engine:
+    """The engine for ``database``: an `Engine` as given, a URL's made once per process."""
+    if isinstance(database, sa.Engine):
+        return database
+    url = resolve_database(database)
+    if not isinstance(url, str):  # an AsyncEngine
+        raise TypeError(f"once: the database must be a URL or an Engine, got {url!r}")
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            url = str(lease.sync_url(url)) if lease.is_async_url(url) else url
+            engine = _engines[url] = lease.create_engine(url)
+        return engine
+
+
+def _ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
+
+
+def run_once(
+    occurrence_id: str,
+    task: str,
+    body: Callable[[], T],
+    *,
+    database: str | sa.Engine | None = None,
+    stale_after: float = STALE_AFTER,
+    clock: Clock | None = None,
+) -> T | None:
+    """Run ``body()`` unless it ran, or runs, for ``occurrence_id``.
+
+    Args:
+        occurrence_id: The delivery's id (the message's own id: an occurrence id).
+        task: The task's name, on record beside the id.
+        body: The work, called with no argument.
+        database: The lease database: a URL or an `Engine`; ``None`` reads
+            ``$CRONJOB_DATABASE_URL`` (else the embedded SQLite file), as ``cronjob run``.
+            Its tables must be at revision 0010 or later (a replica migrates them).
+        stale_after: Seconds after which a body still marked running may be run again.
+        clock: Where "now" comes from (the system clock by default).
+
+    Returns:
+        What ``body`` returned; ``None`` when it had run already (nothing is run).
+
+    Raises:
+        OccurrenceBusy: the body runs elsewhere, started less than ``stale_after`` ago.
+        ValueError: ``occurrence_id`` or ``task`` is empty, or ``stale_after`` not > 0.
+        lease.LeaseError: the database failed (the body did not run).
+        Exception: whatever ``body`` raised (the id is forgotten: a redelivery runs it).
+    """
+    if not isinstance(occurrence_id, str) or not occurrence_id:
+        raise ValueError(
+            f"once: the occurrence id must be a non-empty string, got {occurrence_id!r}"
+        )
+    if not isinstance(task, str) or not task:
+        raise ValueError(f"once: the task must be a non-empty string, got {task!r}")
+    if not isinstance(stale_after, int | float) or not stale_after > 0:
+        raise ValueError(f"once: stale_after must be a number of seconds > 0, got {stale_after!r}")
+    clock = clock or _SYSTEM
+    engine = _engine(database)
+    holder = f"{socket.gethostname()}:{os.getpid()}"[: lease.HOLDER_LENGTH]
+    token, state = lease.begin_once(
+        engine,
+        occurrence_id,
+        task=task,
+        holder=holder,
+        now_ms=_ms(clock.now()),
+        stale_ms=round(stale_after * 1000),
+    )
+    if token is None:
+        if state == lease.ONCE_RUNNING:
+            raise OccurrenceBusy(
+                f"task {task!r}: occurrence {occurrence_id} runs elsewhere (started less "
+                f"than {stale_after:g}s ago); not run here"
+            )
+        log.info("task %r: occurrence %s ran already; not run again", task, occurrence_id)
+        return None
+    try:
+        result = body()
+    except BaseException:
+        with engine.begin() as conn:
+            lease.release_once(conn, occurrence_id, token)
+        raise
+    with engine.begin() as conn:
+        if not lease.finish_once(conn, occurrence_id, token, now_ms=_ms(clock.now())):
+            log.warning(
+                "task %r: occurrence %s ran here, and was taken over meanwhile (stale after "
+                "%gs): it may have run twice",
+                task,
+                occurrence_id,
+                stale_after,
+            )
+    return result

@@ -1,0 +1,271 @@
+"""The outbox: each instant of a job handed to RQ is recorded before it is sent, sent with
+its occurrence id as the job's id, marked once Redis accepted it, and sent again by the
+sweep (any replica, one at a time) until it is; on every database, with real Redis."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from opentelemetry.sdk.trace import TracerProvider
+
+import cronjob
+import lease
+from cronjob.testing import FakeClock
+from tests._proxy import Proxy
+
+rq = pytest.importorskip("rq")
+redis = pytest.importorskip("redis")
+from cronjob.contrib.rq import META_KEY, enqueue  # noqa: E402
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+MINUTE = "0 * * * * *"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def queue(redis_url: str) -> Iterator[rq.Queue]:
+    """An RQ queue of the test's own name (no other run sees its jobs)."""
+    connection = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    queue = rq.Queue(f"cronjob-test-{uuid.uuid4().hex[:12]}", connection=connection)
+    yield queue
+    queue.empty()
+    connection.close()
+
+
+def outbox(url: str) -> list[dict[str, object]]:
+    engine = lease.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(lease.metadata.tables["cronjob_outbox"])).mappings()
+            return [dict(row) for row in rows]
+    finally:
+        engine.dispose()
+
+
+def at(minute: int) -> datetime:
+    return START + timedelta(minutes=minute)
+
+
+class TestRecordedSentMarked:
+    def test_each_instant_is_one_rq_job_whose_id_is_the_occurrence_id(
+        self, db_url, replicas, clock, queue
+    ):
+        registry = cronjob.Registry()
+        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, "export")
+        replicas(registry, "a")
+        clock.advance(125)  # 09:01 and 09:02
+        ids = [cronjob.occurrence_id("export", at(m)) for m in (1, 2)]
+        assert queue.job_ids == ids
+        job = queue.fetch_job(ids[0])
+        assert job.args == ("x",)
+        assert job.meta[META_KEY]["instant"] == "2026-03-02T09:01:00Z"
+        assert job.meta[META_KEY]["name"] == "export"
+        rows = sorted(outbox(db_url), key=lambda row: row["instant_ms"])
+        assert [row["id"] for row in rows] == ids
+        assert all(row["sent_ms"] is not None for row in rows)
+        assert rows[0]["target"] == "rq"
+
+    def test_two_replicas_publish_each_instant_once(self, db_url, replicas, clock, queue):
+        registry = cronjob.Registry()
+        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, "export")
+        replicas(registry, "a")
+        replicas(registry, "b")
+        clock.advance(185)
+        assert queue.job_ids == [cronjob.occurrence_id("export", at(m)) for m in (1, 2, 3)]
+
+    def test_the_round_s_trace_context_is_in_the_job(self, db_url, replicas, clock, queue):
+        provider = TracerProvider()
+        seen: list[str] = []
+        registry = cronjob.Registry()
+        handoff = enqueue(queue, "tests.rq_tasks.traced", args=("x",))
+
+        def job(ctx: cronjob.Round) -> None:
+            seen.append(ctx.trace_id)
+            handoff(ctx)
+
+        registry.register(job, MINUTE, "export")
+        replicas(registry, "a", tracer_provider=provider)
+        clock.advance(65)
+        [job_id] = queue.job_ids
+        headers = queue.fetch_job(job_id).meta[META_KEY]["headers"]
+        assert headers["traceparent"].split("-")[1] == seen[0]
+
+
+class TestBrokerDown:
+    def test_a_refused_send_is_left_unsent_then_the_sweep_sends_it_with_its_id(
+        self, db_url, replicas, clock, redis_url
+    ):
+        proxy = Proxy(("127.0.0.1", 6379))
+        connection = redis.Redis(port=proxy.port, socket_timeout=2, socket_connect_timeout=2)
+        queue = rq.Queue(f"cronjob-test-{uuid.uuid4().hex[:12]}", connection=connection)
+        try:
+            proxy.cut()
+            registry = cronjob.Registry()
+            handoff = enqueue(queue, "tests.rq_tasks.traced", args=("x",), retry_within=3)
+            registry.register(handoff, MINUTE, "export")
+            replicas(registry, "a")
+            clock.advance(65)  # 09:01: refused, retried for 3 s, left to the sweep
+            [row] = outbox(db_url)
+            assert row["sent_ms"] is None and row["tries"] >= 1
+            assert "ConnectionError" in str(row["error"])
+            proxy.restore()
+            clock.advance(30)  # a sweep
+            [row] = outbox(db_url)
+            assert row["sent_ms"] is not None
+            assert queue.job_ids == [cronjob.occurrence_id("export", at(1))]
+        finally:
+            queue.empty()
+            proxy.close()
+
+    def test_a_row_another_replica_left_unsent_is_sent_by_this_one_s_sweep(
+        self, db_url, replicas, clock, queue
+    ):
+        """As a replica killed between its record and its send leaves it."""
+        instant = at(0) - timedelta(minutes=5)
+        oid = cronjob.occurrence_id("export", instant)
+        engine = lease.create_engine(db_url)
+        lease.migrate(engine)
+        with engine.begin() as conn:
+            lease.record_publication(
+                conn,
+                id=oid,
+                name="export",
+                instant=instant,
+                target="rq",
+                payload={"headers": {}},
+                now_ms=round(instant.timestamp() * 1000),
+                hold_ms=60_000,
+            )
+        engine.dispose()
+        registry = cronjob.Registry()
+        registry.register(
+            enqueue(queue, "tests.rq_tasks.traced", args=("x",)), "0 0 0 1 1 *", "export"
+        )
+        replicas(registry, "b")
+        clock.advance(20)
+        assert queue.job_ids == [oid]
+        [row] = outbox(db_url)
+        assert row["sent_ms"] is not None
+
+
+class TestOutboxRows:
+    def test_only_one_of_two_retriers_claims_a_row(self, migrated_engine):
+        with migrated_engine.begin() as conn:
+            row, new = lease.record_publication(
+                conn,
+                id="id-1",
+                name="job",
+                instant=START,
+                target="rq",
+                payload={"headers": {"traceparent": "x"}},
+                now_ms=1000,
+                hold_ms=500,
+            )
+        assert new and row.next_try_ms == 1500
+        with migrated_engine.begin() as conn:
+            again, new = lease.record_publication(
+                conn,
+                id="id-1",
+                name="job",
+                instant=START,
+                target="rq",
+                payload={},
+                now_ms=9000,
+                hold_ms=500,
+            )
+        assert not new and again.created_ms == 1000 and again.payload["headers"]
+        with migrated_engine.begin() as conn:
+            [due] = lease.due_publications(conn, now_ms=1500, limit=10)
+            assert lease.due_publications(conn, now_ms=1499, limit=10) == []
+        with migrated_engine.begin() as conn:
+            first = lease.claim_publication(
+                conn, "id-1", seen_next_try_ms=due.next_try_ms, next_try_ms=5000
+            )
+        with migrated_engine.begin() as conn:
+            second = lease.claim_publication(
+                conn, "id-1", seen_next_try_ms=due.next_try_ms, next_try_ms=5000
+            )
+        assert (first, second) == (True, False)
+        with migrated_engine.begin() as conn:
+            assert lease.outbox_summary(conn) == lease.OutboxSummary(unsent=1, oldest_ms=1000)
+            assert lease.mark_published(conn, "id-1", now_ms=2000)
+            assert not lease.mark_published(conn, "id-1", now_ms=2001)
+            assert lease.outbox_summary(conn) == lease.OutboxSummary(unsent=0, oldest_ms=None)
+        assert lease.prune_outbox(migrated_engine, before_ms=2000) == 0
+        assert lease.prune_outbox(migrated_engine, before_ms=2001) == 1
+
+
+def test_payload_is_json(migrated_engine):
+    with migrated_engine.begin() as conn:
+        lease.record_publication(
+            conn,
+            id="i",
+            name="n",
+            instant=START,
+            target="rq",
+            payload={"a": [1]},
+            now_ms=0,
+            hold_ms=0,
+        )
+    with migrated_engine.connect() as conn:
+        text = conn.execute(sa.text("SELECT payload FROM cronjob_outbox")).scalar()
+    assert json.loads(text) == {"a": [1]}
+
+
+class TestStatus:
+    def test_status_counts_the_unsent_and_exits_1_once_the_oldest_is_past_the_option(
+        self, migrated_engine, db_url, capsys
+    ):
+        from cronjob import admin
+        from cronjob.admin._cli import main
+
+        recorded = START - timedelta(minutes=10)
+        with migrated_engine.begin() as conn:
+            lease.record_publication(
+                conn,
+                id="i",
+                name="n",
+                instant=recorded,
+                target="rq",
+                payload={},
+                now_ms=round(recorded.timestamp() * 1000),
+                hold_ms=0,
+            )
+        report = admin.status(db_url, now=START)
+        assert report.outbox == admin.OutboxStatus(unsent=1, oldest=recorded)
+        assert not report.outbox.overdue(START, after=601)
+        assert report.outbox.overdue(START, after=599)
+        assert main(["status", "--database-url", db_url, "--unsent-after", "1e9"]) == 0
+        assert main(["status", "--database-url", db_url, "--json", "--unsent-after", "60"]) == 1
+        out, err = capsys.readouterr()
+        assert '"unsent": 1' in out
+        assert "outbox: 1 occurrence(s) unsent" in err
+
+
+def test_done_once_rows_are_pruned_and_running_ones_stay(migrated_engine):
+    for id_ in ("done", "running"):
+        token, _ = lease.begin_once(
+            migrated_engine, id_, task="t", holder="w", now_ms=1000, stale_ms=10
+        )
+        if id_ == "done":
+            with migrated_engine.begin() as conn:
+                assert lease.finish_once(conn, id_, token, now_ms=1500)
+    assert lease.prune_outbox(migrated_engine, before_ms=1500) == 0
+    assert lease.prune_outbox(migrated_engine, before_ms=10**12) == 1
+    again, state = lease.begin_once(
+        migrated_engine, "running", task="t", holder="w2", now_ms=1005, stale_ms=10
+    )
+    assert (again, state) == (None, lease.ONCE_RUNNING)
+    taken, _ = lease.begin_once(
+        migrated_engine, "running", task="t", holder="w2", now_ms=1010, stale_ms=10
+    )
+    assert taken is not None
