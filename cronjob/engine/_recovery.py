@@ -24,8 +24,6 @@ Dispatcher thread only; the statements run on the control thread.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -38,6 +36,7 @@ from .._policy import CatchUp
 from ._control import Control
 from ._metrics import missed_before
 from ._overlap import oldest_owed
+from ._record import replica_record
 from ._republish import Republisher
 from ._state import JobState, Reason
 from ._sweep import Sweeper
@@ -121,7 +120,7 @@ class Recovery:
             replica_id=replica_id,
             names=list(self._leased),
             post=post,
-            replica=_replica_record(replica_id, clock, dispatcher, tasks),
+            replica=replica_record(replica_id, clock, dispatcher.states, tasks),
         )
         #: Sends again what the rounds of jobs that hand their instants on could not.
         self.republisher = Republisher(
@@ -468,42 +467,3 @@ class Recovery:
             self.data.close()
         self.sweeper.close(leave=leave and reachable)
         self.republisher.close()
-
-
-def _replica_record(
-    replica_id: str,
-    clock: Clock,
-    dispatcher: Dispatcher,
-    tasks: Mapping[str, Mapping[str, Any]] | None = None,
-) -> lease.ReplicaRow:
-    """This replica as the sweep puts it on record: who, where, since when, which jobs
-    and their policies."""
-    from .._version import __version__
-
-    now = clock.now()
-    # One (spec, leased) pair for the jobs that share it: the record lives as long as the
-    # replica, and 100,000 jobs on a few specs would keep 100,000 equal tuples.
-    pairs: dict[tuple[str, bool], tuple[str, bool]] = {}
-    jobs: dict[str, tuple[str, bool]] = {}
-    for state in dispatcher.states.values():
-        pair = (state.job.schedule.spec, state.job.leased)
-        jobs[state.job.name] = pairs.setdefault(pair, pair)
-    # Each job's options, for the status and the page (which load no app module).
-    policies: dict[str, Mapping[str, Any]] = {
-        s.job.name: described
-        for s in dispatcher.states.values()
-        if (described := s.job.policy.describe())
-    }
-    tasks = tasks or {}
-    policies |= {name: described for name, described in tasks.items() if described}
-    return lease.ReplicaRow(
-        holder=replica_id,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        version=__version__,
-        started=now,
-        seen=now,
-        jobs=jobs,
-        policies=policies,
-        tasks=frozenset(tasks),
-    )
