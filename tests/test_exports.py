@@ -74,6 +74,14 @@ SURFACE = {
         "update",
     ],
     "cronjob.contrib.flask": ["Cronjob", "command"],
+    "cronjob.contrib.celery": [
+        "BeatScheduleError",
+        "CeleryPublisher",
+        "OptionError",
+        "once",
+        "register_beat_schedule",
+        "send",
+    ],
     "cronjob.admin": [
         "Activity",
         "FAILED_OUTCOMES",
@@ -159,8 +167,9 @@ def test_importing_cronjob_imports_no_framework():
     import sys
 
     code = (
-        "import sys, cronjob, cronjob.testing, cronjob.contrib;"
-        "print(sorted(m for m in ('django', 'flask', 'fastapi', 'starlette') if m in sys.modules))"
+        "import sys, cronjob, cronjob.testing, cronjob.contrib, cronjob.admin._cli;"
+        "frameworks = ('django', 'flask', 'fastapi', 'starlette', 'celery', 'kombu');"
+        "print(sorted(m for m in frameworks if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
