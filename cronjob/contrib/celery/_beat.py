@@ -4,10 +4,11 @@ Each entry becomes a job named by its key, with a spec of cronjob's grammar:
 
 - ``crontab(...)``: ``0 <minute> <hour> <day_of_month> <month_of_year> <day_of_week>``
   (seconds first, the seconds field 0), read in the app's zone (``timezone``; with no
-  ``timezone``, UTC when ``enable_utc``, refused otherwise: the machine's local zone is
-  no schedule's). The fields are written from the sets Celery expanded (so ``mon-fri``,
-  ``*/15``, wrapped ranges such as ``fri-mon`` and lists all mean what they meant to
-  Celery), a full set as ``*``. Both number Sunday 0; Celery's day-of-week has no 7.
+  ``timezone``, UTC when ``enable_utc``, refused otherwise: Celery would read the
+  machine's local zone, which replicas need not share). The fields are written from
+  the sets Celery expanded (so ``mon-fri``, ``*/15``, wrapped ranges such as
+  ``fri-mon`` and lists all mean what they meant to Celery), a full set as ``*``.
+  Both number Sunday 0; Celery's day-of-week has no 7.
 - ``timedelta``, a number of seconds, or ``schedule(run_every=...)``: ``@every <n>s``,
   which fires on the multiples of the period since the Unix epoch, where beat counts
   from its own start (or its last run in its schedule file).
@@ -26,7 +27,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, timedelta, tzinfo
 from typing import Any
 
-__all__ = ["BeatEntry", "BeatScheduleError", "beat_entries", "crontab_spec", "zone_name"]
+__all__ = [
+    "BeatEntry",
+    "BeatScheduleError",
+    "app_zone",
+    "beat_entries",
+    "crontab_spec",
+    "every_spec",
+    "zone_name",
+]
 
 #: The keys of a ``beat_schedule`` entry that mean something here (``relative`` is
 #: accepted and has no effect: ``@every`` is always on the epoch's multiples).
@@ -59,22 +68,33 @@ class BeatEntry:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
-def zone_name(zone: tzinfo) -> str | None:
-    """The IANA name of a Celery app's ``timezone`` value; ``None`` for UTC.
+def app_zone(app: Any) -> tzinfo | None:
+    """The wall clock a Celery app reads its crontabs on; ``None`` for the machine's
+    local zone (no ``timezone`` set and ``enable_utc`` off), which cronjob refuses:
+    replicas on machines set to different zones would disagree on every instant."""
+    if not app.conf.timezone and not app.conf.enable_utc:
+        return None
+    zone: tzinfo = app.timezone
+    return zone
+
+
+def zone_name(zone: tzinfo | None) -> str | None:
+    """The IANA name of a Celery app's zone (`app_zone`); ``None`` for UTC.
 
     Raises:
-        BeatScheduleError: The zone has no IANA name (the machine's local zone, which
-            Celery uses when ``enable_utc`` is off and no ``timezone`` is set).
+        BeatScheduleError: The zone is the machine's local zone, or has no IANA name.
     """
-    name = getattr(zone, "key", None) or getattr(zone, "zone", None)
-    if name is None and zone is UTC:
-        return None
-    if not isinstance(name, str):
+    if zone is None:
         raise BeatScheduleError(
-            f"the app's time zone {zone!r} has no IANA name (Celery uses the machine's "
-            "local zone when enable_utc is False and timezone is unset): set timezone, "
-            "e.g. app.conf.timezone = 'Europe/Berlin'"
+            "the app reads crontabs on the machine's local zone (enable_utc is False and "
+            "timezone is unset), which replicas may not share: set timezone, e.g. "
+            "app.conf.timezone = 'Europe/Berlin'"
         )
+    if zone is UTC:
+        return None
+    name = getattr(zone, "key", None) or getattr(zone, "zone", None)
+    if not isinstance(name, str):
+        raise BeatScheduleError(f"the app's time zone {zone!r} has no IANA name: set timezone")
     return None if name in ("UTC", "Etc/UTC") else name
 
 
@@ -137,12 +157,12 @@ def every_spec(entry: str, period: timedelta | float) -> str:
     return f"@every {int(seconds)}s"
 
 
-def beat_entries(beat_schedule: Mapping[str, Any], zone: tzinfo) -> list[BeatEntry]:
+def beat_entries(beat_schedule: Mapping[str, Any], zone: tzinfo | None) -> list[BeatEntry]:
     """Read every entry of ``beat_schedule`` (``app.conf.beat_schedule``).
 
     Args:
         beat_schedule: The entries by name.
-        zone: The app's ``timezone`` (``app.timezone``), crontabs' wall clock.
+        zone: The crontabs' wall clock, `app_zone` (``None``: the machine's, refused).
 
     Raises:
         BeatScheduleError: The first entry that cannot run, named (see the module).

@@ -17,7 +17,7 @@ from typing import Any
 from ..._exceptions import CronjobError
 from ..._registry import Registry, default_registry
 from ...admin._run import EXIT_USAGE, run_command
-from ._beat import BeatScheduleError, beat_entries
+from ._beat import BeatScheduleError, app_zone, beat_entries
 from ._publisher import OptionError
 from ._send import send
 
@@ -36,7 +36,7 @@ def register_beat_schedule(app: Any, registry: Registry | None = None) -> list[s
         RegistrationError: A name the registry refuses (taken, too long).
     """
     registry = default_registry if registry is None else registry
-    entries = beat_entries(app.conf.beat_schedule or {}, app.timezone)
+    entries = beat_entries(app.conf.beat_schedule or {}, app_zone(app))
     jobs = []
     for entry in entries:
         try:
