@@ -5,7 +5,9 @@ line to ``$CELERY_TEST_LOG`` with what it received: its request id, the headers 
 puts on the message, its args, kwargs, expiry and priority. With ``$CELERY_TEST_SPANS``
 set, the worker is instrumented with the OpenTelemetry SDK: the task extracts the W3C
 trace context from its request (where message headers land) and records its own span,
-one JSON line per span in that file.
+one JSON line per span in that file. ``cronjob_test.once_record`` and
+``cronjob_test.once_flaky`` are wrapped in ``cronjob.contrib.celery.once`` on the lease
+database ``$CELERY_TEST_DB``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from celery import Celery
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from cronjob.contrib.celery import once
 
 app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
@@ -92,3 +96,22 @@ def record(self: Any, *args: Any, **kwargs: Any) -> None:
                 "trace_id": format(trace.get_current_span().get_span_context().trace_id, "032x"),
             },
         )
+
+
+@app.task(name="cronjob_test.once_record", bind=True)
+@once(database=os.environ.get("CELERY_TEST_DB"))
+def once_record(self: Any, *args: Any) -> None:
+    """Record each run of the body (``once``: one per task id)."""
+    _append(os.environ["CELERY_TEST_LOG"], {"id": self.request.id, "args": list(args)})
+
+
+@app.task(name="cronjob_test.once_flaky")
+@once(database=os.environ.get("CELERY_TEST_DB"))
+def once_flaky(marker: str) -> str:
+    """Fail the first run (leaving ``marker``), then record and succeed."""
+    _append(os.environ["CELERY_TEST_LOG"] + ".attempts", {"marker": marker})
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first run fails")
+    _append(os.environ["CELERY_TEST_LOG"], {"marker": marker})
+    return "done"
