@@ -311,3 +311,28 @@ class TestTheCommand:
             "cronjob: error: cannot load the Celery app 'no_such_module_here':"
         )
         assert len(done.stderr.splitlines()) == 1
+
+
+class TestTheList:
+    def test_list_prints_each_entry_as_a_job_and_exits(self, tmp_path):
+        (tmp_path / "proj.py").write_text(
+            "from datetime import timedelta\n"
+            "from celery import Celery\n"
+            "from celery.schedules import crontab\n"
+            "app = Celery('proj', broker='memory://')\n"
+            "app.conf.timezone = 'Europe/Paris'\n"
+            "app.conf.beat_schedule = {\n"
+            "    'nightly-export': {'task': 'proj.export', 'schedule': crontab(0, 3),\n"
+            "                       'options': {'queue': 'exports'}},\n"
+            "    'weekday-report': {'task': 'proj.report',\n"
+            "                       'schedule': crontab(30, 8, day_of_week='mon-fri')},\n"
+            "    'heartbeat': {'task': 'proj.ping', 'schedule': timedelta(seconds=30)},\n"
+            "}\n"
+        )
+        done = run_python("-m", "cronjob", "beat", "-A", "proj", "--list", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "nightly-export\tCRON_TZ=Europe/Paris 0 0 3 * * *\tproj.export",
+            "weekday-report\tCRON_TZ=Europe/Paris 0 30 8 * * 1-5\tproj.report",
+            "heartbeat\t@every 30s\tproj.ping",
+        ]

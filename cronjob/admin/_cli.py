@@ -177,6 +177,11 @@ def _add_beat_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     beat.add_argument(
         "-A", "--app", required=True, metavar="MODULE[:APP]", help="the Celery app, e.g. proj"
     )
+    beat.add_argument(
+        "--list",
+        action="store_true",
+        help="print each entry as a job (name, spec, task), tab-separated, and exit",
+    )
     beat.add_argument("--database-url", metavar="URL", default=None, help=_DATABASE_HELP)
     beat.add_argument(
         "--max-workers",
