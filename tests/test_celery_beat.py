@@ -336,3 +336,16 @@ class TestTheList:
             "weekday-report\tCRON_TZ=Europe/Paris 0 30 8 * * 1-5\tproj.report",
             "heartbeat\t@every 30s\tproj.ping",
         ]
+
+
+def test_without_celery_beat_says_how_to_install_it(tmp_path):
+    """The bare install: the command exists, and tells which extra it needs."""
+    code = (
+        "import sys; sys.modules['celery'] = None;"  # as if Celery were not installed
+        "from cronjob.admin._cli import main; raise SystemExit(main())"
+    )
+    done = run_python("-c", code, "beat", "-A", "proj", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("cronjob: error: cronjob beat needs Celery (")
+    assert line.endswith("): pip install 'cronjob-lease[celery]'")

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from celery.app.utils import find_app
+
 from ..._exceptions import CronjobError
 from ..._registry import Registry, default_registry
 from ...admin._run import EXIT_USAGE, run_command
@@ -72,8 +74,6 @@ def register_beat_schedule(app: Any, registry: Registry | None = None) -> list[s
 def run_beat(args: argparse.Namespace) -> int:
     """Run ``cronjob beat``: load the app, register its schedule, then ``cronjob run``;
     with ``--list``, print each entry's job (name, spec, task) and exit."""
-    from celery.app.utils import find_app
-
     sys.path.insert(0, os.getcwd())  # as `celery -A` and `cronjob run`: here first
     try:
         app = find_app(args.app)
