@@ -91,6 +91,14 @@ SURFACE = {
         "once",
         "trace_context",
     ],
+    "cronjob.contrib.celery": [
+        "BeatScheduleError",
+        "CeleryPublisher",
+        "OptionError",
+        "once",
+        "register_beat_schedule",
+        "send",
+    ],
     "cronjob.admin": [
         "Activity",
         "Backfill",
@@ -181,9 +189,10 @@ def test_importing_cronjob_imports_no_framework():
     import sys
 
     code = (
-        "import sys, cronjob, cronjob.testing, cronjob.contrib;"
-        "names = ('django', 'flask', 'fastapi', 'starlette', 'rq', 'redis');"
-        "print(sorted(m for m in names if m in sys.modules))"
+        "import sys, cronjob, cronjob.testing, cronjob.contrib, cronjob.admin._cli;"
+        "frameworks = ('django', 'flask', 'fastapi', 'starlette', 'celery', 'kombu', 'rq',"
+        " 'redis');"
+        "print(sorted(m for m in frameworks if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
