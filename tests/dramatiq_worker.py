@@ -7,7 +7,8 @@ Read from the environment (tests/test_dramatiq.py sets it):
 - ``DRAMATIQ_TEST_LOG``: each message the actor ``cronjob_test_record`` (or the ``once``
   actor ``cronjob_test_once``) gets appends a JSON line here: its message id, actor,
   args, kwargs and options, and (for ``once``) whether its body ran;
-  then a line ``{"processed": id, "result": ..., "failed": ...}`` once it is done with it;
+  then a line ``{"processed": id, "result": ..., "failed": ..., "error": ...}`` once it is
+  done with it;
 - ``DRAMATIQ_TEST_SPANS``: the worker's spans, one JSON object a line;
 - ``DRAMATIQ_TEST_DATABASE``: the lease database of the ``once`` actor;
 - ``DRAMATIQ_TEST_FAIL_FIRST``: a file; the ``once`` actor's body, given ``fail_first=True``,
@@ -73,7 +74,14 @@ class Tracing(Middleware):
         if span is not None:
             context.detach(token)  # type: ignore[arg-type]
             span.end()
-        _log({"processed": message.message_id, "result": result, "failed": exception is not None})
+        _log(
+            {
+                "processed": message.message_id,
+                "result": result,
+                "failed": exception is not None,
+                "error": None if exception is None else repr(exception),
+            }
+        )
 
     after_skip_message = after_process_message
 

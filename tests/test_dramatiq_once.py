@@ -79,6 +79,7 @@ class TestOnTheWorker:
             publisher.publish(OCCURRENCE)
             processed = running.wait_processed(2)
             seen = running.seen()
+        assert [p["error"] for p in processed] == [None, None]
         assert [p["result"] for p in processed] == ["done", None]
         assert [s["message_id"] for s in seen] == [OCCURRENCE.id]
 
@@ -100,6 +101,7 @@ class TestOnTheWorker:
                 seen = running.seen()
         finally:
             broker.close()
-        assert [(p["failed"], p["result"]) for p in first] == [(True, None), (False, "done")]
+        assert [p["error"] for p in first] == ["RuntimeError('the first run fails')", None]
+        assert [p["result"] for p in first] == [None, "done"]
         assert processed[2]["result"] is None
         assert [s["message_id"] for s in seen] == [OCCURRENCE.id] * 2
