@@ -99,6 +99,14 @@ SURFACE = {
         "register_beat_schedule",
         "send",
     ],
+    "cronjob.contrib.dramatiq": [
+        "INSTANT_OPTION",
+        "NAME_OPTION",
+        "TRACE_OPTION",
+        "DramatiqPublisher",
+        "once",
+        "send",
+    ],
     "cronjob.admin": [
         "Activity",
         "Backfill",
@@ -178,10 +186,14 @@ def test_the_base_install_brings_no_framework():
 
     base = [r for r in requires("cronjob-lease") or [] if "extra ==" not in r]
     assert base, "the distribution's requirements are not installed"
-    for framework in ("django", "flask", "fastapi", "starlette"):
+    for framework in ("django", "flask", "fastapi", "starlette", "dramatiq"):
         assert not [r for r in base if r.lower().startswith(framework)], base
     extras = set(requires("cronjob-lease") or [])
-    assert {"django>=4.2; extra == 'django'", "flask>=2.3; extra == 'flask'"} <= extras
+    assert {
+        "django>=4.2; extra == 'django'",
+        "flask>=2.3; extra == 'flask'",
+        "dramatiq>=1.17; extra == 'dramatiq'",
+    } <= extras
 
 
 def test_importing_cronjob_imports_no_framework():
@@ -191,7 +203,7 @@ def test_importing_cronjob_imports_no_framework():
     code = (
         "import sys, cronjob, cronjob.testing, cronjob.contrib, cronjob.admin._cli;"
         "frameworks = ('django', 'flask', 'fastapi', 'starlette', 'celery', 'kombu', 'rq',"
-        " 'redis');"
+        " 'redis', 'dramatiq', 'pika');"
         "print(sorted(m for m in frameworks if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -5,6 +5,8 @@
 - ``cronjob.contrib.flask`` (``[flask]``): the ``Cronjob`` extension and ``flask cronjob``.
 - ``cronjob.contrib.celery`` (``[celery]``): ``send`` a Celery task once per instant,
   ``once`` on the worker, and ``cronjob beat -A APP``.
+- ``cronjob.contrib.dramatiq`` (``[dramatiq]``): ``send``, a job that hands each instant
+  to a Dramatiq actor, and ``once`` for the worker's actor.
 - ``cronjob.contrib.rq`` (``[rq]``): each instant handed to an RQ queue, and ``once``.
 
 What every task-queue target shares lives here, needing no extra: `handoff` (a publisher
