@@ -72,6 +72,8 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         "apt_install pgbouncer",
         "bash scripts/pgbouncer",
         "apt_install mariadb-server",
+        "apt_install redis-server",
+        "apt_install rabbitmq-server",
         "apt_install faketime",
         "apt_install chromium",
         "CREATE DATABASE test",

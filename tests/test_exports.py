@@ -91,6 +91,22 @@ SURFACE = {
         "once",
         "trace_context",
     ],
+    "cronjob.contrib.celery": [
+        "BeatScheduleError",
+        "CeleryPublisher",
+        "OptionError",
+        "once",
+        "register_beat_schedule",
+        "send",
+    ],
+    "cronjob.contrib.dramatiq": [
+        "INSTANT_OPTION",
+        "NAME_OPTION",
+        "TRACE_OPTION",
+        "DramatiqPublisher",
+        "once",
+        "send",
+    ],
     "cronjob.admin": [
         "Activity",
         "Backfill",
@@ -170,10 +186,14 @@ def test_the_base_install_brings_no_framework():
 
     base = [r for r in requires("cronjob-lease") or [] if "extra ==" not in r]
     assert base, "the distribution's requirements are not installed"
-    for framework in ("django", "flask", "fastapi", "starlette"):
+    for framework in ("django", "flask", "fastapi", "starlette", "dramatiq"):
         assert not [r for r in base if r.lower().startswith(framework)], base
     extras = set(requires("cronjob-lease") or [])
-    assert {"django>=4.2; extra == 'django'", "flask>=2.3; extra == 'flask'"} <= extras
+    assert {
+        "django>=4.2; extra == 'django'",
+        "flask>=2.3; extra == 'flask'",
+        "dramatiq>=1.17; extra == 'dramatiq'",
+    } <= extras
 
 
 def test_importing_cronjob_imports_no_framework():
@@ -181,9 +201,10 @@ def test_importing_cronjob_imports_no_framework():
     import sys
 
     code = (
-        "import sys, cronjob, cronjob.testing, cronjob.contrib;"
-        "names = ('django', 'flask', 'fastapi', 'starlette', 'rq', 'redis');"
-        "print(sorted(m for m in names if m in sys.modules))"
+        "import sys, cronjob, cronjob.testing, cronjob.contrib, cronjob.admin._cli;"
+        "frameworks = ('django', 'flask', 'fastapi', 'starlette', 'celery', 'kombu', 'rq',"
+        " 'redis', 'dramatiq', 'pika');"
+        "print(sorted(m for m in frameworks if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

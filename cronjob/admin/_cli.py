@@ -6,7 +6,8 @@ modules that register jobs and runs the scheduler (see `cronjob.admin._run`);
 `cronjob.admin._read_cli`), ``cronjob schedules`` the schedules made of data (see
 `cronjob.admin._schedules_cli`); ``cronjob pause``, ``resume`` and ``trigger`` stop, restart
 and run a job now on every replica, and ``cronjob forget`` deletes a retired job's record
-(see `cronjob.admin._control_cli`).
+(see `cronjob.admin._control_cli`); ``cronjob beat -A APP`` runs a Celery app's
+``beat_schedule`` (see `cronjob.contrib.celery`, imported only by that command).
 
 Bad input gets one line on stderr, ``cronjob: error: ...``, and exit status 2, never a
 traceback. This is the one place in the package that reads the wall clock: the default
@@ -157,11 +158,55 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         nargs="*" if jobs_imported else "+",
         help="a module to import",
     )
+    _add_beat_command(commands)
     add_commands(commands, _DATABASE_HELP)
     add_schedules_command(commands, _DATABASE_HELP)
     add_control_commands(commands, _DATABASE_HELP)
     add_backfill_command(commands, _DATABASE_HELP, _instant)
     return parser
+
+
+def _add_beat_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """``cronjob beat -A APP``: argparse only; Celery is imported when it runs."""
+    beat = commands.add_parser(
+        "beat",
+        help="run a Celery app's beat_schedule on this replica, instead of celery beat",
+        description=(
+            "Load the Celery app (as celery -A does), register each beat_schedule entry "
+            "as a job that sends its task once per instant, and run them like cronjob run "
+            "(needs the celery extra)."
+        ),
+    )
+    beat.add_argument(
+        "-A", "--app", required=True, metavar="MODULE[:APP]", help="the Celery app, e.g. proj"
+    )
+    beat.add_argument(
+        "--list",
+        action="store_true",
+        help="print each entry as a job (name, spec, task), tab-separated, and exit",
+    )
+    beat.add_argument("--database-url", metavar="URL", default=None, help=_DATABASE_HELP)
+    beat.add_argument(
+        "--max-workers",
+        metavar="N",
+        type=_positive,
+        default=DEFAULT_MAX_WORKERS,
+        help=f"threads for sync rounds running at once (default: {DEFAULT_MAX_WORKERS})",
+    )
+    beat.add_argument(
+        "modules", metavar="MODULE", nargs="*", help="more modules that register jobs"
+    )
+
+
+def _run_beat(args: argparse.Namespace) -> int:
+    try:
+        # Deferred: `import cronjob` and every other command never import Celery.
+        from ..contrib.celery._beat_cli import run_beat
+    except ImportError as exc:
+        raise _UsageError(
+            f"cronjob beat needs Celery ({exc}): pip install 'cronjob-lease[celery]'"
+        ) from None
+    return run_beat(args)
 
 
 def _positive(text: str) -> int:
@@ -208,6 +253,8 @@ def main(
             from ._run import run_command  # deferred: the scheduler is not needed for `next`
 
             return run_command(args)
+        if args.command == "beat":
+            return _run_beat(args)
         commands: dict[str, Callable[[argparse.Namespace], int]] = {
             "status": run_status,
             "history": run_history,

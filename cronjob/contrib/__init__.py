@@ -3,6 +3,10 @@
 - ``cronjob.contrib.django`` (``pip install 'cronjob-lease[django]'``): an app for
   ``INSTALLED_APPS``, ``manage.py cronjob``, fenced ORM transactions.
 - ``cronjob.contrib.flask`` (``[flask]``): the ``Cronjob`` extension and ``flask cronjob``.
+- ``cronjob.contrib.celery`` (``[celery]``): ``send`` a Celery task once per instant,
+  ``once`` on the worker, and ``cronjob beat -A APP``.
+- ``cronjob.contrib.dramatiq`` (``[dramatiq]``): ``send``, a job that hands each instant
+  to a Dramatiq actor, and ``once`` for the worker's actor.
 - ``cronjob.contrib.rq`` (``[rq]``): each instant handed to an RQ queue, and ``once``.
 
 What every task-queue target shares lives here, needing no extra: `handoff` (a publisher

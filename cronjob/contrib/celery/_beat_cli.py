@@ -1,0 +1,98 @@
+"""``cronjob beat -A MODULE[:APP]``: a Celery app's ``beat_schedule``, run as jobs.
+
+Loads the app as ``celery -A`` does (``proj``, ``proj.celery``, ``proj.celery:app``),
+registers each entry of its ``beat_schedule`` (see `cronjob.contrib.celery._beat`) as a
+job of the default registry whose function is `send`, then runs exactly as ``cronjob
+run`` does (same options, logging, drain on SIGTERM). A schedule it cannot honour
+stops it before it starts: one line on stderr naming the entry, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from celery.app.utils import find_app
+
+from ..._exceptions import CronjobError
+from ..._registry import Registry, default_registry
+from ...admin._run import EXIT_USAGE, run_command
+from ._beat import BeatEntry, BeatScheduleError, app_zone, beat_entries
+from ._publisher import CeleryPublisher, OptionError
+from ._send import send
+
+__all__ = ["read_beat_schedule", "register_beat_schedule", "run_beat"]
+
+
+def read_beat_schedule(app: Any) -> list[BeatEntry]:
+    """Read and check every entry of ``app.conf.beat_schedule``, options included.
+
+    Raises:
+        BeatScheduleError: The first entry that cannot run, named.
+    """
+    entries = beat_entries(app.conf.beat_schedule or {}, app_zone(app))
+    for entry in entries:
+        try:
+            CeleryPublisher(
+                app, entry.task, args=entry.args, kwargs=entry.kwargs, options=entry.options
+            )
+        except (OptionError, TypeError) as exc:
+            raise BeatScheduleError(f"beat entry {entry.name!r}: {exc}") from None
+    return entries
+
+
+def register_beat_schedule(app: Any, registry: Registry | None = None) -> list[str]:
+    """Register each entry of ``app.conf.beat_schedule`` as a job; return their names.
+
+    Each job is `send` of the entry's task, args, kwargs and options, on the entry's
+    schedule read as `cronjob.contrib.celery._beat` says, named by the entry's key.
+    Every entry is read and checked before any is registered, so a bad entry leaves
+    the registry as it was.
+
+    Args:
+        app: The Celery application.
+        registry: Where to register; ``None`` for the default registry (``cronjob run``'s).
+
+    Raises:
+        BeatScheduleError: An entry that cannot run (named), or an option of an entry's
+            ``options`` that the Celery target does not know.
+        RegistrationError: A name the registry refuses (taken, too long).
+    """
+    registry = default_registry if registry is None else registry
+    entries = read_beat_schedule(app)
+    jobs = [
+        (send(app, entry.task, args=entry.args, kwargs=entry.kwargs, **entry.options), entry)
+        for entry in entries
+    ]
+    for job, entry in jobs:
+        registry.register(job, entry.spec, entry.name)
+    return [entry.name for entry in entries]
+
+
+def run_beat(args: argparse.Namespace) -> int:
+    """Run ``cronjob beat``: load the app, register its schedule, then ``cronjob run``;
+    with ``--list``, print each entry's job (name, spec, task) and exit."""
+    sys.path.insert(0, os.getcwd())  # as `celery -A` and `cronjob run`: here first
+    try:
+        app = find_app(args.app)
+    except Exception as exc:
+        return _fail(f"cannot load the Celery app {args.app!r}: {type(exc).__name__}: {exc}")
+    try:
+        if args.list:
+            entries = read_beat_schedule(app)
+            for entry in entries:
+                print(f"{entry.name}\t{entry.spec}\t{entry.task}")
+            return 0
+        names = register_beat_schedule(app)
+    except (BeatScheduleError, CronjobError) as exc:
+        return _fail(str(exc))
+    if not names:
+        return _fail(f"the Celery app {args.app!r} has no beat_schedule entries")
+    return run_command(args)
+
+
+def _fail(message: str) -> int:
+    print(f"cronjob: error: {message}", file=sys.stderr)
+    return EXIT_USAGE

@@ -1,0 +1,77 @@
+"""`once`: run a Celery task's body once per task id (the occurrence id)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
+
+from .._once import run_once
+
+__all__ = ["once"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@overload
+def once(fn: Callable[P, T], /) -> Callable[P, T | None]: ...
+
+
+@overload
+def once(
+    fn: None = None, /, *, database: str | None = None
+) -> Callable[[Callable[P, T]], Callable[P, T | None]]: ...
+
+
+def once(
+    fn: Callable[P, T] | None = None, /, *, database: str | None = None
+) -> Callable[P, T | None] | Callable[[Callable[P, T]], Callable[P, T | None]]:
+    """Make a Celery task's body run once per task id, however often it is delivered.
+
+    Put it under ``@app.task`` (with or without ``bind=True``)::
+
+        @app.task(acks_late=True)
+        @once
+        def export(full: bool) -> None: ...
+
+    Each call reads the running task's ``request.id`` (for a task `send` published,
+    the occurrence id) and runs the body through ``cronjob.contrib._once.run_once``: an
+    insert-if-new in the lease database, so a second delivery of the same id returns
+    ``None`` without running the body; a body that raised is not marked done, and runs
+    again on a redelivery. Called outside a worker (no request id), the body just runs.
+
+    Args:
+        fn: The task function (the bare ``@once`` form).
+        database: The lease database's URL; ``None`` reads ``$CRONJOB_DATABASE_URL``
+            (as ``cronjob run`` does).
+    """
+
+    def decorate(body: Callable[P, T]) -> Callable[P, T | None]:
+        @functools.wraps(body)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T | None:
+            from celery import current_task
+
+            task = current_task
+            task_id = _task_id(task)
+            if task_id is None:
+                return body(*args, **kwargs)
+            return run_once(
+                task_id,
+                str(task.name),
+                lambda: body(*args, **kwargs),
+                database=database,
+            )
+
+        return wrapper
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def _task_id(task: Any) -> str | None:
+    """The running task's id; ``None`` outside a worker (a direct call)."""
+    request = getattr(task, "request", None)
+    value = getattr(request, "id", None)
+    return str(value) if value else None

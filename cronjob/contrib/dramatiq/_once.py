@@ -1,0 +1,85 @@
+"""`once`: a Dramatiq actor's body run once per message id (the occurrence id)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar, overload
+
+from dramatiq.middleware import CurrentMessage
+
+from .._once import run_once
+
+__all__ = ["once"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@overload
+def once(fn: Callable[P, T], /) -> Callable[P, T | None]: ...
+
+
+@overload
+def once(*, database: str | None = None) -> Callable[[Callable[P, T]], Callable[P, T | None]]: ...
+
+
+def once(
+    fn: Callable[P, T] | None = None, /, *, database: str | None = None
+) -> Callable[P, T | None] | Callable[[Callable[P, T]], Callable[P, T | None]]:
+    """Run an actor's body once per message id: ``@dramatiq.actor`` over ``@once``.
+
+    Dramatiq delivers a message at least once (a worker killed mid-message, a lost ack,
+    a republished occurrence). With ``once`` the body of a message runs once per
+    ``message_id``, the occurrence id for messages sent by
+    [send][cronjob.contrib.dramatiq.send], through an insert-if-new in the lease
+    database; a delivery of an id already done returns ``None`` without running it. A
+    body that raises is not marked done: Dramatiq's retry runs it again.
+
+    ```python
+    @dramatiq.actor(queue_name="exports")
+    @once
+    def export(full: bool) -> None: ...
+    ```
+
+    The broker needs the `CurrentMessage` middleware (``broker.add_middleware(
+    CurrentMessage())``): the id comes from it. The task name kept with the id is the
+    message's actor name.
+
+    Args:
+        fn: The actor's function (sync; async actors are refused).
+        database: The lease database's URL; ``None``: ``$CRONJOB_DATABASE_URL``.
+
+    Raises:
+        TypeError: ``fn`` is a coroutine function (at decoration).
+        RuntimeError: (at a call) no current message: the broker lacks `CurrentMessage`,
+            or the function was called outside a worker.
+    """
+
+    def decorate(fn: Callable[P, T]) -> Callable[P, T | None]:
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"once: {fn.__qualname__} is async; once runs sync actors (the body's end "
+                "must be known before the message counts as done)"
+            )
+
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> T | None:
+            message = CurrentMessage.get_current_message()
+            if message is None:
+                raise RuntimeError(
+                    f"once: {fn.__qualname__} has no current Dramatiq message; add "
+                    "dramatiq.middleware.CurrentMessage() to the broker's middleware"
+                )
+            result: T | None = run_once(
+                message.message_id,
+                message.actor_name,
+                functools.partial(fn, *args, **kwargs),
+                database=database,
+            )
+            return result
+
+        return run
+
+    return decorate if fn is None else decorate(fn)

@@ -1,0 +1,117 @@
+"""The Celery app of the real-worker tests (``celery -A tests.celery_worker worker``).
+
+Its broker is ``$CELERY_TEST_BROKER``. The task ``cronjob_test.record`` appends one JSON
+line to ``$CELERY_TEST_LOG`` with what it received: its request id, the headers cronjob
+puts on the message, its args, kwargs, expiry and priority. With ``$CELERY_TEST_SPANS``
+set, the worker is instrumented with the OpenTelemetry SDK: the task extracts the W3C
+trace context from its request (where message headers land) and records its own span,
+one JSON line per span in that file. ``cronjob_test.once_record`` and
+``cronjob_test.once_flaky`` are wrapped in ``cronjob.contrib.celery.once`` on the lease
+database ``$CELERY_TEST_DB``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from cronjob.contrib.celery import once
+
+app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
+app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
+
+
+def _append(path: str, line: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class _FileExporter(SpanExporter):
+    """Write each finished span's ids as a JSON line (what the test compares)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for span in spans:
+            context = span.get_span_context()
+            assert context is not None
+            _append(
+                self._path,
+                {
+                    "name": span.name,
+                    "trace_id": format(context.trace_id, "032x"),
+                    "parent_span_id": format(span.parent.span_id, "016x") if span.parent else None,
+                },
+            )
+        return SpanExportResult.SUCCESS
+
+
+_provider = TracerProvider()
+if os.environ.get("CELERY_TEST_SPANS"):
+    _provider.add_span_processor(
+        SimpleSpanProcessor(_FileExporter(os.environ["CELERY_TEST_SPANS"]))
+    )
+_tracer = _provider.get_tracer(__name__)
+
+
+class _RequestGetter:
+    """Read a trace header from a Celery request (headers are its attributes)."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        value = getattr(carrier, key, None)
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return []
+
+
+@app.task(name="cronjob_test.record", bind=True)
+def record(self: Any, *args: Any, **kwargs: Any) -> None:
+    parent = propagate.extract(self.request, getter=_RequestGetter())
+    with _tracer.start_as_current_span(f"run {self.name}", context=parent):
+        request = self.request
+        _append(
+            os.environ["CELERY_TEST_LOG"],
+            {
+                "id": request.id,
+                "instant": request.get("cronjob_instant"),
+                "name": request.get("cronjob_name"),
+                "traceparent": request.get("traceparent"),
+                "args": list(args),
+                "kwargs": kwargs,
+                "expires": request.expires,
+                "priority": (request.delivery_info or {}).get("priority"),
+                "queue": (request.delivery_info or {}).get("routing_key"),
+                "trace_id": format(trace.get_current_span().get_span_context().trace_id, "032x"),
+            },
+        )
+
+
+@app.task(name="cronjob_test.once_record", bind=True)
+@once(database=os.environ.get("CELERY_TEST_DB"))
+def once_record(self: Any, *args: Any) -> None:
+    """Record each run of the body (``once``: one per task id)."""
+    _append(os.environ["CELERY_TEST_LOG"], {"id": self.request.id, "args": list(args)})
+
+
+@app.task(name="cronjob_test.once_flaky")
+@once(database=os.environ.get("CELERY_TEST_DB"))
+def once_flaky(marker: str) -> str:
+    """Fail the first run (leaving ``marker``), then record and succeed."""
+    _append(os.environ["CELERY_TEST_LOG"] + ".attempts", {"marker": marker})
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first run fails")
+    _append(os.environ["CELERY_TEST_LOG"], {"marker": marker})
+    return "done"
