@@ -267,7 +267,7 @@ class _History(_StoreCore):
         now = self._now()
         select = sa.select(
             _t.c.name, _t.c.instant, _t.c.state, _t.c.expires_ms, _is_free(now).label("free")
-        ).where(_t.c.attempt == 1, UNFINISHED_ROWS, _t.c.paused_ms.is_(None))
+        ).where(UNFINISHED_ROWS)
         if len(wanted) <= _IN_LIST_LIMIT:
             select = select.where(_t.c.name.in_(wanted))
         stmt: sa.Select[Any] | sa.CompoundSelect[Any] = select

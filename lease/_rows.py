@@ -18,6 +18,7 @@ from sqlalchemy.engine import RowMapping
 from ._schema import (
     NAME_LENGTH,
     NEVER,
+    UNFINISHED_CONDITION,
 )
 from ._text import unstorable
 
@@ -41,10 +42,11 @@ class LeaseState(enum.StrEnum):
 
 
 _UNFINISHED: Final = (LeaseState.RUNNING.value, LeaseState.CUT.value)
-#: The filter of rows not run to their end, its values written into the statement (not
-#: bound): the index of those rows alone (revision 0009) is used only by a statement
-#: whose condition is its own, word for word on SQLite, and known when it is planned.
-UNFINISHED_ROWS: Final = sa.text("cronjob_lease.state IN ('running', 'cut')")
+#: The survey's filter (first rounds not run to their end, not paused), its values
+#: written into the statement (not bound): the index of those rows alone (revision 0009)
+#: is used only by a statement whose condition is its own, word for word on SQLite, and
+#: known when it is planned.
+UNFINISHED_ROWS: Final = sa.text(UNFINISHED_CONDITION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

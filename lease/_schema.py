@@ -28,6 +28,8 @@ produce exactly this definition on every supported database.
 
 from __future__ import annotations
 
+from typing import Final
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
@@ -97,6 +99,9 @@ _Name = sa.String(NAME_LENGTH).with_variant(
     "mariadb",
 )
 
+#: The survey's condition (rounds that may run a second time), and the partial index's.
+UNFINISHED_CONDITION: Final = "attempt = 1 AND state IN ('running', 'cut') AND paused_ms IS NULL"
+
 lease_table = sa.Table(
     TABLE_NAME,
     metadata,
@@ -157,14 +162,16 @@ lease_table = sa.Table(
     sa.Column("due_s", sa.BigInteger(), nullable=True),
     sa.Index("ix_cronjob_lease_due_s", "due_s"),
     # Revision 0009: the reads that ran over the whole table per replica reach only the
-    # rows they are about. The rounds not run to their end (the sweep's survey): on
-    # PostgreSQL and SQLite an index of those rows alone, so a round's end takes its
-    # row out of it; MariaDB has no partial index and indexes every row's state.
+    # rows they are about. The first rounds not run to their end (the sweep's survey):
+    # on PostgreSQL and SQLite an index of those rows alone, so a round's end takes its
+    # row out of it; its condition is the survey's whole, which a round's end (state
+    # and token by name) does not imply, so that statement keeps to the primary key.
+    # MariaDB has no partial index and indexes every row's state.
     sa.Index(
         "ix_cronjob_lease_unfinished",
         "state",
-        postgresql_where=sa.text("state IN ('running', 'cut')"),
-        sqlite_where=sa.text("state IN ('running', 'cut')"),
+        postgresql_where=sa.text(UNFINISHED_CONDITION),
+        sqlite_where=sa.text(UNFINISHED_CONDITION),
     ),
     # The holders of recent claims (the peers' read since their last one).
     sa.Index("ix_cronjob_lease_instant", "instant"),

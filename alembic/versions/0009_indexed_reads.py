@@ -5,9 +5,10 @@ Revises: 0008
 Create Date: 2026-12-04
 
 - ``ix_cronjob_lease_unfinished`` on ``state``: the sweep's survey (every 15 s on every
-  replica) looks for rounds not run to their end, ``state IN ('running', 'cut')``. On
-  PostgreSQL and SQLite the index holds only those rows (a partial index), so the
-  finish that ends a round takes its row out; MariaDB indexes every row's state.
+  replica) looks for first rounds not run to their end (``attempt = 1 AND state IN
+  ('running', 'cut') AND paused_ms IS NULL``). On PostgreSQL and SQLite the index holds
+  only those rows (a partial index), so the finish that ends a round takes its row out;
+  MariaDB indexes every row's state.
 - ``ix_cronjob_lease_instant`` on ``instant``: the peers read the holders of the claims
   made since their last read, a range of the latest instants instead of every row.
 
@@ -29,7 +30,9 @@ down_revision: str | Sequence[str] | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_UNFINISHED = sa.text("state IN ('running', 'cut')")
+# The survey's condition (lease._schema.UNFINISHED_CONDITION, written out: a migration
+# keeps the schema of its day).
+_UNFINISHED = sa.text("attempt = 1 AND state IN ('running', 'cut') AND paused_ms IS NULL")
 
 
 def upgrade() -> None:

@@ -18,15 +18,16 @@ Who is alive is learned from the lease table and the replicas' record: the repli
 record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it at
 start and every 15 s), and the holders of claims at instants within the last day
 ([lease.LeaseStore.holders][]), plus this replica. Only the first read asks for a day of
-claims; later ones ask for the claims since the last read (`HOLDERS_OVERLAP` before it),
-a range of the index on the instant, and keep what earlier reads found. A read takes
-each recent record's ``(holder, started)`` only ([lease.LeaseStore.replica_starts][]),
-and the jobs of the records whose pair it has not seen yet: a record's jobs are written
-only with its replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once
-read keeps its answer, and a replica that starts again (under the same id too, a
-millisecond or more later on its clock) is read anew. The jobs (~50 bytes each) are read
-once per replica start, not at every read, and only to ask whether one of ours is among
-them ([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
+claims; later ones ask for the claims at the instant they check and later, or else since
+the last read (`HOLDERS_OVERLAP` before it, `HOLDERS_RECENT` at most), a range of the
+index on the instant, and keep what earlier reads found. A read takes each recent
+record's ``(holder, started)`` only ([lease.LeaseStore.replica_starts][]), and the jobs
+of the records whose pair it has not seen yet: a record's jobs are written only with its
+replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once read keeps its
+answer, and a replica that starts again (under the same id too, a millisecond or more
+later on its clock) is read anew. The jobs (~50 bytes each) are read once per replica
+start, not at every read, and only to ask whether one of ours is among them
+([lease.LeaseStore.leasing][]: a replica of the same deployment answers from the
 record's text, which is not parsed). One read (two queries; three when a record is new)
 at start, then a few more while reads change the view (replicas starting together), the
 first `FIRST_GAP` apart and twice as long each time a read changed nothing, up to
@@ -85,11 +86,14 @@ RECHECK_MAX = timedelta(minutes=5)
 RECORD_WITHIN = timedelta(seconds=60)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
-#: A read after the first reads the holders of the claims at instants from this long
-#: before the last read on (and from an instant to check, if earlier): what it found is
+#: A read after the first reads the holders of the claims at the instant it checks and
+#: later, or else at instants from this long before the last read on: what it found is
 #: kept, so only the claims since are new. A claim committed later than this after its
 #: instant is missed by the reads, and its replica seen at its next claim instead.
 HOLDERS_OVERLAP = timedelta(seconds=5)
+#: ... and never further back than this: after a quiet spell (views agreed), a replica
+#: still alive has claimed within it, and older claims were read before or do not matter.
+HOLDERS_RECENT = timedelta(seconds=15)
 
 #: A read of the live replicas: the holders (the latest instant each claimed), and each
 #: recent record's (holder -> started, whether it leases a job of ours).
@@ -179,10 +183,13 @@ class Peers:
             return
         self._reading = True
         self._last_read = now
-        since = self._holders_since or now - SEEN_WITHIN
         check, self._check = self._check, None
-        if check is not None:
-            since = min(since, check)
+        if self._holders_since is None:
+            since = now - SEEN_WITHIN  # the first read: a day of claims
+        elif check is not None:
+            since = check  # who claimed at the instant checked, or later
+        else:  # the claims since the last read, but no older than a few instants
+            since = max(self._holders_since, now - HOLDERS_RECENT)
 
         recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
         jobs, store, me, known = self._jobs, self._store, self._replica_id, self._records
