@@ -166,3 +166,41 @@ class TestRowCheck:
         minute()
         assert checked == [["a", "b", "c"]], "an hour after the last, every row is read"
         control.shutdown(wait=5)
+
+
+class TestARoundsEnd:
+    def test_the_end_of_rounds_finds_its_rows_by_name_not_by_the_unfinished_index(
+        self, postgres_url: str, clock: FakeClock
+    ):
+        """The partial index covers the survey's whole condition, which a round's end (a
+        state and a token by name) does not imply: PostgreSQL keeps to the primary key,
+        instead of reading every running row for each batch of ends."""
+        engine = lease.create_engine(postgres_url)
+        try:
+            lease.migrate(engine)
+            store = lease.LeaseStore(engine, clock=clock.lease_clock())
+            names = [f"job-{i:05d}" for i in range(JOBS)]
+            store.ensure(names)
+            clock.advance_to(START)
+            batch = store.claim_batch(names[:100], START, "r")  # a hundred rounds run
+            _analyze(engine)
+            ends = [lease.Ending(name=name, token=batch.token, ended=START) for name in names[:40]]
+            sent: list[tuple[str, Any]] = []
+
+            def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+                if "UPDATE cronjob_lease" in statement:
+                    sent.append((statement, parameters))
+
+            sa.event.listen(engine, "before_cursor_execute", record)
+            try:
+                assert len(store.finish_many(ends)) == 40
+            finally:
+                sa.event.remove(engine, "before_cursor_execute", record)
+            [(statement, parameters)] = sent
+            with engine.begin() as conn:
+                [[plan]] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, parameters)
+                conn.rollback()
+            text = json.dumps(plan)
+            assert "ix_cronjob_lease_unfinished" not in text
+        finally:
+            engine.dispose()
