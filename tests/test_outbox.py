@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import cronjob
 import lease
+from cronjob.contrib import Occurrence, handoff
 from cronjob.testing import FakeClock
 from tests._proxy import Proxy
 
@@ -269,3 +270,44 @@ def test_done_once_rows_are_pruned_and_running_ones_stay(migrated_engine):
         migrated_engine, "running", task="t", holder="w2", now_ms=1010, stale_ms=10
     )
     assert taken is not None
+
+
+class _Recorder:
+    """A publisher of this test's own: what it was asked to send."""
+
+    target = "test"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def describe(self) -> dict[str, object]:
+        return {}
+
+    def publish(self, occurrence: Occurrence) -> None:
+        self.sent.append(occurrence.id)
+
+
+def test_the_outbox_sweep_is_not_due_before_the_database_is_ready(migrated_engine, clock):
+    """Until start-up's catch-up is sent, no outbox sweep is due: a due one that cannot
+    run would wake the dispatcher without end while the database is down."""
+    from cronjob.engine._control import Control, Inbox
+    from cronjob.engine._republish import Republisher
+    from cronjob.engine._state import JobState
+
+    registry = cronjob.Registry()
+    registry.register(handoff(_Recorder()), "0 * * * * *", "hand-off")
+    [job] = registry._freeze(by="test")
+    control = Control(clock, Inbox(clock))
+    try:
+        republisher = Republisher(
+            clock=clock,
+            store=lease.LeaseStore(migrated_engine, clock=clock.lease_clock()),
+            control=control,
+            states={"hand-off": JobState(job)},
+        )
+        assert republisher.next_wake(draining=False) is None
+        republisher.begin()
+        assert republisher.next_wake(draining=False) == clock.monotonic()
+        republisher.close()
+    finally:
+        control.shutdown(wait=5)

@@ -261,6 +261,7 @@ class Recovery:
     def _start_catch_up(self) -> None:
         if not self._leased:
             self.sweeper.begin()
+            self.republisher.begin()
             return
         leased = list(self._leased.values())  # this thread's, for the control thread
         now = self._clock.now()
@@ -278,6 +279,7 @@ class Recovery:
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
             self.sweeper.begin()
+            self.republisher.begin()
 
         self._control.run(lambda: self._read_rows(leased), done)
 

@@ -85,13 +85,24 @@ class Republisher:
         self._thread: Control | None = None
         self._sweep_at: float | None = None
         self._sweeping = False
+        #: The database is ready and start-up's catch-up sent (as for the sweep): until
+        #: then no sweep is due, or the dispatcher would wake for it without end.
+        self._begun = False
         self.notice(states.values())
+
+    def begin(self) -> None:
+        """The database is ready (and start-up's catch-up sent): sweep now, if any job
+        hands its instants on."""
+        self._begun = True
+        if self._thread is not None:
+            self._sweep_at = self._clock.monotonic()
 
     def notice(self, states: Iterable[JobState]) -> None:
         """Jobs came (schedules made of data): start sweeping if one hands its instants on."""
         if self._thread is None and any(is_resender(s.job.fn) for s in states):
             self._thread = self._control.sibling("cronjob-outbox")
-            self._sweep_at = self._clock.monotonic()
+            if self._begun:
+                self._sweep_at = self._clock.monotonic()
 
     def next_wake(self, *, draining: bool) -> float | None:
         """When the next sweep of the outbox is due (monotonic), or ``None``."""
