@@ -22,9 +22,10 @@ private module each (the package docstring of `cronjob` draws who owns what):
   heartbeat pings of ``_heartbeat``).
 - ``_overlap``: what follows a round's end (``overlap=``, ``catch_up="all"``) and the
   rounds ``cancel_other`` supersedes (the dispatcher thread).
-- ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs and
-  the minute check; ``_listen``: the database's notices of lease writes; ``_backfill``:
-  a backfill's instants, taken with the sweep.
+- ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs;
+  ``_rowcheck``: missing lease rows and the clock; ``_republish``: the outbox's sweep;
+  ``_record``: this replica's record; ``_listen``: the database's notices of lease
+  writes; ``_backfill``: a backfill's instants, taken with the sweep.
 - ``_peers``: the live replicas and each one's share of an instant.
 - ``_control``: the inbox and the control thread; ``_state``: the records the parts share.
 - ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.
