@@ -111,6 +111,72 @@ def lease_table_counters() -> dict[str, int]:
     return {} if row is None else {key: int(value or 0) for key, value in row.items()}
 
 
+def lease_index_counters() -> dict[str, int]:
+    """Live rows fetched through each of ``cronjob_lease``'s indexes
+    (``pg_stat_user_indexes.idx_tup_fetch``, by index; empty if unreadable): which read
+    fetches the rows counted in ``idx_tup_fetch``."""
+    if _harness.on_mariadb():
+        return {}
+    engine = sa.create_engine(_harness.bench_url(), poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT indexrelname, idx_tup_fetch FROM pg_stat_user_indexes "
+                    "WHERE relname = 'cronjob_lease'"
+                )
+            ).all()
+    except sa.exc.SQLAlchemyError:
+        return {}
+    finally:
+        engine.dispose()
+    return {str(name): int(fetched or 0) for name, fetched in rows}
+
+
+#: The statements' counters read from ``pg_stat_statements`` (where the server loads it).
+STATEMENT_COUNTERS = ("calls", "rows", "shared_blks_hit", "shared_blks_read")
+
+
+def statement_counters() -> dict[str, dict[str, int]]:
+    """Each statement's counters in ``pg_stat_statements`` on the benchmark's database, by
+    its text (empty where the server's own database has not the extension): which
+    statements read the lease table's rows."""
+    if _harness.on_mariadb():
+        return {}
+    try:
+        with _harness._admin() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT query, {', '.join(STATEMENT_COUNTERS)} FROM pg_stat_statements "
+                    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = :name)"
+                ),
+                {"name": _harness.DATABASE},
+            ).all()
+    except sa.exc.SQLAlchemyError:
+        return {}
+    found: dict[str, dict[str, int]] = {}
+    for query, *values in rows:
+        into = found.setdefault(str(query), dict.fromkeys(STATEMENT_COUNTERS, 0))
+        for key, value in zip(STATEMENT_COUNTERS, values, strict=True):
+            into[key] += int(value or 0)
+    return found
+
+
+def statement_deltas(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], *, top: int = 12
+) -> list[dict[str, Any]]:
+    """The ``top`` statements by blocks touched between two readings, with their text cut
+    to 160 characters."""
+    deltas = []
+    for query, counts in after.items():
+        was = before.get(query, {})
+        delta = {key: counts[key] - was.get(key, 0) for key in STATEMENT_COUNTERS}
+        if delta["calls"] > 0:
+            deltas.append({"query": " ".join(query.split())[:160], **delta})
+    deltas.sort(key=lambda d: d["shared_blks_hit"] + d["shared_blks_read"], reverse=True)
+    return deltas[:top]
+
+
 def _on_record() -> dict[int, float]:
     """Replicas on record (``cronjob_replica``), by process id, with when each was first
     seen there; empty while the table does not exist yet."""
@@ -248,6 +314,8 @@ def run_cell(
         pg0 = server_cpu(postmaster)
         counters0 = _harness.db_counters()
         table0 = lease_table_counters()
+        statements0 = statement_counters()
+        indexes0 = lease_index_counters()
         rss_max = [0.0] * replicas
         while time.time() < end:
             for index, proc in enumerate(procs):
@@ -260,6 +328,11 @@ def run_cell(
         time.sleep(1.2)  # the server flushes its counters about every second
         counters1 = _harness.db_counters()
         table1 = lease_table_counters()
+        row["pg_statements"] = statement_deltas(statements0, statement_counters())
+        row["lease_index_fetches"] = {
+            name: fetched - indexes0.get(name, 0)
+            for name, fetched in lease_index_counters().items()
+        }
         _harness._sleep_until(end + grace)
         row["alive_at_end"] = sum(proc.poll() is None for proc in procs)
         row["exit_codes"] = _stop(procs, timeout=120)

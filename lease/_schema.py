@@ -21,6 +21,8 @@
 - ``cronjob_outbox`` (revision 0010): one row per publication handed to another system
   (a task queue), recorded before it is sent, marked once accepted; ``cronjob_once``: one
   row per id whose body a worker ran or runs (see ``lease._outbox``).
+- revision 0011 adds an index on ``(holder, instant)`` to ``cronjob_lease``: each
+  replica's latest claim, read with one probe a replica.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -175,6 +177,9 @@ lease_table = sa.Table(
     ),
     # The holders of recent claims (the peers' read since their last one).
     sa.Index("ix_cronjob_lease_instant", "instant"),
+    # Revision 0011: each holder's latest claim, one probe a replica (the peers' reads
+    # after their first).
+    sa.Index("ix_cronjob_lease_holder_instant", "holder", "instant"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

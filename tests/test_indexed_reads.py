@@ -3,6 +3,7 @@ lease table: the database's cost per instant must not grow with replicas times j
 
 - the sweep's survey (every 15 s) reads the rounds not run to their end, by an index;
 - the peers' read of the holders reads the claims since a recent instant, by an index;
+  after the first, it asks each replica it knows of for its latest claim: a probe each;
 - the check of the lease rows reads every row once an hour (never at start: the start-up
   made them), and in between only the rows of the jobs a claim missed.
 """
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 
 import lease
 from cronjob.engine._control import Control, Inbox
-from cronjob.engine._rowcheck import CHECK_EVERY, FULL_CHECK_EVERY, RowCheck
+from cronjob.engine._rowcheck import CHECK_EVERY, CHECK_MAX, FULL_CHECK_EVERY, RowCheck
 from cronjob.testing import FakeClock
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -114,6 +115,56 @@ class TestPlans:
         assert found == {"now": START}
         assert _scans_whole_table(migrated_engine, statement, parameters) is None
 
+    def test_the_holders_asked_for_are_probed_one_step_of_the_index_each(
+        self, busy: None, store: lease.LeaseStore, migrated_engine: sa.Engine
+    ):
+        """The read the peers make after their first: of each replica named, its latest
+        claim since a recent instant. Whatever the number of rows claimed, the plan walks
+        the index on (holder, instant) and stops at each holder's first row."""
+        since = START - timedelta(seconds=5)
+        found: dict[str, datetime] = {}
+        [(statement, parameters)] = _statements(
+            migrated_engine,
+            lambda: found.update(store.holders(since, among=["now", "old", "never-seen"])),
+        )
+        # "old" claimed five minutes ago (before since); "never-seen" claimed nothing.
+        assert found == {"now": START}
+        assert _scans_whole_table(migrated_engine, statement, parameters) is None
+        assert _uses_index(migrated_engine, statement, parameters, HOLDER_INDEX)
+        assert store.holders(START - timedelta(minutes=6), among=["old", "now"]) == {
+            "now": START,
+            "old": START - timedelta(minutes=5),
+        }
+        assert store.holders(since, among=[]) == {}
+
+    def test_more_holders_than_one_query_probes_are_all_read(
+        self, store: lease.LeaseStore, clock: FakeClock
+    ):
+        names = [f"job-{i:03d}" for i in range(250)]
+        store.ensure(names)
+        clock.advance_to(START)
+        for i, name in enumerate(names):
+            store.claim_batch([name], START, f"replica-{i:03d}")
+        holders = [f"replica-{i:03d}" for i in range(250)]
+        found = store.holders(START, among=[*holders, "nobody"])
+        assert found == dict.fromkeys(holders, START)
+
+
+def _uses_index(engine: sa.Engine, statement: str, parameters: Any, index: str) -> bool:
+    """Whether the plan of ``statement`` reads the lease table through ``index``."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            [[plan]] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, parameters)
+            return index in json.dumps(plan)
+        if engine.dialect.name == "sqlite":
+            rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
+            return any(index in str(row[-1]) for row in rows)
+        rows = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+        return any(row["key"] == index for row in rows)
+
+
+HOLDER_INDEX = "ix_cronjob_lease_holder_instant"
+
 
 class TestRowCheck:
     @pytest.fixture
@@ -165,6 +216,42 @@ class TestRowCheck:
         assert checked == [], "within the hour, no missed claim, no read of the rows"
         minute()
         assert checked == [["a", "b", "c"]], "an hour after the last, every row is read"
+        control.shutdown(wait=5)
+
+    def test_of_many_names_missed_a_check_reads_a_few_and_finds_a_gone_row_in_minutes(
+        self, store: lease.LeaseStore, clock: FakeClock, checked: list[list[str]]
+    ):
+        """Claims that lose thousands of jobs to other replicas (views that disagree, a
+        loaded replica's share taken as the rest) name them all: a check reads at most
+        CHECK_MAX of them, a new draw each minute, and a gone row, missed by every claim
+        of its job, is among the names each minute and found within a few."""
+        names = dict.fromkeys(f"job-{i:04d}" for i in range(4 * CHECK_MAX))
+        store.ensure(list(names))
+        inbox = Inbox(clock)
+        control = Control(clock, inbox)
+        check = RowCheck(clock=clock, store=store, control=control, names=names, states={})
+        check.begin()
+        clock.advance(0)
+        check.tick(clock.monotonic())
+        clock.advance(0)
+        inbox.run_pending()
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM cronjob_lease WHERE name = 'job-0007'"))
+        draws: list[list[str]] = []
+        while "job-0007" not in [name for draw in draws for name in draw]:
+            assert len(draws) < 10, "the gone row was not drawn within ten minutes"
+            checked.clear()
+            check.suspect(list(names))  # every claim of the minute lost them all
+            clock.advance(CHECK_EVERY)
+            check.tick(clock.monotonic())
+            clock.advance(0)
+            inbox.run_pending()
+            [draw] = checked
+            assert len(draw) == CHECK_MAX
+            assert draw not in draws, "each minute draws anew"
+            draws.append(draw)
+        checked.clear()
+        assert store.missing(["job-0007"]) == [], "the gone row was recreated"
         control.shutdown(wait=5)
 
 

@@ -26,7 +26,7 @@ from lease import _migrate
 from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0010"
+HEAD = "0011"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -767,3 +767,25 @@ class TestUpgradeTo0010:
             db_engine, "occurrence", task="t", holder="w", now_ms=0, stale_ms=1
         )
         assert token is not None and state == lease.ONCE_RUNNING
+
+
+class TestUpgradeTo0011:
+    """Revision 0011 adds an index on (holder, instant) and changes no row: a round in
+    flight under release 0010 ends on record after the live upgrade, and its holder is
+    found by the probe the peers make."""
+
+    def test_a_round_in_flight_is_probed_by_its_holder_and_ends_on_record(
+        self, db_engine, manual_clock
+    ):
+        t0 = manual_clock.now()
+        _upgraded_under_a_round(db_engine, "0010", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        indexes = {ix["name"] for ix in sa.inspect(db_engine).get_indexes("cronjob_lease")}
+        assert "ix_cronjob_lease_holder_instant" in indexes
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        assert store.holders(t0, among=["old-replica", "other"]) == {
+            "old-replica": t0.replace(microsecond=0)
+        }
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE

@@ -18,9 +18,11 @@ Who is alive is learned from the lease table and the replicas' record: the repli
 record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it at
 start and every 15 s), and the holders of claims at instants within the last day
 ([lease.LeaseStore.holders][]), plus this replica. Only the first read asks for a day of
-claims; later ones ask for the claims at the instant they check and later, or else since
-the last read (`HOLDERS_OVERLAP` before it, `HOLDERS_RECENT` at most), a range of the
-index on the instant, and keep what earlier reads found. A read takes each recent
+claims, of every holder; later ones ask, of each replica known (seen, suspected, on
+record now), for its latest claim at the instant they check or later, or else since the
+last read (`HOLDERS_OVERLAP` before it, `HOLDERS_RECENT` at most): one probe of the index
+on ``(holder, instant)`` a replica, whatever the number of jobs, and keep what earlier
+reads found. A read takes each recent
 record's ``(holder, started)`` only ([lease.LeaseStore.replica_starts][]), and the jobs
 of the records whose pair it has not seen yet: a record's jobs are written only with its
 replica's ``started`` (see [lease.LeaseStore.survey][]), so a pair once read keeps its
@@ -193,11 +195,15 @@ class Peers:
 
         recorded_since = int((now - RECORD_WITHIN).timestamp() * 1000)
         jobs, store, me, known = self._jobs, self._store, self._replica_id, self._records
+        # After the first read, only the replicas known (seen within a day, suspected, in
+        # the view) or on record now are asked about: a probe each.
+        first = self._holders_since is None
+        known_replicas = {*self._seen, *self._suspected, *self.view}
 
         def read() -> _Read:
-            holders = store.holders(since)
             # Replicas on record that lease some job of ours: at start, before any claim.
             starts = store.replica_starts(seen_since_ms=recorded_since)
+            holders = store.holders(since, among=None if first else known_replicas | set(starts))
             records = {h: known[h] for h, at in starts.items() if h in known and known[h][0] == at}
             new = [holder for holder in starts if holder not in records and holder != me]
             records |= store.leasing(new, jobs, seen_since_ms=recorded_since)

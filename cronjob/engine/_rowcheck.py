@@ -4,10 +4,17 @@ back, and a replica whose clock is far off the database's says so.
 - **Rows**: claims only update rows, so a row deleted by hand or lost to a restored backup
   would stop its job on every replica without a word. A missing row is never won, so a
   claim that missed jobs names the rows to read: every minute (`CHECK_EVERY`) the check
-  reads those (`suspect`), and every hour (`FULL_CHECK_EVERY`) every job's row; not at
-  start, where `ensure` has just made every missing row. At 100,000 jobs on ten
-  replicas, a check of every row every minute was a sixth of what the lease table read
-  per instant. A recreated row is logged.
+  reads those (`suspect`), at most `CHECK_MAX` of them, and every hour
+  (`FULL_CHECK_EVERY`) every job's row; not at start, where `ensure` has just made every
+  missing row. At 100,000 jobs on ten replicas, a check of every row every minute was a
+  sixth of what the lease table read per instant. A recreated row is logged.
+- Claims miss many jobs when the replicas' views of each other disagree, or a loaded
+  replica claims its share after the others took it as the rest: all were won by
+  others. Reading every such row each minute on every replica (or, before, every row)
+  was most of what the table read per instant then. So each check reads at most
+  `CHECK_MAX` of the names, a different draw each minute (a hash of the check's number
+  and the name). A gone row is missed by every claim of its job on every replica, so it
+  is among the names every minute and drawn within a few minutes at worst.
 - **Clock**: every minute, this replica's clock against the database's; 2 s off is logged
   as an error (`lease.CLAIM_AHEAD_LIMIT`).
 
@@ -17,6 +24,7 @@ Dispatcher thread only; statements run on the control thread.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Iterable, Mapping
 
 import lease
@@ -25,7 +33,7 @@ from .._clock import Clock
 from ._control import Control
 from ._state import JobState
 
-__all__ = ["CHECK_EVERY", "CLOCK_SKEW_WARNING", "FULL_CHECK_EVERY", "RowCheck"]
+__all__ = ["CHECK_EVERY", "CHECK_MAX", "CLOCK_SKEW_WARNING", "FULL_CHECK_EVERY", "RowCheck"]
 
 log = logging.getLogger("cronjob")
 
@@ -34,8 +42,10 @@ log = logging.getLogger("cronjob")
 CHECK_EVERY = 60.0
 #: Seconds between two checks of every job's lease row (the first this long after start).
 FULL_CHECK_EVERY = 3600.0
-#: The most names kept for the next check; past it, the next check reads every row.
-SUSPECTS_MAX = 10_000
+#: The most names a check reads (one query); of more, a draw that changes each minute.
+CHECK_MAX = 500
+#: The most names kept for the next check (past it, new ones are not kept).
+SUSPECTS_MAX = 100_000
 #: A replica whose wall clock is further than this from the database's is logged.
 CLOCK_SKEW_WARNING = 2.0
 
@@ -64,6 +74,8 @@ class RowCheck:
         self._checking = False
         #: The names a claim missed since the last check.
         self._suspects: set[str] = set()
+        #: The checks made: each draws its own `CHECK_MAX` of more names.
+        self._count = 0
 
     def begin(self) -> None:
         """The database is ready and the start-up's `ensure` made every missing row:
@@ -81,10 +93,8 @@ class RowCheck:
         unless a check ran within `CHECK_EVERY`). Too many: every row then."""
         if self._check_at is None:
             return
-        self._suspects.update(names)
-        if len(self._suspects) > SUSPECTS_MAX:
-            self._suspects.clear()
-            self._full_at = self._clock.monotonic()
+        if len(self._suspects) < SUSPECTS_MAX:
+            self._suspects.update(names)
         if at_once:
             self.tick(self._clock.monotonic())
 
@@ -98,7 +108,8 @@ class RowCheck:
             names = list(self._names)
             self._full_at = mono + FULL_CHECK_EVERY
         else:
-            names = [name for name in self._suspects if name in self._names]
+            names = _draw([name for name in self._suspects if name in self._names], self._count)
+        self._count += 1
         self._suspects = set()
         clock, store, states = self._clock, self._store, self._states
 
@@ -142,3 +153,12 @@ class RowCheck:
                 )
 
         self._control.run(check, done)
+
+
+def _draw(names: list[str], count: int) -> list[str]:
+    """``names`` if they are `CHECK_MAX` or fewer, else `CHECK_MAX` of them, by a hash of
+    ``count`` and each name: another draw at each check, the same on every run."""
+    if len(names) <= CHECK_MAX:
+        return names
+    salt = f"{count}:".encode()
+    return sorted(names, key=lambda name: zlib.crc32(salt + name.encode()))[:CHECK_MAX]
