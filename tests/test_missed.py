@@ -19,8 +19,8 @@ import cronjob
 from cronjob import Registry, Scheduler, admin, schedules
 from cronjob._jitter import jitter_delay
 from cronjob.admin import _page
-from cronjob.admin._missed import MISSED_GRACE
 from cronjob.admin._cli import main
+from cronjob.admin._missed import MISSED_GRACE
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour.

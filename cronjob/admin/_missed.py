@@ -165,9 +165,7 @@ def _started_by(
     start, and is not missed yet. Only the instants within ``jitter`` of ``end`` are
     drawn for."""
     cut = bisect.bisect_right(due, end - jitter)
-    tail = [
-        at for at in due[cut:] if at + jitter_delay(name, at, jitter, schedule.next(at)) <= end
-    ]
+    tail = [at for at in due[cut:] if at + jitter_delay(name, at, jitter, schedule.next(at)) <= end]
     return due if len(tail) == len(due) - cut else due[:cut] + tail
 
 
