@@ -34,8 +34,10 @@ from .._records import RoundRecord as RoundRecord
 from .._records import Why as Why
 from ._backfill import BACKFILL_LIMIT as BACKFILL_LIMIT
 from ._backfill import Backfill as Backfill
+from ._backfill import BackfillCancelled as BackfillCancelled
 from ._backfill import BackfillTooLarge as BackfillTooLarge
 from ._backfill import backfill as backfill
+from ._backfill import cancel_backfill as cancel_backfill
 from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
 from ._base import SchemaNewer as SchemaNewer
 from ._base import SchemaOutdated as SchemaOutdated
@@ -75,6 +77,7 @@ __all__ = [
     "FAILED_OUTCOMES",
     "Activity",
     "Backfill",
+    "BackfillCancelled",
     "BackfillTooLarge",
     "ForgetRefused",
     "Forgotten",
@@ -98,6 +101,7 @@ __all__ = [
     "UnknownJob",
     "Why",
     "backfill",
+    "cancel_backfill",
     "forget",
     "history",
     "pause",

@@ -85,20 +85,31 @@ def progress(
 
 
 def shown(
-    job: JobStatus, missed: int, backfills: Mapping[str, tuple[int, datetime | None]]
+    job: JobStatus,
+    missed: int,
+    backfills: Mapping[str, tuple[int, datetime | None]],
+    cancelled: Mapping[str, lease.BackfillCancellation],
 ) -> JobStatus:
-    """``job`` with its missed instants (a problem: `status` exits non-zero) and its
-    backfill's progress."""
-    if not missed and job.name not in backfills:
+    """``job`` with its missed instants (a problem: `status` exits non-zero), its
+    backfill's progress and its latest cancellation (not a problem)."""
+    if not missed and job.name not in backfills and job.name not in cancelled:
         return job  # the common case: no copy (100,000 jobs in a status)
     queued, running = backfills.get(job.name, (0, None))
+    stop = cancelled.get(job.name)
     problems = job.problems
     if missed:
         problems += (
             f"missed: {missed} instant{'s' if missed != 1 else ''} of the last day did not run",
         )
     return dataclasses.replace(
-        job, missed=missed, problems=problems, backfill_queued=queued, backfilling=running
+        job,
+        missed=missed,
+        problems=problems,
+        backfill_queued=queued,
+        backfilling=running,
+        backfill_cancelled=None if stop is None else stop.at,
+        backfill_cancelled_by=None if stop is None else stop.by,
+        backfill_cancelled_instants=0 if stop is None else stop.instants,
     )
 
 

@@ -146,6 +146,11 @@ class JobStatus:
     #: running now (``None``: none).
     backfill_queued: int = 0
     backfilling: datetime | None = None
+    #: Its backfill's latest cancellation within the last day (see
+    #: [cancel_backfill][cronjob.admin.cancel_backfill]): when, by whom, instants closed.
+    backfill_cancelled: datetime | None = None
+    backfill_cancelled_by: str | None = None
+    backfill_cancelled_instants: int = 0
 
     def __post_init__(self) -> None:
         if not self.task:
@@ -230,6 +235,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
         open_requests, backfills = _missed.progress(lease.Triggers(store).read())
         on_record = lease.Tally(store).on_record(since_ms=now_ms - _missed.WINDOW_MS)
+        stopped = lease.Backfills(store).cancelled(since_ms=now_ms - _missed.WINDOW_MS)
         # Every schedule made of data, tombstones too: one query, joined by name below.
         plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
         outbox = read_outbox(store)
@@ -285,7 +291,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     return Status(
         checked_at=checked_at,
         outbox=outbox,
-        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills) for job in jobs),
+        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills, stopped) for job in jobs),
         replicas=tuple(
             ReplicaStatus(
                 id=r.holder,
