@@ -39,6 +39,7 @@ outcomes — nothing about what the holder runs.
 
 from __future__ import annotations
 
+from ._backfill import BackfillCancellation as BackfillCancellation
 from ._backfill import Backfills as Backfills
 from ._engine import async_url as async_url
 from ._engine import behind_transaction_pooler as behind_transaction_pooler
@@ -126,6 +127,7 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "BackfillCancellation",
     "Backfills",
     "CLAIM_AHEAD_LIMIT",
     "COUNTED_FAILURES",

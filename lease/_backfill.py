@@ -23,12 +23,17 @@ runs:
 - else the lease is claimed as a manual round claims it (a fresh token, the row's
   ``instant``, ``attempt``, ``state`` and ``prev_*`` left as they were: the schedule never
   moves for it) and the request runs, ``why`` ``'backfill'`` in the history.
+
+A **cancelled** backfill ([Backfills.cancel][lease.Backfills.cancel]) has its queued
+instants closed (state ``refused``, outcome `CANCELLED`): no replica takes them; the round
+in flight ends as ever.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import sqlalchemy as sa
@@ -40,7 +45,7 @@ from ._tally import NOT_SCHEDULED
 from ._text import check_holder
 from ._trigger import BACKFILL_MARK, TriggerRow, TriggerState
 
-__all__ = ["NOT_RUN_OUTCOMES", "Backfills"]
+__all__ = ["CANCELLED", "NOT_RUN_OUTCOMES", "BackfillCancellation", "Backfills"]
 
 _t = lease_table
 _q = trigger_table
@@ -49,6 +54,25 @@ _h = round_table
 #: The outcomes of a history row that is not its instant's end: the instant is still
 #: owed a round (a round cut short runs again; an attempt retrying is followed by another).
 NOT_RUN_OUTCOMES: Final = ("cut short", "retrying")
+
+
+#: The outcome of a backfill's instant closed by a cancellation (state ``refused``).
+CANCELLED: Final = "cancelled"
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackfillCancellation:
+    """A backfill's cancellation, as on record."""
+
+    #: When, on the lease clock.
+    at: datetime
+    #: Who asked.
+    by: str
+    #: How many instants it closed.
+    instants: int
 
 
 def _epoch(at: datetime) -> int:
@@ -210,6 +234,63 @@ class Backfills:
                 return None
         store._held([(request.name, token)], now_ms)
         return token
+
+    def cancel(self, name: str, *, by: str, now_ms: int | None = None) -> list[datetime]:
+        """Cancel the backfill of ``name``: close each of its instants still queued, state
+        ``refused``, outcome `CANCELLED`, the error saying who (``cancelled by BY``), in
+        one transaction. The instant whose round is in flight (running, or cut short and
+        owed its second run) is left to end under the usual rules: one at a time, it is
+        the only one. A take racing it either took its instant first (then it is that
+        round) or finds it closed. Returns the instants cancelled, oldest first."""
+        check_holder(by)
+        store = self._store
+        now = store.now_ms() if now_ms is None else now_ms
+        queued = sa.and_(
+            _q.c.name == name,
+            _q.c.forced == BACKFILL_MARK,
+            _q.c.state == TriggerState.QUEUED.value,
+        )
+        with translate_errors("cancel a backfill"), store._transaction() as conn:
+            found = conn.execute(sa.select(_q.c.id, _q.c.instant).where(queued)).all()
+            ids = [int(row.id) for row in found]
+            if ids:
+                conn.execute(
+                    _q.update()
+                    .where(queued, _q.c.id.in_(ids))
+                    .values(
+                        state=TriggerState.REFUSED.value,
+                        outcome=CANCELLED,
+                        error=f"cancelled by {by}",
+                        ended_ms=now,
+                    )
+                )
+        return sorted(_EPOCH + timedelta(seconds=int(row.instant)) for row in found)
+
+    def cancelled(self, *, since_ms: int) -> dict[str, BackfillCancellation]:
+        """Per name, the latest backfill cancellation at or after ``since_ms``: when, by
+        whom, how many instants it closed. One statement (on the index of ``state``)."""
+        stmt = (
+            sa.select(_q.c.name, _q.c.ended_ms, _q.c.error, sa.func.count())
+            .where(
+                _q.c.state == TriggerState.REFUSED.value,
+                _q.c.forced == BACKFILL_MARK,
+                _q.c.outcome == CANCELLED,
+                _q.c.ended_ms >= since_ms,
+            )
+            .group_by(_q.c.name, _q.c.ended_ms, _q.c.error)
+        )
+        found: dict[str, BackfillCancellation] = {}
+        with (
+            translate_errors("read the backfills cancelled"),
+            self._store._transaction(read=True) as conn,
+        ):
+            for name, ended_ms, error, count in conn.execute(stmt):
+                at = _EPOCH + int(ended_ms) * _MS
+                if name in found and found[name].at >= at:
+                    continue
+                by = (error or "").removeprefix("cancelled by ")
+                found[name] = BackfillCancellation(at=at, by=by, instants=int(count))
+        return found
 
     def requeue(self, request: TriggerRow) -> bool:
         """Put back in the queue a backfill instant whose first round was cut short, or

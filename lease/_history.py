@@ -38,6 +38,11 @@ from ._rows import (
 )
 from ._text import check_holder
 
+#: A backfill's instants, as `lease.BACKFILL_MARK` and the open states of
+#: `lease.TriggerState` say (``_trigger`` builds on this module: no import of it here).
+_BACKFILL_MARK = 2
+_BACKFILL_OPEN = ("queued", "running", "cut")
+
 
 def _jobs_of(replica: ReplicaRow) -> dict[str, str]:
     """The execution parameter of `_History._replica_upsert`: the record's jobs."""
@@ -205,7 +210,9 @@ class _History(_StoreCore):
         rounds past its ``per_name`` newest (one statement), the replicas not seen for
         ``replicas_gone`` seconds (one more), and the requests for a round now made more
         than ``days`` ago (one more: however they stand, they can no longer run, see
-        `lease.REQUEST_TTL`), in one transaction.
+        `lease.REQUEST_TTL`), in one transaction. A backfill's instants not yet done
+        (queued, running, cut short) are kept, however old: a backfill left by its
+        replicas resumes at the next start.
 
         Ranking a name's rounds reads the whole history (about 3 s for a million rows
         on a busy 2-core machine), so these statements have a bound of their own,
@@ -224,7 +231,10 @@ class _History(_StoreCore):
         ):
             rounds = conn.execute(prune_statement(cutoff_ms=cutoff, per_name=per_name)).rowcount
             replicas = conn.execute(gone).rowcount
-            conn.execute(_q.delete().where(_q.c.requested_ms < cutoff))
+            # A backfill not yet done is no request for a round now: it waits for a
+            # replica however long, and is cancelled only on purpose.
+            left = sa.and_(_q.c.forced == _BACKFILL_MARK, _q.c.state.in_(_BACKFILL_OPEN))
+            conn.execute(_q.delete().where(_q.c.requested_ms < cutoff, sa.not_(left)))
         return rounds, replicas
 
     def find_cut_short(self, names: Iterable[str]) -> list[CutShort]:

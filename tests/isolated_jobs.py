@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import time
 from typing import Any
 
@@ -126,3 +127,30 @@ def hangs(ctx: cronjob.Round) -> None:
     mark(ctx, "started")
     while True:
         time.sleep(0.2)
+
+
+class MarkedConnection(sqlite3.Connection):
+    """A SQLite connection of a test's engine (``connect_args={"factory": ...}``): a
+    child's transaction can tell it made one too."""
+
+
+def settings(conn: sa.Connection) -> dict[str, Any]:
+    """What ``conn`` says of the settings the tests give an engine: SQLite's busy
+    timeout and its connection's class (``factory``); PostgreSQL's application name and
+    MariaDB's session wait timeout (set by connect arguments), and the isolation level,
+    on the servers."""
+    if conn.dialect.name == "sqlite":
+        made = type(conn.connection.dbapi_connection).__name__
+        return {"busy_timeout": conn.exec_driver_sql("PRAGMA busy_timeout").scalar(), "made": made}
+    if conn.dialect.name == "postgresql":
+        name = conn.exec_driver_sql("SELECT current_setting('application_name')").scalar()
+        return {"application_name": name, "isolation": conn.get_isolation_level()}
+    wait = conn.exec_driver_sql("SELECT @@session.wait_timeout").scalar()
+    return {"wait_timeout": int(wait), "isolation": conn.get_isolation_level()}
+
+
+def observes(ctx: cronjob.Round) -> None:
+    """Notes what its fenced transaction's connection says (see `settings`)."""
+    with ctx.transaction() as conn:
+        seen = settings(conn)
+    mark(ctx, json.dumps(seen, sort_keys=True))

@@ -110,6 +110,7 @@ SURFACE = {
     "cronjob.admin": [
         "Activity",
         "Backfill",
+        "BackfillCancelled",
         "BackfillTooLarge",
         "FAILED_OUTCOMES",
         "ForgetRefused",
@@ -134,6 +135,7 @@ SURFACE = {
         "UnknownJob",
         "Why",
         "backfill",
+        "cancel_backfill",
         "forget",
         "history",
         "pause",

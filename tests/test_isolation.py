@@ -11,6 +11,7 @@ the test's database, through the round's fenced transaction.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import re
@@ -26,6 +27,7 @@ from conftest import lease_row
 
 import cronjob
 import execctx
+import lease
 from cronjob import Registry, admin, schedules
 from cronjob._policy import DEFAULT_POLICY, make_policy, policy_text
 from cronjob.engine._isolated import KILL_GRACE
@@ -327,6 +329,121 @@ class TestEndingTheChild:
         until(lambda: ended(url, "waits"), "the end on record")
         assert ended(url, "waits")[0][3] == "timed_out"
         assert [m["note"] for m in jobs.marks(url)] == ["started"]  # refused: TimedOut
+
+
+class TestTheChildsConnection:
+    """The child's fenced transaction reaches the database as the scheduler's engine
+    does: its driver's arguments, its isolation level, the lease engine's settings."""
+
+    def test_it_connects_with_the_engines_connect_args_and_isolation_level(
+        self, url, replicas, clock
+    ):
+        backend = sa.make_url(url).get_backend_name()
+        given: dict[str, object] = {
+            "sqlite": {"connect_args": {"factory": jobs.MarkedConnection}},
+            "postgresql": {
+                "connect_args": {"application_name": "iso-child"},
+                "isolation_level": "REPEATABLE READ",
+            },
+            "mysql": {
+                "connect_args": {"init_command": "SET SESSION wait_timeout = 4321"},
+                "isolation_level": "SERIALIZABLE",
+            },
+        }[backend]
+        engine = lease.create_engine(url, **given)  # type: ignore[arg-type]
+        try:
+            with engine.connect() as conn:
+                parents = jobs.settings(conn)
+            registry = isolated(jobs.observes, "observes")
+            replicas(registry, "a", database=engine)
+            replicas(registry, "b", database=engine)
+            clock.advance(60)
+            until(lambda: ended(url, "observes"), "the round on record")
+            assert ended(url, "observes")[0][3] == "succeeded"
+        finally:
+            engine.dispose()
+        [seen] = jobs.marks(url, "observes")
+        assert json.loads(seen["note"]) == parents
+        assert (
+            parents
+            == {
+                "sqlite": {"busy_timeout": 30000, "made": "MarkedConnection"},
+                "postgresql": {"application_name": "iso-child", "isolation": "REPEATABLE READ"},
+                "mysql": {"wait_timeout": 4321, "isolation": "SERIALIZABLE"},
+            }[backend]
+        )
+
+    def test_a_url_gets_the_lease_engines_settings_and_its_query_in_the_child(
+        self, url, replicas, clock
+    ):
+        """On SQLite the lease engine's 30 s busy timeout, on MariaDB its READ COMMITTED
+        (the drivers' defaults are 5 s and REPEATABLE READ); on PostgreSQL the URL's
+        ``pooler=transaction``, which the lease engine takes out before the driver (which
+        would refuse it) and which makes it prepare no statement."""
+        backend = sa.make_url(url).get_backend_name()
+        database = url
+        if backend == "postgresql":
+            pooled = sa.make_url(url).update_query_dict({"pooler": "transaction"})
+            database = pooled.render_as_string(hide_password=False)
+        registry = isolated(jobs.observes, "observes")
+        replicas(registry, "a", database=database)
+        replicas(registry, "b", database=database)
+        clock.advance(60)
+        until(lambda: ended(url, "observes"), "the round on record")
+        [(_, _, _, outcome, error)] = ended(url, "observes")
+        assert (outcome, error) == ("succeeded", None)
+        engine = lease.create_engine(database)  # as the scheduler's own
+        try:
+            with engine.connect() as conn:
+                parents = jobs.settings(conn)
+        finally:
+            engine.dispose()
+        [seen] = jobs.marks(url, "observes")
+        assert json.loads(seen["note"]) == parents
+        if backend == "sqlite":
+            assert parents == {"busy_timeout": 30000, "made": "Connection"}
+        else:
+            assert parents["isolation"] == "READ COMMITTED"
+
+    def test_an_argument_a_child_cannot_be_given_fails_its_transaction_naming_it(
+        self, url, replicas, clock
+    ):
+        backend = sa.make_url(url).get_backend_name()
+
+        if backend == "sqlite":
+            import sqlite3
+
+            class Local(sqlite3.Connection):  # defined here: cannot be pickled
+                pass
+
+            key = "factory"
+        elif backend == "postgresql":
+            import psycopg
+
+            class Local(psycopg.Cursor):  # type: ignore[no-redef]
+                pass
+
+            key = "cursor_factory"
+        else:
+            import pymysql
+
+            class Local(pymysql.cursors.Cursor):  # type: ignore[no-redef]
+                pass
+
+            key = "cursorclass"
+        engine = lease.create_engine(url, connect_args={key: Local})
+        try:
+            replicas(isolated(jobs.observes, "observes"), "a", database=engine)
+            clock.advance(60)
+            until(lambda: ended(url, "observes"), "the round on record")
+        finally:
+            engine.dispose()
+        [(_, _, _, outcome, error)] = ended(url, "observes")
+        assert outcome == "failed" and error is not None
+        assert error.startswith(
+            "DatabaseError: ctx.transaction() in a child process (isolation='process'): "
+            f"the scheduler's engine connects with {key}, which cannot be pickled"
+        )
 
 
 def _execute(url: str, statement: str) -> None:

@@ -214,6 +214,7 @@ class TestSurface:
     def test_the_public_names_are_pinned(self):
         assert lease.__all__ == sorted(lease.__all__)
         assert lease.__all__ == [
+            "BackfillCancellation",
             "Backfills",
             "CLAIM_AHEAD_LIMIT",
             "COUNTED_FAILURES",

@@ -17,13 +17,16 @@ import sqlalchemy as sa
 
 import cronjob
 from cronjob import Registry, Scheduler, admin, schedules
+from cronjob._jitter import jitter_delay
 from cronjob.admin import _page
 from cronjob.admin._cli import main
+from cronjob.admin._missed import MISSED_GRACE
 from cronjob.testing import FakeClock
 
 #: A Monday, on the hour.
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 MINUTELY = "0 * * * * *"
+HOURLY = "0 0 * * * *"
 
 
 def at(minutes: float = 0, seconds: float = 0) -> datetime:
@@ -154,6 +157,37 @@ class TestMissed:
         clock.advance(20 * 60)
         found = report(db_url, clock, "tenant-1")
         assert found.missed == 0 and len(job.instants) == 4
+
+    def test_a_jittered_instant_is_not_missed_before_its_delayed_start_and_grace(
+        self, db_url, replicas, clock
+    ):
+        """Hourly with a 15-minute jitter: 10:00's round starts at 10:10:38.925 (the
+        delay drawn for ``report``), so at 10:05 it has not started and is not missed;
+        once its delayed start and the grace are past with no round, it is."""
+        registry = Registry()
+        job = Job()
+        registry.register(job, HOURLY, "report", jitter=900)
+        started = two(replicas, registry)
+        ten, eleven = at(60), at(120)
+        delay = jitter_delay("report", ten, timedelta(seconds=900), eleven)
+        assert delay == timedelta(minutes=10, seconds=38.925)
+        clock.advance_to(at(65))  # past 10:00 and the 60 s grace, before its start
+        # A replica of a rolling deploy: status reads the jitter from a live replica's
+        # record (on the idle fake clock the first two are no longer seen as live).
+        started.append(replicas(registry, "c"))
+        clock.advance(0)  # its record written
+        found = report(db_url, clock)
+        assert found.policies == {"jitter": 900.0}
+        assert (found.missed, found.problems) == (0, ())
+        assert admin.status(db_url, now=clock.now()).healthy
+        clock.advance_to(ten + delay + timedelta(seconds=1))
+        assert job.instants == [ten]
+        assert report(db_url, clock).missed == 0
+        for scheduler in started:
+            scheduler.stop()
+        late = jitter_delay("report", eleven, timedelta(seconds=900), at(180))
+        clock.advance_to(eleven + late + MISSED_GRACE + timedelta(seconds=1))
+        assert report(db_url, clock).missed == 1  # no replica ran it
 
     def test_the_status_command_exits_non_zero_and_names_them(
         self, db_url, replicas, clock, capsys

@@ -143,6 +143,34 @@ class TestBufferOne:
         rounds.assert_never_overlapping()
         assert [i for i, *_ in ended(url, "job")] == [at(minutes=1), at(minutes=2), at(minutes=4)]
 
+    def test_the_buffered_instant_runs_after_the_second_run_when_the_runner_dies(
+        self, url, replicas, clock, rounds
+    ):
+        """The replica running 09:01 dies at 09:01:50: 09:02 falls while the lease it
+        left holds (refused to the other replica), so it is buffered. The survivor's
+        sweep runs 09:01 a second time once the lease expires; as that round ends, the
+        survivor claims 09:02, which the dead replica alone knew was waiting."""
+        registry = Registry()
+        registry.register(rounds.job(3600), MINUTELY, "job", overlap="buffer_one")
+        started = {"a": replicas(registry, "a"), "b": replicas(registry, "b")}
+        clock.advance(60 + 50)  # 09:01:50
+        [first] = rounds.seen
+        cronjob.testing.crash(started[first.replica])  # no lease given back, no end
+        clock.advance(55)  # 09:02:45: the lease expired, 09:01 ran again, then 09:02
+        survivor = "b" if first.replica == "a" else "a"
+        assert [(s.instant, s.replica) for s in rounds.seen[1:]] == [
+            (at(minutes=1), survivor),
+            (at(minutes=2), survivor),
+        ]
+        clock.advance(30)  # 09:03 on time
+        assert rounds.instants()[1:] == [at(minutes=1), at(minutes=2), at(minutes=3)]
+        assert rounds.seen[3].started == at(minutes=3)
+        assert [(i, a, why) for i, a, why, _out in ended(url, "job")] == [
+            (at(minutes=1), 2, "re-run"),
+            (at(minutes=2), 1, "schedule"),
+            (at(minutes=3), 1, "schedule"),
+        ]
+
     def test_a_per_instance_job_buffers_one_instant_on_its_replica(self, replicas, clock, rounds):
         registry = Registry()
         registry.register_per_instance(rounds.job(150), MINUTELY, "local", overlap="buffer_one")

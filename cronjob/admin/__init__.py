@@ -4,7 +4,8 @@ Everything a person (or a script) uses to look at and steer the replicas lives h
 from the engine that runs rounds (`cronjob.engine`):
 
 - This package, [cronjob.admin][] (public): the admin API. ``_status`` reads what the
-  scheduler did ([status][cronjob.admin.status], [history][cronjob.admin.history]);
+  scheduler did ([status][cronjob.admin.status]), ``_rounds`` a job's recent rounds
+  ([history][cronjob.admin.history]);
   ``_control`` writes the pause ([pause][cronjob.admin.pause],
   [resume][cronjob.admin.resume]); ``_trigger`` requests a round now
   ([trigger][cronjob.admin.trigger], [wait][cronjob.admin.wait]); ``_forget`` deletes a
@@ -33,8 +34,10 @@ from .._records import RoundRecord as RoundRecord
 from .._records import Why as Why
 from ._backfill import BACKFILL_LIMIT as BACKFILL_LIMIT
 from ._backfill import Backfill as Backfill
+from ._backfill import BackfillCancelled as BackfillCancelled
 from ._backfill import BackfillTooLarge as BackfillTooLarge
 from ._backfill import backfill as backfill
+from ._backfill import cancel_backfill as cancel_backfill
 from ._base import REPLICA_LIVE_SECONDS as REPLICA_LIVE_SECONDS
 from ._base import SchemaNewer as SchemaNewer
 from ._base import SchemaOutdated as SchemaOutdated
@@ -52,13 +55,13 @@ from ._forget import Forgotten as Forgotten
 from ._forget import forget as forget
 from ._outbox import UNSENT_AFTER as UNSENT_AFTER
 from ._outbox import OutboxStatus as OutboxStatus
-from ._status import HISTORY_LIMIT as HISTORY_LIMIT
+from ._rounds import HISTORY_LIMIT as HISTORY_LIMIT
+from ._rounds import history as history
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
 from ._status import Activity as Activity
 from ._status import JobStatus as JobStatus
 from ._status import ReplicaStatus as ReplicaStatus
 from ._status import Status as Status
-from ._status import history as history
 from ._status import status as status
 from ._trigger import Refusal as Refusal
 from ._trigger import RequestState as RequestState
@@ -74,6 +77,7 @@ __all__ = [
     "FAILED_OUTCOMES",
     "Activity",
     "Backfill",
+    "BackfillCancelled",
     "BackfillTooLarge",
     "ForgetRefused",
     "Forgotten",
@@ -97,6 +101,7 @@ __all__ = [
     "UnknownJob",
     "Why",
     "backfill",
+    "cancel_backfill",
     "forget",
     "history",
     "pause",

@@ -26,8 +26,10 @@ from ._spec import schedule_of
 __all__ = [
     "BACKFILL_LIMIT",
     "Backfill",
+    "BackfillCancelled",
     "BackfillTooLarge",
     "backfill",
+    "cancel_backfill",
 ]
 
 #: The most instants a backfill covers unless told otherwise (``--max``).
@@ -88,6 +90,9 @@ def backfill(
     another round of the job runs. An instant not yet passed by the schedule waits for
     it (the schedule runs its own instants). Asking again queues nothing already on
     record or queued: a backfill is idempotent. `status` shows the instants queued.
+    [cancel_backfill][cronjob.admin.cancel_backfill] stops it after the round in
+    flight. A replica that drains or dies leaves the rest queued: another replica, or
+    the next start, goes on (the round it cut short runs once more).
 
     Args:
         database: a URL, or an engine (not disposed).
@@ -140,6 +145,65 @@ def backfill(
         instants=len(instants),
         queued=tuple(owed),
         ids=tuple(ids),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackfillCancelled:
+    """What [cancel_backfill][cronjob.admin.cancel_backfill] did."""
+
+    job: str
+    #: When, on the lease clock, and who asked.
+    at: datetime
+    by: str
+    #: The instants closed, oldest first: none of them runs.
+    cancelled: tuple[datetime, ...]
+    #: The instant whose round is in flight, left to end (``None``: none).
+    running: datetime | None
+
+
+def cancel_backfill(
+    database: str | sa.Engine,
+    name: str,
+    *,
+    now: datetime | None = None,
+    by: str | None = None,
+) -> BackfillCancelled:
+    """Stop the backfill of job ``name`` after the round in flight.
+
+    Each instant still queued is closed, on record (``cronjob_trigger``: state
+    ``refused``, outcome ``cancelled``, ``cancelled by WHO``): no replica takes it. The
+    instant whose round runs (one at a time: at most one) is not interrupted: it ends as
+    any backfill round does, and if a drain cuts it short its one second run still
+    comes. `status` shows the cancellation for a day (`JobStatus.backfill_cancelled`).
+    Cancelling when nothing is queued closes nothing. A later
+    [backfill][cronjob.admin.backfill] queues the instants again (they have no round on
+    record).
+
+    Args:
+        database: a URL, or an engine (not disposed).
+        now: the moment of the cancellation on the lease clock; the database's by default.
+        by: who asks; ``user@host`` of this process by default.
+
+    Raises:
+        UnknownJob: nothing named ``name`` is on record.
+        ValueError: ``now`` naive, ``by`` empty or too long.
+    """
+    who = operator() if by is None else by
+    lease.check_holder(who)
+    with store_on(database) as store:
+        now_ms = store.now_ms() if now is None else to_ms(aware(now, "now"))
+        if not store.known(name):
+            raise UnknownJob(f"no job named {name!r} is on record")
+        cancelled = lease.Backfills(store).cancel(name, by=who, now_ms=now_ms)
+        open_rows = lease.Triggers(store).read(name=name)
+    running = [r.instant for r in open_rows if r.backfill and r.state.value != "queued"]
+    return BackfillCancelled(
+        job=name,
+        at=at_ms(now_ms),
+        by=who,
+        cancelled=tuple(cancelled),
+        running=running[0] if running else None,
     )
 
 

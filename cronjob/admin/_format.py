@@ -46,15 +46,25 @@ def _asked(job: admin.JobStatus) -> str:
         f"round now asked by {_cell(r.requested_by)} at {r.requested:%H:%M:%S} ({r.state})"
         for r in job.requests
     ]
-    if job.backfill_queued or job.backfilling is not None:
+    if job.backfill_queued or job.backfilling is not None or job.backfill_cancelled:
         asked.append(_backfill(job))
     return "; ".join(asked)
 
 
 def _backfill(job: admin.JobStatus) -> str:
-    """``backfill: N instant(s) queued, running TIME``."""
-    running = "" if job.backfilling is None else f", running {_time(job.backfilling)}"
-    return f"backfill: {job.backfill_queued} instant(s) queued{running}"
+    """``backfill: N instant(s) queued, running TIME``, then ``cancelled by WHO at TIME
+    (N instant(s) not run)`` after a cancellation of the last day."""
+    said = []
+    if job.backfill_queued or job.backfilling is not None:
+        running = "" if job.backfilling is None else f", running {_time(job.backfilling)}"
+        said.append(f"{job.backfill_queued} instant(s) queued{running}")
+    if job.backfill_cancelled is not None:
+        said.append(
+            f"cancelled by {_cell(job.backfill_cancelled_by or '?')} at "
+            f"{_time(job.backfill_cancelled)} ({job.backfill_cancelled_instants} instant(s) "
+            "not run)"
+        )
+    return "backfill: " + "; ".join(said)
 
 
 def _paused(job: admin.JobStatus) -> str | None:

@@ -2,7 +2,9 @@
 
 **Missed**: an instant of a leased job's schedule is missed when it lies within the last
 day (`MISSED_WINDOW`), came more than `MISSED_GRACE` ago (its claim had time to be
-sent), came strictly after the job was deployed (its lease row's first write,
+sent) — with a ``jitter``, more than that grace after the round's delayed start (the
+same delay every replica draws: before it the round may still start) —, came strictly
+after the job was deployed (its lease row's first write,
 ``deployed_ms``; a schedule made of data: its creation too, and a changed timing
 redeploys it), and nothing ran or accounted for it:
 
@@ -39,6 +41,7 @@ import sqlalchemy as sa
 
 import lease
 
+from .._jitter import jitter_delay
 from . import _scheduled
 from ._base import store_on
 from ._spec import schedule_of
@@ -82,20 +85,31 @@ def progress(
 
 
 def shown(
-    job: JobStatus, missed: int, backfills: Mapping[str, tuple[int, datetime | None]]
+    job: JobStatus,
+    missed: int,
+    backfills: Mapping[str, tuple[int, datetime | None]],
+    cancelled: Mapping[str, lease.BackfillCancellation],
 ) -> JobStatus:
-    """``job`` with its missed instants (a problem: `status` exits non-zero) and its
-    backfill's progress."""
-    if not missed and job.name not in backfills:
+    """``job`` with its missed instants (a problem: `status` exits non-zero), its
+    backfill's progress and its latest cancellation (not a problem)."""
+    if not missed and job.name not in backfills and job.name not in cancelled:
         return job  # the common case: no copy (100,000 jobs in a status)
     queued, running = backfills.get(job.name, (0, None))
+    stop = cancelled.get(job.name)
     problems = job.problems
     if missed:
         problems += (
             f"missed: {missed} instant{'s' if missed != 1 else ''} of the last day did not run",
         )
     return dataclasses.replace(
-        job, missed=missed, problems=problems, backfill_queued=queued, backfilling=running
+        job,
+        missed=missed,
+        problems=problems,
+        backfill_queued=queued,
+        backfilling=running,
+        backfill_cancelled=None if stop is None else stop.at,
+        backfill_cancelled_by=None if stop is None else stop.by,
+        backfill_cancelled_instants=0 if stop is None else stop.instants,
     )
 
 
@@ -126,6 +140,9 @@ def missed(
             cache[schedule] = _instants(schedule, start, end)
         since = max(start, row.deployed or start, plan.created if plan is not None else start)
         due = cache[schedule][bisect.bisect_right(cache[schedule], since) :]
+        jitter = job.policies.get("jitter")
+        if isinstance(jitter, int | float) and jitter > 0:
+            due = _started_by(job.name, due, schedule, timedelta(seconds=jitter), end)
         if len(due) > on_record.get(job.name, 0):
             owed[job.name] = due
     if not owed:
@@ -148,6 +165,19 @@ def _instants(schedule: Schedule, start: datetime, end: datetime) -> list[dateti
         found.append(at)
         at = schedule.next(at)
     return found
+
+
+def _started_by(
+    name: str, due: list[datetime], schedule: Schedule, jitter: timedelta, end: datetime
+) -> list[datetime]:
+    """Of ``due`` (ascending, none after ``end``), those whose round of job ``name``, with
+    its ``jitter``, was to start by ``end`` (now less the grace): an instant whose delayed
+    start (`cronjob._jitter.jitter_delay`, as the replicas draw it) is later may still
+    start, and is not missed yet. Only the instants within ``jitter`` of ``end`` are
+    drawn for."""
+    cut = bisect.bisect_right(due, end - jitter)
+    tail = [at for at in due[cut:] if at + jitter_delay(name, at, jitter, schedule.next(at)) <= end]
+    return due if len(tail) == len(due) - cut else due[:cut] + tail
 
 
 def _ms(at: datetime) -> int:

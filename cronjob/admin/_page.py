@@ -167,7 +167,7 @@ def job_page(
         facts["Overrun instants skipped through"] = e(_time(job.skipped_through))
     if not job.per_instance:
         facts["Missed instants (last day)"] = e(job.missed)
-    if job.backfill_queued or job.backfilling is not None:
+    if job.backfill_queued or job.backfilling is not None or job.backfill_cancelled:
         facts["Backfill"] = e(_backfill(job))
     if job.specs_seen:
         facts["Specs the replicas registered"] = _list(

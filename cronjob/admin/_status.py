@@ -41,10 +41,10 @@ import sqlalchemy as sa
 
 import lease
 
-from .._records import FAILED_OUTCOMES, Outcome, RoundRecord, record_of
+from .._records import Outcome
 from .._schedule import Schedule
 from . import _missed, _scheduled
-from ._base import REPLICA_LIVE_SECONDS, UnknownJob
+from ._base import REPLICA_LIVE_SECONDS
 from ._base import as_enum as _enum
 from ._base import at_ms as _at
 from ._base import aware as _aware
@@ -62,15 +62,12 @@ __all__ = [
     "JobStatus",
     "ReplicaStatus",
     "Status",
-    "history",
     "status",
 ]
 
 #: The slack on top of two periods before a job without a successful end counts as
 #: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
 STALE_SLACK_SECONDS: Final = 60.0
-#: The most rounds `history` returns at once.
-HISTORY_LIMIT: Final = 10_000
 
 
 class Activity(enum.StrEnum):
@@ -149,6 +146,11 @@ class JobStatus:
     #: running now (``None``: none).
     backfill_queued: int = 0
     backfilling: datetime | None = None
+    #: Its backfill's latest cancellation within the last day (see
+    #: [cancel_backfill][cronjob.admin.cancel_backfill]): when, by whom, instants closed.
+    backfill_cancelled: datetime | None = None
+    backfill_cancelled_by: str | None = None
+    backfill_cancelled_instants: int = 0
 
     def __post_init__(self) -> None:
         if not self.task:
@@ -233,6 +235,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
         open_requests, backfills = _missed.progress(lease.Triggers(store).read())
         on_record = lease.Tally(store).on_record(since_ms=now_ms - _missed.WINDOW_MS)
+        stopped = lease.Backfills(store).cancelled(since_ms=now_ms - _missed.WINDOW_MS)
         # Every schedule made of data, tombstones too: one query, joined by name below.
         plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
         outbox = read_outbox(store)
@@ -288,7 +291,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     return Status(
         checked_at=checked_at,
         outbox=outbox,
-        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills) for job in jobs),
+        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills, stopped) for job in jobs),
         replicas=tuple(
             ReplicaStatus(
                 id=r.holder,
@@ -303,41 +306,6 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             for r in sorted(replicas, key=lambda r: r.holder)
         ),
     )
-
-
-def history(
-    database: str | sa.Engine,
-    name: str,
-    *,
-    limit: int = 50,
-    failed: bool = False,
-    since: datetime | None = None,
-) -> list[RoundRecord]:
-    """The latest rounds of job ``name`` that ended, newest first.
-
-    Args:
-        database: a URL, or an engine (not disposed).
-        name: the job.
-        limit: at most this many rounds (1 to `HISTORY_LIMIT`).
-        failed: only rounds that failed, timed out, missed their start deadline or
-            were given up (`FAILED_OUTCOMES`).
-        since: only rounds that ended at or after this aware time.
-
-    Raises:
-        UnknownJob: no job ``name`` is on record (no lease row, no round, no replica
-            registering it).
-        ValueError: ``limit`` is out of range, ``since`` is naive.
-        TablesMissing, SchemaOutdated, SchemaNewer: as [status][cronjob.admin.status].
-    """
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
-        raise ValueError(f"limit must be a whole number from 1 to {HISTORY_LIMIT}, not {limit!r}")
-    since_ms = None if since is None else _ms(_aware(since, "since"))
-    outcomes = tuple(outcome.value for outcome in FAILED_OUTCOMES) if failed else None
-    with _store(database) as store:
-        found = store.rounds(name, limit=limit, outcomes=outcomes, since_ms=since_ms)
-        if not found and not store.known(name):
-            raise UnknownJob(f"no job named {name!r} is on record")
-    return [record_of(row) for row in found]
 
 
 # -- helpers -----------------------------------------------------------------------------

@@ -11,7 +11,8 @@ belong to the round), and sends back, on the pipe:
 
 From the parent it reads ``("cancel", type name, message)``: the round's cancellation,
 which the child's ``ctx.wait``/``ctx.check`` then see. The fenced ``ctx.transaction()``
-runs on the child's own connection (an engine made from the scheduler's URL), and checks
+runs on the child's own connection (an engine that connects as the scheduler's does: its
+URL, its driver's arguments, its isolation level, see `cronjob.engine._childdb`), and checks
 inside itself that the round's fencing token still holds the lease, when it opens and
 again before it commits, as the parent's does (`cronjob.engine._fencing`).
 """
@@ -41,6 +42,7 @@ from .. import _exceptions
 from .._clock import SystemClock
 from .._exceptions import Cancelled, LeaseLost, TimedOut
 from .._round import Round, Trigger, lease_lost
+from ._childdb import ChildDatabase
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection as Pipe
@@ -67,7 +69,7 @@ class ChildSpec:
             (``args`` as the JSON text; ``task`` ``None`` for a registered job).
         span_id: The round's root span id in the parent, or ``None`` (no SDK there):
             the child's unit is its child, in the same trace.
-        url: The scheduler's database URL (password included), for the child's engine.
+        database: How the scheduler's engine connects, for the child's engine.
         token: The round's fencing token; ``None`` for a per-instance round.
         lease_now: The lease clock's time at the round's start when the parent runs on a
             fake clock (the child cannot follow it); ``None``: the database's clock.
@@ -86,7 +88,7 @@ class ChildSpec:
     requested_by: str | None
     task: str | None
     args: str | None
-    url: str
+    database: ChildDatabase
     token: int | None
     lease_now: datetime | None
     log_level: int
@@ -218,10 +220,7 @@ def _fenced(
     """
     _refuse_timed_out(ctx)
     if not engines:
-        from sqlalchemy import create_engine
-        from sqlalchemy.pool import NullPool
-
-        made = create_engine(spec.url, poolclass=NullPool)
+        made = spec.database.engine()
         execctx.instrument(made)
         engines.append(made)
     engine = engines[0]

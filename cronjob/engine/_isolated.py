@@ -42,6 +42,7 @@ import execctx
 from .._clock import Clock
 from .._exceptions import LeaseLost, TimedOut
 from ._child import ChildSpec, child_main
+from ._childdb import ChildDatabases
 from ._state import Run
 
 if TYPE_CHECKING:
@@ -96,12 +97,13 @@ class ChildRounds:
     Args:
         clock: The scheduler's clock: the child is waited for on it, and the SIGKILL's
             grace runs on it.
-        engine: The scheduler's engine: the child connects to its URL.
+        engine: The scheduler's engine: the child connects as it does
+            (`cronjob.engine._childdb`).
     """
 
     def __init__(self, *, clock: Clock, engine: Engine) -> None:
         self._clock = clock
-        self._url = engine.url.render_as_string(hide_password=False)
+        self._databases = ChildDatabases(engine)
         self._mp = _context()
 
     def run(self, run: Run) -> None:
@@ -131,7 +133,7 @@ class ChildRounds:
             requested_by=ctx.requested_by,
             task=None if ctx._data is None else ctx._data[0],
             args=None if ctx._data is None else ctx._data[1],
-            url=self._url,
+            database=self._databases.get(),
             token=run.token,
             lease_now=None if lease_clock is None else lease_clock(),
             log_level=logging.getLogger().getEffectiveLevel(),

@@ -7,7 +7,10 @@ An instant that falls while a round of its job runs (see [Policy][cronjob.Policy
   and the lease row's ``skipped_through`` keeps the overrun on record.
 - ``"buffer_one"``: the first such instant waits, the later ones are skipped. As the
   round ends, the replica that ran it claims that instant, at once, under the same rule as
-  any claim (one claim per instant: the row's instant older, its lease free).
+  any claim (one claim per instant: the row's instant older, its lease free). A round
+  whose replica died (or drained) while it ran ends with its second run, on whichever
+  replica's sweep takes it: that replica then claims the first instant after the round's
+  own, if it has come, as buffered (nothing else knew it waited).
 - ``"cancel_other"``: at the first instant after a round's start, the replica running it
   cancels it with [Superseded][cronjob.Superseded]; as it ends, that replica claims the
   latest instant that fell while it ran. A round that ignores its cancellation keeps its
@@ -111,6 +114,18 @@ class NextRounds:
                 why = Reason.OUTAGE if run.reason is Reason.OUTAGE else Reason.CATCH_UP
                 self._follow(state, due, why)
                 return
+        overlap = policy.overlap
+        if run.reason is Reason.RERUN and overlap is Overlap.BUFFER_ONE and not dispatcher.draining:
+            # The round's first run died with its replica, or a drain cut it short there:
+            # the instant buffered meanwhile was known to that replica alone. The round
+            # ran from its first start to this end, so the first instant after its own
+            # that has come is the one that waits (no claim took it: a later claim would
+            # have superseded this second run).
+            buffered = schedule.next(instant)
+            if buffered is not None and buffered <= ended:
+                state.metrics.overrun(schedule, buffered, ended)
+                self._follow(state, buffered, Reason.OVERLAP)
+                return
         started = run.started_at or instant
         # The next after the instant, as its claim asked (no instant lies between).
         first = state.next_after(instant) if started >= instant else schedule.next(started)
@@ -121,7 +136,6 @@ class NextRounds:
             # is the first after the end too (one schedule step per round, not two).
             dispatcher.schedule_after(state, ended, when=first)
             return
-        overlap = policy.overlap
         if first is None or overlap is Overlap.SKIP or dispatcher.draining:
             state.metrics.overrun(schedule, started, ended)
             dispatcher.schedule_after(state, ended)
