@@ -292,6 +292,9 @@ schedule_table = sa.Table(
     # that writes a row with more (a policy of its own) raises it, and a replica of an
     # older release leaves such a row alone instead of running it without.
     sa.Column("format", sa.SmallInteger(), nullable=False, server_default="1"),
+    # JSON: the policies the schedule sets for itself (revision 0011), checked by
+    # `cronjob.schedules`; NULL: its task's, all of them.
+    sa.Column("policies", sa.Text(), nullable=True),
     # Epoch milliseconds on the database's clock.
     sa.Column("created_ms", sa.BigInteger(), nullable=False),
     sa.Column("updated_ms", sa.BigInteger(), nullable=False),
