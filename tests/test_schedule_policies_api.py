@@ -7,8 +7,9 @@ The policies at run time are in test_schedule_policies.py.
 
 from __future__ import annotations
 
+import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,12 +17,15 @@ import sqlalchemy as sa
 
 import cronjob
 import lease
-from cronjob import schedules
+from cronjob import admin, schedules
 from cronjob._policy import CatchUp, Overlap
+from cronjob.admin._cli import main
 from cronjob.schedules._policies import described, own_of, with_own
 from tests.test_schedules_api import run_async
 
 DAILY = "0 0 9 * * *"
+#: A spec that never fires within a test: 09:00 on 1 January.
+YEARLY = "0 0 9 1 1 *"
 ID = "report:tenant-42"
 
 
@@ -217,3 +221,74 @@ class TestLaidOver:
 
 def _re(message: str) -> str:
     return re.escape(message)
+
+
+class TestShown:
+    def test_status_lays_a_schedules_own_policies_over_its_tasks(self, engine, capsys):
+        schedules.add(
+            engine, "own", task="report", spec=YEARLY, jitter=30, heartbeat="https://hc.io/k"
+        )
+        schedules.add(engine, "plain", task="report", spec=YEARLY)
+        policies = {"report": {"jitter": 5.0, "timeout": 60.0}}
+        live_replica(engine, policies=policies)
+        jobs = {job.name: job for job in admin.status(engine).jobs}
+        assert jobs["own"].policies == {"jitter": 30.0, "timeout": 60.0, "heartbeat": "hc.io"}
+        assert jobs["plain"].policies == {"jitter": 5.0, "timeout": 60.0}
+        url = engine.url.render_as_string(hide_password=False)
+        assert main(["status", "--json", "--database-url", url]) in (0, 1)
+        shown = {job["name"]: job for job in json.loads(capsys.readouterr().out)["jobs"]}
+        assert shown["own"]["policies"] == {"jitter": 30.0, "timeout": 60.0, "heartbeat": "hc.io"}
+
+    def test_cronjob_schedules_shows_them_the_heartbeat_by_its_host(self, engine, capsys):
+        schedules.add(
+            engine,
+            "own",
+            task="report",
+            spec=YEARLY,
+            overlap="buffer_one",
+            catch_up="all",
+            catch_up_window=7200,
+            heartbeat="https://hc.io/secret-key",
+        )
+        schedules.add(engine, "plain", task="report", spec=YEARLY)
+        url = engine.url.render_as_string(hide_password=False)
+        assert main(["schedules", "--database-url", url]) == 0
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        assert lines[0].endswith("ARGS (BYTES)  OWN POLICIES")
+        assert lines[1].endswith("overlap buffer_one, catch-up all within 2h, heartbeat to hc.io")
+        assert lines[2].endswith(" -")
+        assert "secret-key" not in out
+        assert main(["schedules", "--json", "--database-url", url]) == 0
+        listed = {found["id"]: found for found in json.loads(capsys.readouterr().out)}
+        assert listed["own"]["policies"] == {
+            "overlap": "buffer_one",
+            "catch_up": "all",
+            "catch_up_window": 7200.0,
+            "heartbeat": "hc.io",
+        }
+        assert listed["plain"]["policies"] == {}
+
+    def test_without_policies_the_schedules_table_keeps_its_columns(self, engine, capsys):
+        schedules.add(engine, "plain", task="report", spec=YEARLY)
+        url = engine.url.render_as_string(hide_password=False)
+        assert main(["schedules", "--database-url", url]) == 0
+        assert capsys.readouterr().out.splitlines()[0].endswith("ARGS (BYTES)")
+
+
+def live_replica(engine: sa.Engine, *, policies: dict[str, dict[str, object]]) -> None:
+    """A replica on record as seen now, registering task ``report`` with ``policies``."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    lease.LeaseStore(engine).record_replica(
+        lease.ReplicaRow(
+            holder="r1",
+            host="h",
+            pid=1,
+            version="v",
+            started=now,
+            seen=now,
+            jobs={},
+            tasks=frozenset({"report"}),
+            policies=policies,
+        )
+    )
