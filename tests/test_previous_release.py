@@ -107,8 +107,15 @@ def _fail_without(what: str, hint: str) -> None:
 
 @pytest.fixture(scope="session")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of a venv holding the previous release (commit `PREVIOUS`),
-    installed from its wheel, built once per session from this checkout's history.
+    """The interpreter of a venv holding the previous release (commit `PREVIOUS`; see
+    `build_release`), built once per session."""
+    return build_release(PREVIOUS, PREVIOUS_REVISION, tmp_path_factory)
+
+
+def build_release(commit: str, revision: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a venv holding the release at ``commit`` (whose operator
+    commands read ``revision``), installed from its wheel, built from this checkout's
+    history.
 
     The venv has no pip and no packages but that wheel; a ``.pth`` file gives it this
     interpreter's site-packages for the dependencies (SQLAlchemy, alembic, the drivers).
@@ -119,7 +126,7 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     try:
         found = subprocess.run(
-            ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
             capture_output=True,
             text=True,
         )
@@ -127,16 +134,16 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _fail_without("git", "install it; the previous release is built from the history")
     if found.returncode != 0:
         _fail_without(
-            f"commit {PREVIOUS} (the previous release) in {REPO}",
+            f"commit {commit} (the release to run beside this one) in {REPO}",
             "a shallow clone lacks it; clone with full history or `git fetch --unshallow`",
         )
     if importlib.util.find_spec("hatchling") is None:
         _fail_without("hatchling (the test extra)", "pip install -e '.[test]'")
     began = time.monotonic()
-    root = tmp_path_factory.mktemp(f"previous-release-{PREVIOUS}")
+    root = tmp_path_factory.mktemp(f"previous-release-{commit}")
     source = root / "src"
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS],
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit],
         capture_output=True,
         check=True,
     )
@@ -172,8 +179,8 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         env=_without_pythonpath(),
     )
-    assert probe.stdout.strip() == PREVIOUS_REVISION, probe.stdout + probe.stderr
-    sys.stderr.write(f"previous release {PREVIOUS} built in {time.monotonic() - began:.1f} s\n")
+    assert probe.stdout.strip() == revision, probe.stdout + probe.stderr
+    sys.stderr.write(f"previous release {commit} built in {time.monotonic() - began:.1f} s\n")
     return python
 
 
