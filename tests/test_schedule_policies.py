@@ -301,3 +301,22 @@ class TestPreviousFormat:
         schedules.update(engine, "own", jitter=None)  # format 1 again: run by it
         clock.advance(60)
         assert rounds.instants("own") == [at(minutes=2)]
+
+
+class TestMalformed:
+    def test_a_row_whose_policies_are_malformed_is_not_run_and_the_others_go_on(
+        self, engine, replicas, clock, caplog
+    ):
+        rounds = Rounds(clock)
+        replicas(task(rounds), "a")
+        with engine.begin() as conn:
+            schedules.add(conn, "edited", task="report", spec=MINUTELY, jitter=5)
+            conn.execute(
+                sa.text("UPDATE cronjob_schedule SET policies = :p WHERE id = 'edited'"),
+                {"p": '{"jitter": "soon"}'},
+            )
+        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        clock.advance(60 + 10)
+        assert rounds.instants("edited") == []
+        assert rounds.instants("plain") == [at(minutes=1)]
+        assert "schedule 'edited' is not run here: schedule 'edited': its policies" in caplog.text
