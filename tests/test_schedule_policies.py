@@ -2,7 +2,8 @@
 ``jitter`` and ``heartbeat`` set on a schedule made of data govern its rounds, while the
 task's other schedules keep the task's; a change reaches running replicas.
 
-Two or three replicas on one fake clock and one database (each of the three in turn).
+Two or three replicas on one fake clock (conftest's, at 09:00 on a Monday) and one database
+at head (``migrated_engine``), each of the three in turn.
 Nothing sleeps in real time but the heartbeat's wait for its local HTTP endpoint.
 """
 
@@ -10,10 +11,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import pytest
 import sqlalchemy as sa
 
 import cronjob
@@ -22,7 +22,6 @@ from cronjob import Registry, admin, schedules
 from cronjob._jitter import jitter_delay
 from cronjob.testing import FakeClock
 from tests._helpers import run_then_stop
-from tests.test_policies_hooks import Endpoint
 
 #: A Monday, on the hour (the ``clock`` fixture's start).
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -32,27 +31,6 @@ HOURLY = "0 0 * * * *"
 
 def at(hours: int = 0, minutes: int = 0, seconds: float = 0) -> datetime:
     return START + timedelta(hours=hours, minutes=minutes, seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[sa.Engine]:
-    engine = lease.create_engine(db_url)
-    lease.migrate(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Endpoint]:
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    served = Endpoint()
-    yield served
-    served.close()
 
 
 class Rounds:
@@ -102,14 +80,14 @@ def outcomes(url: str, id_: str) -> list[tuple[datetime, str, str]]:
 
 class TestOverlap:
     def test_buffer_one_on_a_schedule_while_the_tasks_other_schedule_skips(
-        self, engine, replicas, clock
+        self, migrated_engine, replicas, clock
     ):
         rounds = Rounds(clock, first=150)
         registry = task(rounds)
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, overlap="buffer_one")
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY, overlap="buffer_one")
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 200)  # 09:01 runs to 09:03:30; 09:02 waits (own only); 09:04
         assert rounds.instants("own") == [at(minutes=1), at(minutes=2), at(minutes=4)]
         assert rounds.starts("own")[1] == (at(minutes=2), at(minutes=3, seconds=30))
@@ -117,14 +95,14 @@ class TestOverlap:
         rounds.assert_never_overlapping("own")
 
     def test_cancel_other_on_a_schedule_supersedes_its_round_only(
-        self, db_url, engine, replicas, clock
+        self, db_url, migrated_engine, replicas, clock
     ):
         rounds = Rounds(clock, first=90)
         registry = task(rounds)
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, overlap="cancel_other")
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY, overlap="cancel_other")
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 121)  # to 09:03:01
         assert [(i, o) for i, _why, o in outcomes(db_url, "own")] == [
             (at(minutes=1), "superseded"),
@@ -137,13 +115,15 @@ class TestOverlap:
         ]
         rounds.assert_never_overlapping("own")
 
-    def test_a_schedules_skip_overrides_its_tasks_buffer_one(self, engine, replicas, clock):
+    def test_a_schedules_skip_overrides_its_tasks_buffer_one(
+        self, migrated_engine, replicas, clock
+    ):
         rounds = Rounds(clock, first=150)
         registry = task(rounds, overlap="buffer_one")
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, overlap="skip")
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY, overlap="skip")
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 200)
         assert rounds.instants("own") == [at(minutes=1), at(minutes=4)]
         assert rounds.instants("plain") == [at(minutes=1), at(minutes=2), at(minutes=4)]
@@ -151,15 +131,15 @@ class TestOverlap:
 
 class TestCatchUp:
     def test_none_all_within_a_window_and_the_tasks_latest_side_by_side(
-        self, db_url, engine, replicas, clock
+        self, db_url, migrated_engine, replicas, clock
     ):
         rounds = Rounds(clock)
         registry = task(rounds)
-        schedules.add(engine, "none", task="report", spec=HOURLY, catch_up="none")
+        schedules.add(migrated_engine, "none", task="report", spec=HOURLY, catch_up="none")
         schedules.add(
-            engine, "all", task="report", spec=HOURLY, catch_up="all", catch_up_window=7200
+            migrated_engine, "all", task="report", spec=HOURLY, catch_up="all", catch_up_window=7200
         )
-        schedules.add(engine, "plain", task="report", spec=HOURLY)
+        schedules.add(migrated_engine, "plain", task="report", spec=HOURLY)
         run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
         clock.advance(4 * 3600 + 1800)  # down through 11:00 .. 14:00; now 14:30:05
         replicas(registry, "b")
@@ -182,14 +162,14 @@ class TestCatchUp:
 
 class TestJitter:
     def test_a_schedules_jitter_delays_its_rounds_by_its_ids_draw_on_every_replica(
-        self, db_url, engine, replicas, clock
+        self, db_url, migrated_engine, replicas, clock
     ):
         rounds = Rounds(clock)
         registry = task(rounds, jitter=50)
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, jitter=20)
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY, jitter=20)
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         first = at(minutes=1) + jitter_delay(
             "own", at(minutes=1), timedelta(seconds=20), at(minutes=2)
         )
@@ -204,27 +184,29 @@ class TestJitter:
         [record] = admin.history(db_url, "own")
         assert (record.instant, record.started) == (at(minutes=1), first)
 
-    def test_a_jitter_given_later_reaches_the_running_replicas(self, engine, replicas, clock):
+    def test_a_jitter_given_later_reaches_the_running_replicas(
+        self, migrated_engine, replicas, clock
+    ):
         rounds = Rounds(clock)
         registry = task(rounds)
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "own", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY)
         clock.advance_to(at(minutes=1, seconds=10))
         assert rounds.starts("own") == [(at(minutes=1), at(minutes=1))]
-        schedules.update(engine, "own", jitter=40)
+        schedules.update(migrated_engine, "own", jitter=40)
         clock.advance_to(at(minutes=2, seconds=59))
         delay = jitter_delay("own", at(minutes=2), timedelta(seconds=40), at(minutes=3))
         assert delay > timedelta(0)
         assert rounds.starts("own")[1:] == [(at(minutes=2), at(minutes=2) + delay)]
-        schedules.update(engine, "own", jitter=None)  # the task's again: none
+        schedules.update(migrated_engine, "own", jitter=None)  # the task's again: none
         clock.advance_to(at(minutes=3, seconds=59))
         assert rounds.starts("own")[2:] == [(at(minutes=3), at(minutes=3))]
 
 
 class TestHeartbeat:
     def test_a_schedule_pings_its_own_url_where_its_task_has_none(
-        self, engine, replicas, clock, endpoint
+        self, migrated_engine, replicas, clock, endpoint
     ):
         def body(ctx: cronjob.Round) -> None:
             if ctx.args.get("fail"):
@@ -233,12 +215,14 @@ class TestHeartbeat:
         registry = task(body)
         replicas(registry, "a")
         replicas(registry, "b")
-        schedules.add(engine, "ok", task="report", spec=MINUTELY, heartbeat=f"{endpoint.base}/ok")
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(
+            migrated_engine, "ok", task="report", spec=MINUTELY, heartbeat=f"{endpoint.base}/ok"
+        )
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 5)
         assert endpoint.wait_for(2) == ["/ok/start", "/ok"]
         schedules.add(
-            engine,
+            migrated_engine,
             "bad",
             task="report",
             spec=MINUTELY,
@@ -250,38 +234,40 @@ class TestHeartbeat:
         assert sorted(pings) == ["/bad/fail", "/bad/start", "/ok", "/ok/start"]
 
     def test_a_schedules_url_overrides_its_tasks_and_one_given_later_is_pinged(
-        self, engine, replicas, clock, endpoint
+        self, migrated_engine, replicas, clock, endpoint
     ):
         registry = task(lambda ctx: None, heartbeat=f"{endpoint.base}/task")
         replicas(registry, "a")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, heartbeat=f"{endpoint.base}/own")
+        schedules.add(
+            migrated_engine, "own", task="report", spec=MINUTELY, heartbeat=f"{endpoint.base}/own"
+        )
         clock.advance(60 + 5)
         assert endpoint.wait_for(2) == ["/own/start", "/own"]
-        schedules.update(engine, "own", heartbeat=None)  # the task's again
+        schedules.update(migrated_engine, "own", heartbeat=None)  # the task's again
         clock.advance(60)
         assert endpoint.wait_for(4)[2:] == ["/task/start", "/task"]
 
     def test_a_heartbeat_set_on_a_running_schedule_of_a_task_without_starts_pinging(
-        self, engine, replicas, clock, endpoint
+        self, migrated_engine, replicas, clock, endpoint
     ):
         """The replica was told of no heartbeat at start: the schedule's own makes it
         hear of successes too, from the change on."""
         registry = task(lambda ctx: None)
         replicas(registry, "a")
-        schedules.add(engine, "own", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY)
         clock.advance(60 + 5)
         assert endpoint.requests == []
-        schedules.update(engine, "own", heartbeat=f"{endpoint.base}/own")
+        schedules.update(migrated_engine, "own", heartbeat=f"{endpoint.base}/own")
         clock.advance(60)
         assert endpoint.wait_for(2) == ["/own/start", "/own"]
-        schedules.remove(engine, "own")
+        schedules.remove(migrated_engine, "own")
         clock.advance(120)
         assert endpoint.requests == ["/own/start", "/own"]
 
 
 class TestPreviousFormat:
     def test_a_release_that_runs_format_1_leaves_a_policied_schedule_and_runs_the_rest(
-        self, engine, replicas, clock, caplog, monkeypatch
+        self, migrated_engine, replicas, clock, caplog, monkeypatch
     ):
         """What a replica of release 0010 does with the rows of this one (its
         ``SCHEDULE_FORMAT`` is 1): the real previous release is run beside this one in
@@ -289,8 +275,8 @@ class TestPreviousFormat:
         monkeypatch.setattr(lease, "SCHEDULE_FORMAT", 1)
         rounds = Rounds(clock)
         replicas(task(rounds), "old")
-        schedules.add(engine, "own", task="report", spec=MINUTELY, jitter=5)
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "own", task="report", spec=MINUTELY, jitter=5)
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 10)
         assert rounds.instants("own") == []
         assert rounds.instants("plain") == [at(minutes=1)]
@@ -298,24 +284,24 @@ class TestPreviousFormat:
             "schedule 'own' is written in format 2, and this release runs format 1 at most"
             in caplog.text
         )
-        schedules.update(engine, "own", jitter=None)  # format 1 again: run by it
+        schedules.update(migrated_engine, "own", jitter=None)  # format 1 again: run by it
         clock.advance(60)
         assert rounds.instants("own") == [at(minutes=2)]
 
 
 class TestMalformed:
     def test_a_row_whose_policies_are_malformed_is_not_run_and_the_others_go_on(
-        self, engine, replicas, clock, caplog
+        self, migrated_engine, replicas, clock, caplog
     ):
         rounds = Rounds(clock)
         replicas(task(rounds), "a")
-        with engine.begin() as conn:
+        with migrated_engine.begin() as conn:
             schedules.add(conn, "edited", task="report", spec=MINUTELY, jitter=5)
             conn.execute(
                 sa.text("UPDATE cronjob_schedule SET policies = :p WHERE id = 'edited'"),
                 {"p": '{"jitter": "soon"}'},
             )
-        schedules.add(engine, "plain", task="report", spec=MINUTELY)
+        schedules.add(migrated_engine, "plain", task="report", spec=MINUTELY)
         clock.advance(60 + 10)
         assert rounds.instants("edited") == []
         assert rounds.instants("plain") == [at(minutes=1)]

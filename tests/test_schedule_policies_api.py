@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from cronjob import admin, schedules
 from cronjob._policy import CatchUp, Overlap
 from cronjob.admin._cli import main
 from cronjob.schedules._policies import described, own_of, with_own
+from tests.test_admin_schedules import live_replica
 from tests.test_schedules_api import run_async
 
 DAILY = "0 0 9 * * *"
@@ -274,21 +275,3 @@ class TestShown:
         url = engine.url.render_as_string(hide_password=False)
         assert main(["schedules", "--database-url", url]) == 0
         assert capsys.readouterr().out.splitlines()[0].endswith("ARGS (BYTES)")
-
-
-def live_replica(engine: sa.Engine, *, policies: dict[str, dict[str, object]]) -> None:
-    """A replica on record as seen now, registering task ``report`` with ``policies``."""
-    now = datetime.now(UTC).replace(microsecond=0)
-    lease.LeaseStore(engine).record_replica(
-        lease.ReplicaRow(
-            holder="r1",
-            host="h",
-            pid=1,
-            version="v",
-            started=now,
-            seen=now,
-            jobs={},
-            tasks=frozenset({"report"}),
-            policies=policies,
-        )
-    )
