@@ -335,6 +335,8 @@ class Failures:
     def started(self, run: Run) -> None:
         """``run``'s round started (on its own thread): its heartbeat's start ping, queued
         (not for a retry's attempt: the round started already)."""
+        if not self._beat_of and not (self._schedules is not None and self._schedules.beating):
+            return  # no heartbeat anywhere (a replica of tasks is told of every start)
         if run.reason is not Reason.RETRY:
             name = run.ctx.name
             self._beat(self.task_of(name) or name, name, "start")
