@@ -77,6 +77,7 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._schedules import POLICIES_FORMAT as POLICIES_FORMAT
 from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
 from ._schedules import bump_schedule_rev as bump_schedule_rev
@@ -155,6 +156,7 @@ __all__ = [
     "ONCE_RUNNING",
     "OutboxRow",
     "OutboxSummary",
+    "POLICIES_FORMAT",
     "REASON_LENGTH",
     "REQUEST_TTL",
     "ReplicaRow",

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ._store import LeaseStore
 
 __all__ = [
+    "POLICIES_FORMAT",
     "SCHEDULE_FORMAT",
     "ScheduleRow",
     "schedule_values",
@@ -63,10 +64,12 @@ __all__ = [
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
-#: The format of the schedule rows this release writes, and the highest it runs: a row
-#: of a higher format (a later release's, with something this one does not know) is
-#: left alone by this release's replicas, never run without what it asks for.
-SCHEDULE_FORMAT: Final = 1
+#: The highest format of schedule rows this release runs: a row of a higher format (a
+#: later release's, with something this one does not know) is left alone by this
+#: release's replicas, never run without what it asks for.
+SCHEDULE_FORMAT: Final = 2
+#: A row with policies of its own (revision 0011); 1: one that takes its task's.
+POLICIES_FORMAT: Final = 2
 #: Rows per INSERT/UPDATE batch (one statement run with many parameter sets).
 _BATCH: Final = 1000
 
@@ -98,6 +101,8 @@ class ScheduleRow:
     updated: datetime
     #: What a replica must understand to run it (see `SCHEDULE_FORMAT`).
     format: int = 1
+    #: The JSON of the policies it sets for itself; ``None``: its task's (revision 0011).
+    policies: str | None = None
 
 
 def _seconds(when: datetime | None) -> int | None:
@@ -130,6 +135,7 @@ def schedule_values(row: ScheduleRow) -> dict[str, Any]:
         "start_s": _seconds(row.start),
         "end_s": _seconds(row.end),
         "format": row.format,
+        "policies": row.policies,
     }
 
 
@@ -148,6 +154,7 @@ def _row(row: RowMapping) -> ScheduleRow:
         created=_EPOCH + int(row["created_ms"]) * _MS,
         updated=_EPOCH + int(row["updated_ms"]) * _MS,
         format=int(row.get("format", 1)),
+        policies=row.get("policies"),
     )
 
 
@@ -269,6 +276,7 @@ def replace_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -
             start_s=sa.bindparam("start_s"),
             end_s=sa.bindparam("end_s"),
             format=sa.bindparam("format"),
+            policies=sa.bindparam("policies"),
             rev=rev,
             created_ms=sa.case((_s.c.removed == 1, _db_now_ms()), else_=_s.c.created_ms),
             removed=0,

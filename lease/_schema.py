@@ -21,7 +21,7 @@
 - ``cronjob_outbox`` (revision 0010): one row per publication handed to another system
   (a task queue), recorded before it is sent, marked once accepted; ``cronjob_once``: one
   row per id whose body a worker ran or runs (see ``lease._outbox``).
-- revision 0011 adds an index on ``(holder, instant)`` to ``cronjob_lease``: each
+- revision 0012 adds an index on ``(holder, instant)`` to ``cronjob_lease``: each
   replica's latest claim, read with one probe a replica.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
@@ -177,7 +177,7 @@ lease_table = sa.Table(
     ),
     # The holders of recent claims (the peers' read since their last one).
     sa.Index("ix_cronjob_lease_instant", "instant"),
-    # Revision 0011: each holder's latest claim, one probe a replica (the peers' reads
+    # Revision 0012: each holder's latest claim, one probe a replica (the peers' reads
     # after their first).
     sa.Index("ix_cronjob_lease_holder_instant", "holder", "instant"),
     mysql_engine="InnoDB",
@@ -297,6 +297,9 @@ schedule_table = sa.Table(
     # that writes a row with more (a policy of its own) raises it, and a replica of an
     # older release leaves such a row alone instead of running it without.
     sa.Column("format", sa.SmallInteger(), nullable=False, server_default="1"),
+    # JSON: the policies the schedule sets for itself (revision 0011), checked by
+    # `cronjob.schedules`; NULL: its task's, all of them.
+    sa.Column("policies", sa.Text(), nullable=True),
     # Epoch milliseconds on the database's clock.
     sa.Column("created_ms", sa.BigInteger(), nullable=False),
     sa.Column("updated_ms", sa.BigInteger(), nullable=False),

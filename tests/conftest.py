@@ -35,6 +35,7 @@ from sqlalchemy.pool import NullPool
 
 import cronjob
 import lease
+from tests._endpoint import endpoint  # noqa: F401 (a fixture: heartbeat pings)
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py
 

@@ -37,8 +37,10 @@ def live_replica(
     *,
     tasks: frozenset[str] = frozenset({"report"}),
     jobs: dict[str, tuple[str, bool]] | None = None,
+    policies: dict[str, dict[str, object]] | None = None,
 ) -> None:
-    """Put replica ``holder`` on record as seen now, registering ``tasks`` and ``jobs``."""
+    """Put replica ``holder`` on record as seen now, registering ``tasks`` and ``jobs``
+    (with ``policies``, by name)."""
     lease.LeaseStore(engine).record_replica(
         lease.ReplicaRow(
             holder=holder,
@@ -49,6 +51,7 @@ def live_replica(
             seen=now(),
             jobs={} if jobs is None else jobs,
             tasks=tasks,
+            policies={} if policies is None else policies,
         )
     )
 

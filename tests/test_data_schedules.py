@@ -343,7 +343,8 @@ class TestLaterReleases:
         clock.advance(60.5)
         assert seen.instants("later") == []
         assert seen.instants("known") == [at(1)]
-        assert "schedule 'later' is written in format 2" in caplog.text
+        later = lease.SCHEDULE_FORMAT + 1
+        assert f"schedule 'later' is written in format {later}" in caplog.text
 
 
 class TestRemovedWhileRunning:

@@ -242,6 +242,7 @@ class TestSurface:
             "ONCE_RUNNING",
             "OutboxRow",
             "OutboxSummary",
+            "POLICIES_FORMAT",
             "REASON_LENGTH",
             "REQUEST_TTL",
             "ReplicaRow",

@@ -26,7 +26,7 @@ from lease import _migrate
 from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0011"
+HEAD = "0012"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -770,15 +770,64 @@ class TestUpgradeTo0010:
 
 
 class TestUpgradeTo0011:
-    """Revision 0011 adds an index on (holder, instant) and changes no row: a round in
-    flight under release 0010 ends on record after the live upgrade, and its holder is
+    """Revision 0011 adds one nullable column to the schedules and touches no existing
+    row: a round in flight under release 0010 ends on record after the live upgrade, a
+    schedule 0010 wrote keeps its task's policies (format 1), 0010's own statements on
+    the table keep working, and a schedule with policies of its own comes beside them."""
+
+    #: How release 0010 writes and reads a schedule: its columns only.
+    INSERT_0010 = (
+        "INSERT INTO cronjob_schedule (id, task, spec, at_s, args, start_s, end_s, rev, "
+        "removed, format, created_ms, updated_ms) VALUES "
+        "(:id, 'report', '0 * * * * *', NULL, '{}', NULL, NULL, 1, 0, 1, 0, 0)"
+    )
+    SELECT_0010 = (
+        "SELECT id, task, spec, at_s, args, start_s, end_s, rev, removed, format, "
+        "created_ms, updated_ms FROM cronjob_schedule ORDER BY id"
+    )
+
+    def test_a_round_in_flight_and_a_schedule_of_0010_survive_and_policies_come_beside(
+        self, db_engine, manual_clock
+    ):
+        from cronjob import schedules
+
+        t0 = manual_clock.now()
+        TestUpgradeTo0002.upgrade_to(db_engine, "0010")
+        with db_engine.begin() as conn:
+            conn.execute(sa.text(self.INSERT_0010), {"id": "report:old"})
+        _upgraded_under_a_round(db_engine, "0010", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE
+        old = schedules.get(db_engine, "report:old")
+        assert old is not None and (old.spec, old.jitter, old.overlap) == (
+            "0 * * * * *",
+            None,
+            None,
+        )
+        schedules.add(db_engine, "report:new", task="report", spec="0 * * * * *", jitter=5)
+        # Release 0010 beside: its insert and its read still work, and it reads the
+        # format that tells it to leave the policied row alone.
+        with db_engine.begin() as conn:
+            conn.execute(sa.text(self.INSERT_0010), {"id": "report:z"})
+            seen = {row.id: row.format for row in conn.execute(sa.text(self.SELECT_0010))}
+            [stored] = lease.read_schedules(conn, ids=["report:z"])
+        assert seen == {"report:new": 2, "report:old": 1, "report:z": 1}
+        assert stored.policies is None
+
+
+class TestUpgradeTo0012:
+    """Revision 0012 adds an index on (holder, instant) and changes no row: a round in
+    flight under release 0011 ends on record after the live upgrade, and its holder is
     found by the probe the peers make."""
 
     def test_a_round_in_flight_is_probed_by_its_holder_and_ends_on_record(
         self, db_engine, manual_clock
     ):
         t0 = manual_clock.now()
-        _upgraded_under_a_round(db_engine, "0010", t0, holder="old-replica")
+        _upgraded_under_a_round(db_engine, "0011", t0, holder="old-replica")
         assert lease.current_revision(db_engine) == HEAD
         indexes = {ix["name"] for ix in sa.inspect(db_engine).get_indexes("cronjob_lease")}
         assert "ix_cronjob_lease_holder_instant" in indexes

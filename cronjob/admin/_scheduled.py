@@ -9,6 +9,8 @@ and `history` take its id as they take a job's name. What this module adds:
 - **Who runs it.** A schedule is run by the live replicas whose record lists its task
   (``ReplicaRow.tasks``); none of them while some replica is live is a problem
   (`no_replica`), never a retirement: the schedule is data, not code that was removed.
+- **Its policies.** A schedule's own (`cronjob.schedules`, stored on its row) lie over
+  its task's, as the replicas' record describes them (`policies_of`).
 - **Removed schedules.** `cronjob.schedules.remove` leaves a tombstone and the
   schedule's lease row (a round in flight ends on record). Such a row is neither a job nor
   retired: `status` hides it, unless a round of it still holds its lease (then it is
@@ -19,7 +21,7 @@ and `history` take its id as they take a job's name. What this module adds:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 import lease
@@ -27,9 +29,18 @@ import lease
 from .._bounds import at_spec, timing
 from .._exceptions import ScheduleError
 from .._schedule import Schedule
+from ..schedules._policies import described
 from ._base import UnknownJob
 
-__all__ = ["no_replica", "read", "refuse_removed", "runners", "shown_spec", "timing_of"]
+__all__ = [
+    "no_replica",
+    "policies_of",
+    "read",
+    "refuse_removed",
+    "runners",
+    "shown_spec",
+    "timing_of",
+]
 
 
 def read(
@@ -89,6 +100,15 @@ def _timing(
         return timing(spec, at, start, end)
     except ScheduleError:
         return None
+
+
+def policies_of(row: lease.ScheduleRow | None, task: Mapping[str, object]) -> Mapping[str, object]:
+    """The policies of the schedule ``row`` as operators see them: its task's (``task``,
+    as the replicas' record describes them) with its own laid over; ``task`` for no
+    schedule (``None``) or one without policies of its own."""
+    if row is None or row.policies is None:
+        return task
+    return {**task, **described(row.policies)}
 
 
 def runners(task: str, replicas: Iterable[lease.ReplicaRow]) -> tuple[str, ...]:

@@ -5,8 +5,10 @@ rows (for their pause) on the database the replicas share, as ``cronjob status``
 no application module, nothing written, nothing migrated. The table shows each schedule's
 id, task, spec (or ``@at <instant>``), next instant, start, end and the size of its
 arguments in bytes, never the arguments themselves (they may hold what an operator's
-terminal should not); ``--json`` has them whole. Removed schedules (tombstones) are not
-listed.
+terminal should not); ``--json`` has them whole. The policies a schedule sets for itself
+(its task's are in ``cronjob status``) get a column when some schedule has any, in both
+forms, a heartbeat by its host only (the path of a ping URL is its check's key). Removed
+schedules (tombstones) are not listed.
 
 Exit statuses as ``cronjob status``'s: 0 listed (none on record is said, still 0), 2 bad
 input (no tables, an older schema), 3 the database could not be read.
@@ -22,10 +24,12 @@ from typing import Any, TextIO
 
 import lease
 
+from .._policy import policy_text
+from ..schedules._policies import described
 from . import _scheduled
 from ._base import at_ms, store_on
 from ._format import _cell, _time
-from ._read_cli import _database, _guarded, _print_json, _print_table
+from ._read_cli import POLICY_WIDTH, _database, _guarded, _print_json, _print_table
 from ._spec import next_instant
 
 __all__ = ["add_command", "run_schedules"]
@@ -39,8 +43,9 @@ def add_command(commands: Any, database_help: str) -> None:
         description=(
             "List the schedules made of data on record, sorted by id: id, task, spec (or "
             "@at INSTANT for a one-off), next instant (within start and end; 'paused' "
-            "while paused), start, end, and the size of the arguments in bytes. The "
-            "arguments themselves are shown only with --json."
+            "while paused), start, end, the size of the arguments in bytes, and the "
+            "policies a schedule sets for itself (when some has any). The arguments "
+            "themselves are shown only with --json."
         ),
     )
     parser.add_argument("--task", metavar="T", default=None, help="only the schedules of task T")
@@ -95,6 +100,10 @@ def run_schedules(
             for row, paused, following in listed
         ]
         headers = ["ID", "TASK", "SPEC", "NEXT (UTC)", "START (UTC)", "END (UTC)", "ARGS (BYTES)"]
+        if any(row.policies for row, _paused, _following in listed):
+            headers.append("OWN POLICIES")
+            for line, (row, _paused, _following) in zip(table, listed, strict=True):
+                line.append(_cell(policy_text(described(row.policies)), POLICY_WIDTH) or "-")
         _print_table(headers, table, out)
         return 0
 
@@ -115,6 +124,7 @@ def _entry(row: lease.ScheduleRow, paused: bool, following: datetime | None) -> 
         "end": row.end,
         "args_bytes": len(row.args.encode("utf-8")),
         "args": json.loads(row.args),
+        "policies": described(row.policies),
         "created": row.created,
         "updated": row.updated,
     }

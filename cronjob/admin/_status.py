@@ -279,7 +279,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
             replicas,
             checked_at,
             tuple(asked.get(name, ())),
-            policies.get(name if plan is None else plan.task, {}),
+            _scheduled.policies_of(plan, policies.get(name if plan is None else plan.task, {})),
             # On record (a lease row) and registered by none of the live replicas.
             retired=bool(replicas) and name in rows and name not in registered,
             plan=plan,

@@ -36,6 +36,7 @@ from .._bounds import OneOff, timing
 from .._clock import Clock
 from .._exceptions import ScheduleError
 from .._registry import Job, Task
+from ..schedules._policies import with_own
 from ._control import Control
 from ._metrics import Meters
 from ._state import JobState, Reason
@@ -59,10 +60,12 @@ _DROPPED_KEPT = 10_000
 
 
 def job_of(row: lease.ScheduleRow, task: Task) -> Job:
-    """The leased job that runs the schedule ``row`` with ``task``'s function and policy.
+    """The leased job that runs the schedule ``row`` with ``task``'s function and policy,
+    with the policies the schedule sets for itself laid over it.
 
     Raises:
-        ScheduleError: its spec does not parse here (a newer release's grammar?).
+        ScheduleError: its spec does not parse here (a newer release's grammar?), or its
+            policies are not valid (a row edited by hand).
     """
     return Job(
         name=row.id,
@@ -70,7 +73,7 @@ def job_of(row: lease.ScheduleRow, task: Task) -> Job:
         schedule=timing(row.spec, row.at, row.start, row.end),
         leased=True,
         is_async=task.is_async,
-        policy=task.policy,
+        policy=with_own(task.policy, row.id, row.policies),
         task=task.name,
         args=row.args,
     )
@@ -106,13 +109,15 @@ class DataSchedules:
         self._changed = changed
         #: Catches up schedules loaded after start-up (its load failed): start-up's rule.
         self._late = late
-        #: The task of each schedule dropped lately (its last round's end still reports).
-        self._dropped: dict[str, str] = {}
+        #: The job of each schedule dropped lately (its last round's end still reports).
+        self._dropped: dict[str, Job] = {}
         #: The counter value the schedules held here are complete up to; ``None``: not
         #: loaded yet.
         self.rev: int | None = None
         #: How many schedules this replica runs (their states are the dispatcher's).
         self.count = 0
+        #: How many of them have a heartbeat their task has not (see `heartbeat_of`).
+        self.beating = 0
         self._reading = False
         self._poll_at: float | None = None
         self._again = False  # a change was told while a read was in flight
@@ -122,8 +127,20 @@ class DataSchedules:
     def task_of(self, name: str) -> str | None:
         """The task of the schedule ``name`` (also one dropped lately, whose last round
         may still end), or ``None`` for a registered job (any thread: dict reads)."""
+        job = self._job_of(name)
+        return None if job is None else job.task
+
+    def heartbeat_of(self, name: str) -> str | None:
+        """The heartbeat URL of the schedule ``name`` (its own, else its task's; also of
+        one dropped lately), or ``None`` (any thread: dict reads)."""
+        job = self._job_of(name)
+        return None if job is None else job.policy.heartbeat
+
+    def _job_of(self, name: str) -> Job | None:
         state = self._dispatcher.states.get(name)
-        return self._dropped.get(name) if state is None else state.job.task
+        if state is None:
+            return self._dropped.get(name)
+        return state.job if state.job.task is not None else None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -252,10 +269,12 @@ class DataSchedules:
                 state = JobState(job, metrics=self._meters.job(row.id))
                 dispatcher.states[row.id] = state
                 self.count += 1
+                self.beating += self._alone(job)
                 added.append(state)
             elif _same(state.job, job):
                 continue
             else:
+                self.beating += self._alone(job) - self._alone(state.job)
                 state.job = job
                 state.refresh()
             fresh.append(state)
@@ -286,8 +305,9 @@ class DataSchedules:
         """No instant of ``state``'s schedule starts any more here; a round in flight ends
         as it runs. Returns its name."""
         name = state.job.name
+        self.beating -= self._alone(state.job)
         if state.job.task is not None:
-            self._dropped[name] = state.job.task
+            self._dropped[name] = state.job
             while len(self._dropped) > _DROPPED_KEPT:  # the oldest first
                 del self._dropped[next(iter(self._dropped))]
         state.retired = True
@@ -295,6 +315,12 @@ class DataSchedules:
         del self._dispatcher.states[name]
         self.count -= 1
         return name
+
+    def _alone(self, job: Job) -> int:
+        """1 if the schedule ``job`` has a heartbeat of its own where its task has none,
+        else 0: the failure policies hear of every end while some schedule has one."""
+        task = self._tasks.get(job.task or "")
+        return int(job.policy.heartbeat is not None and (task is None or not task.policy.heartbeat))
 
     def _ensure(self, states: list[JobState], now: datetime) -> None:
         store = self._store
@@ -309,10 +335,12 @@ class DataSchedules:
 
 
 def _same(old: Job, new: Job) -> bool:
-    """Whether two jobs of one schedule run the same: task, timing and arguments."""
+    """Whether two jobs of one schedule run the same: task, timing, arguments and
+    policies."""
     return (
         old.task == new.task
         and old.args == new.args
+        and old.policy == new.policy
         and old.schedule == new.schedule
         and type(old.schedule) is type(new.schedule)
     )

@@ -34,7 +34,8 @@ per-instance round, a manual one). It never runs user code there:
   and as it ends ``failed``, ``timed_out`` or ``missed_deadline``, each queued on the
   same thread (a round cut short pings no end: its second run starts again). At most
   `MAX_QUEUED_PINGS` wait at once; more (an endpoint that hangs, a job every second)
-  are dropped, with a warning: the endpoint then alerts, as it should.
+  are dropped, with a warning: the endpoint then alerts, as it should. A schedule made
+  of data pings its own heartbeat, else its task's (`follow`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from .._history import History
     from .._records import RoundRecord
     from .._registry import Job, Registry
+    from ._data import DataSchedules
     from ._state import Run
 
 __all__ = [
@@ -122,13 +124,18 @@ def check_history(jobs: tuple[Job, ...], history: object) -> None:
 
 def hooked(registry: Registry) -> bool:
     """Whether any job of ``registry`` has a failure hook (its own or the registry's), a
-    success hook or a heartbeat."""
+    success hook or a heartbeat, or the registry has tasks (whose schedules may carry a
+    heartbeat of their own): the hooks' object, whose thread starts on first use."""
     policies = [job.policy for job in registry.jobs] + [task.policy for task in registry.tasks]
-    return registry.on_failure is not None or any(
-        policy.on_failure is not None
-        or policy.on_success is not None
-        or policy.heartbeat is not None
-        for policy in policies
+    return (
+        registry.on_failure is not None
+        or bool(registry.tasks)
+        or any(
+            policy.on_failure is not None
+            or policy.on_success is not None
+            or policy.heartbeat is not None
+            for policy in policies
+        )
     )
 
 
@@ -270,8 +277,7 @@ class Failures:
         self._beat_of: Mapping[str, str] = {
             name: policy.heartbeat for name, policy in policies if policy.heartbeat is not None
         }
-        #: The ends `ended` wants to be told of (the others are not handed in).
-        self.told = TOLD_ALL if self._success_of or self._beat_of else HOOKED
+        self._told = TOLD_ALL if self._success_of or self._beat_of else HOOKED
         leased = [(job.name, job.policy) for job in registry.jobs if job.leased]
         leased += [(task.name, task.policy) for task in registry.tasks]
         self._pause_after: Mapping[str, int] = {
@@ -282,10 +288,29 @@ class Failures:
         #: The task of a schedule made of data, by its id (``None``: not a schedule): its
         #: rounds take their task's policy (set by the scheduler when it follows any).
         self.task_of: Callable[[str], str | None] = _no_task
+        #: The heartbeat of a schedule made of data by its id (its own, else its task's).
+        self.heartbeat_of: Callable[[str], str | None] = _no_task
+        self._schedules: DataSchedules | None = None
         #: Whether any end needs a look: the runner skips the call otherwise.
         self.active = hooks is not None or bool(self._pause_after)
-        #: Whether any job has a heartbeat: the runner tells `started` then.
-        self.beats = hooks is not None and bool(self._beat_of)
+        #: Whether any job has a heartbeat, or may (a schedule's own): the runner tells
+        #: `started` then.
+        self.beats = hooks is not None and bool(self._beat_of or registry.tasks)
+
+    @property
+    def told(self) -> frozenset[Outcome]:
+        """The ends `ended` wants to be told of (the others are not handed in): the
+        successes too while a job has a success hook or a heartbeat (a schedule's own)."""
+        if self._told is HOOKED and self._schedules is not None and self._schedules.beating:
+            return TOLD_ALL
+        return self._told
+
+    def follow(self, schedules: DataSchedules) -> None:
+        """Take the task and the heartbeat of a schedule made of data from ``schedules``
+        (set by the scheduler when it follows any): its rounds take its policies."""
+        self.task_of = schedules.task_of
+        self.heartbeat_of = schedules.heartbeat_of
+        self._schedules = schedules
 
     def ended(self, ends: list[tuple[Outcome, RoundRecord, bool]]) -> None:
         """Act on rounds that ended: ``(outcome, record, on_record)`` each, ``on_record``
@@ -310,6 +335,8 @@ class Failures:
     def started(self, run: Run) -> None:
         """``run``'s round started (on its own thread): its heartbeat's start ping, queued
         (not for a retry's attempt: the round started already)."""
+        if not self._beat_of and not (self._schedules is not None and self._schedules.beating):
+            return  # no heartbeat anywhere (a replica of tasks is told of every start)
         if run.reason is not Reason.RETRY:
             name = run.ctx.name
             self._beat(self.task_of(name) or name, name, "start")
@@ -325,7 +352,8 @@ class Failures:
 
     def _beat(self, key: str, name: str, event: Event) -> None:
         """Queue job ``name``'s heartbeat ping for ``event`` (``key``: its policy's name)."""
-        url = self._beat_of.get(key)
+        # A schedule's own, else its task's (which its own includes); a job's own.
+        url = self.heartbeat_of(name) or self._beat_of.get(key)
         if url is not None and self._hooks is not None:
             self._hooks.ping_later(name, url, event)
 

@@ -211,9 +211,9 @@ class Recovery:
             return
         self._start_catch_up()
 
-    def follow(self, tasks: Mapping[str, Task], meters: Meters) -> Callable[[str], str | None]:
+    def follow(self, tasks: Mapping[str, Task], meters: Meters) -> DataSchedules:
         """Follow the schedules made of data of ``tasks`` (see `DataSchedules`); returns
-        the lookup of a schedule's task by its id."""
+        them (the failure policies look up a schedule's task and heartbeat there)."""
         from ._data import DataSchedules
 
         self.data = DataSchedules(
@@ -226,7 +226,7 @@ class Recovery:
             changed=self.leased_changed,
             late=self.catch_up_loaded,
         )
-        return self.data.task_of
+        return self.data
 
     def catch_up_loaded(self, states: list[JobState]) -> None:
         """Catch up ``states`` as start-up would have: schedules made of data whose load

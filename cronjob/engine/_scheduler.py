@@ -353,7 +353,7 @@ class Scheduler:
             on_fatal=self._on_fatal,
         )
         if tasks:
-            failures.task_of = recovery.follow(tasks, meters)
+            failures.follow(recovery.follow(tasks, meters))
         now = clock.now()
         for state in states.values():
             dispatcher.schedule_after(state, now)

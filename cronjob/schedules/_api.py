@@ -8,7 +8,7 @@ import contextlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 import sqlalchemy as sa
@@ -18,8 +18,10 @@ import lease
 
 from .._bounds import at_spec
 from .._exceptions import RegistrationError
+from .._policy import CatchUp, Overlap
 from .._registry import Registry, _check_name, default_registry
 from ._check import New, checked
+from ._policies import OWN_POLICIES, own_of
 
 __all__ = [
     "Database",
@@ -65,6 +67,11 @@ class ScheduleRecord:
         end: No instant after it (UTC), or ``None``.
         created: When it was added (the database's clock).
         updated: When it last changed (the database's clock).
+        overlap: Its own ``overlap``; ``None``: its task's. So for the four below.
+        catch_up: Its own ``catch_up``.
+        catch_up_window: Its own ``catch_up_window``.
+        jitter: Its own ``jitter``.
+        heartbeat: Its own ``heartbeat`` URL, whole.
     """
 
     id: str
@@ -76,6 +83,11 @@ class ScheduleRecord:
     end: datetime | None
     created: datetime
     updated: datetime
+    overlap: Overlap | None = None
+    catch_up: CatchUp | None = None
+    catch_up_window: timedelta | None = None
+    jitter: timedelta | None = None
+    heartbeat: str | None = None
 
     @property
     def shown_spec(self) -> str:
@@ -97,6 +109,7 @@ def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
         end=row.end,
         created=row.created,
         updated=row.updated,
+        **own_of(row.id, row.policies),
     )
 
 
@@ -219,6 +232,11 @@ def add(
     paused: bool = False,
     if_exists: IfExists = "error",
     registry: Registry | None = None,
+    overlap: Overlap | str | None = None,
+    catch_up: CatchUp | str | None = None,
+    catch_up_window: float | timedelta | None = None,
+    jitter: float | timedelta | None = None,
+    heartbeat: str | None = None,
 ) -> bool:
     """Add the schedule ``id``: ``task`` runs on ``spec`` (or once, ``at``) with ``args``.
 
@@ -241,18 +259,40 @@ def add(
         if_exists: An id already on record: ``"error"`` refuses, ``"replace"`` overwrites,
             ``"keep"`` leaves it as it is.
         registry: When given, a task it does not hold is refused.
+        overlap: Its own ``overlap`` (as for [register][cronjob.register]); ``None``:
+            its task's. So for the four below.
+        catch_up: Its own ``catch_up``.
+        catch_up_window: Its own ``catch_up_window`` (seconds or a ``timedelta``).
+        jitter: Its own ``jitter``: the delay is drawn from a hash of the schedule's id
+            and the instant.
+        heartbeat: Its own heartbeat URL, pinged as its rounds start, succeed or fail.
 
     Returns:
         Whether it was written (``False``: kept by ``if_exists="keep"``).
 
     Raises:
         RegistrationError: a bad id or args, an id taken by a job or (``"error"``) a
-            schedule, a task ``registry`` does not hold.
+            schedule, a task ``registry`` does not hold, a policy registration would
+            refuse (its message, naming the schedule).
         ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
             ``start``, neither or both of ``spec`` and ``at``.
         lease.LeaseError: the database failed.
     """
-    new = New(id, task, spec, at, {} if args is None else args, start, end, paused)
+    new = New(
+        id,
+        task,
+        spec,
+        at,
+        {} if args is None else args,
+        start,
+        end,
+        paused,
+        overlap=overlap,
+        catch_up=catch_up,
+        catch_up_window=catch_up_window,
+        jitter=jitter,
+        heartbeat=heartbeat,
+    )
     return add_many(db, [new], if_exists=if_exists, registry=registry) == 1
 
 
@@ -283,10 +323,15 @@ def update(
     start: datetime | _Unset | None = _UNSET,
     end: datetime | _Unset | None = _UNSET,
     task: str | _Unset = _UNSET,
+    overlap: Overlap | str | _Unset | None = _UNSET,
+    catch_up: CatchUp | str | _Unset | None = _UNSET,
+    catch_up_window: float | timedelta | _Unset | None = _UNSET,
+    jitter: float | timedelta | _Unset | None = _UNSET,
+    heartbeat: str | _Unset | None = _UNSET,
 ) -> bool:
     """Change what is given of the schedule ``id`` (``None`` clears ``start`` or
-    ``end``; a ``spec`` replaces an ``at`` and the other way round), checked as
-    [add][cronjob.schedules.add] checks it.
+    ``end``, and gives a policy back to the task; a ``spec`` replaces an ``at`` and the
+    other way round), checked as [add][cronjob.schedules.add] checks it.
 
     A round in flight runs to its end as it began; the next instant is the new
     schedule's first after the change is seen.
@@ -316,6 +361,7 @@ def update(
             json.loads(current.args) if isinstance(args, _Unset) else args,
             current.start if isinstance(start, _Unset) else start,
             current.end if isinstance(end, _Unset) else end,
+            **_own_after(current, overlap, catch_up, catch_up_window, jitter, heartbeat),
         )
         row = checked(new)
         rev = lease.bump_schedule_rev(conn)
@@ -326,6 +372,19 @@ def update(
             lease.redeploy_schedule_leases(conn, {id: _shown(row)})
         lease.tell_on_commit(conn)
         return True
+
+
+def _own_after(current: lease.ScheduleRow, *given: object) -> dict[str, Any]:
+    """The policies of ``current`` after an update's ``given`` (in `OWN_POLICIES`'s order;
+    unset: as on record, ``None``: the task's), as the values stored (checked again)."""
+    stored = json.loads(current.policies) if current.policies else {}
+    own = {k: v for k, v in stored.items() if k in OWN_POLICIES} if isinstance(stored, dict) else {}
+    for key, value in zip(OWN_POLICIES, given, strict=True):
+        if value is None:
+            own.pop(key, None)
+        elif not isinstance(value, _Unset):
+            own[key] = value
+    return own
 
 
 def remove(db: Database, id: str) -> bool:

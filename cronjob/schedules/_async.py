@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 
+from .._policy import CatchUp, Overlap
 from .._registry import Registry
 from . import _api
 from ._check import New
@@ -54,6 +55,11 @@ async def add_async(
     paused: bool = False,
     if_exists: _api.IfExists = "error",
     registry: Registry | None = None,
+    overlap: Overlap | str | None = None,
+    catch_up: CatchUp | str | None = None,
+    catch_up_window: float | timedelta | None = None,
+    jitter: float | timedelta | None = None,
+    heartbeat: str | None = None,
 ) -> bool:
     """[add][cronjob.schedules.add] on an `AsyncConnection` (joining its transaction) or
     an `AsyncEngine`."""
@@ -71,6 +77,11 @@ async def add_async(
             paused=paused,
             if_exists=if_exists,
             registry=registry,
+            overlap=overlap,
+            catch_up=catch_up,
+            catch_up_window=catch_up_window,
+            jitter=jitter,
+            heartbeat=heartbeat,
         ),
     )
 

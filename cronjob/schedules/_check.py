@@ -4,7 +4,7 @@ call, naming the schedule's id, so that nothing is written of a bad one."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -12,7 +12,9 @@ import lease
 
 from .._bounds import timing
 from .._exceptions import RegistrationError, ScheduleError
+from .._policy import CatchUp, Overlap
 from .._registry import Registry, _check_name
+from ._policies import OWN_POLICIES, policies_json
 
 __all__ = ["MAX_ARGS_BYTES", "New", "checked"]
 
@@ -29,6 +31,8 @@ class New:
     [add][cronjob.schedules.add] as a value.
 
     ``New("report:tenant-42", task="tenant-report", spec="0 0 9 * * *", args={...})``
+
+    The policies after ``paused`` are keyword-only; each left ``None`` is the task's own.
     """
 
     id: str
@@ -39,6 +43,12 @@ class New:
     start: datetime | None = None
     end: datetime | None = None
     paused: bool = False
+    _: KW_ONLY
+    overlap: Overlap | str | None = None
+    catch_up: CatchUp | str | None = None
+    catch_up_window: float | timedelta | None = None
+    jitter: float | timedelta | None = None
+    heartbeat: str | None = None
 
 
 def _aware(id_: str, what: str, value: object) -> datetime | None:
@@ -101,6 +111,8 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         ScheduleError: neither or both of ``spec`` and ``at``; a spec that does not parse,
             names a refused zone, or fires at no instant within ``start`` and ``end``; a
             naive datetime; ``end`` before ``start``.
+        RegistrationError: a policy registration would refuse (see
+            `cronjob.schedules._policies.policies_json`).
     """
     id_ = _named(new.id)
     if not isinstance(new.task, str):
@@ -141,6 +153,7 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         raise ScheduleError(f"schedule {id_!r}: spec {new.spec!r} never fires within start and end")
     if at is None and start is None and end is not None and schedule.prev(end + _TICK) is None:
         raise ScheduleError(f"schedule {id_!r}: spec {new.spec!r} never fires before end")
+    policies = policies_json(id_, {key: getattr(new, key) for key in OWN_POLICIES})
     return lease.ScheduleRow(
         id=id_,
         task=new.task,
@@ -153,4 +166,9 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         removed=False,
         created=_EPOCH,  # the database's clock decides both as it writes
         updated=_EPOCH,
+        # A row with policies of its own in the format that carries them: a replica of a
+        # release before them leaves it alone rather than run it without them. One
+        # without stays format 1, which every release since 0008 runs.
+        format=1 if policies is None else lease.POLICIES_FORMAT,
+        policies=policies,
     )

@@ -164,6 +164,17 @@ class TestSchedulesOnDjangosConnection(TransactionTestCase):
         assert schedules.get("a:2") is None
         assert schedules.add_many([schedules.New("c:1", task="t1", spec=DAILY)]) == 1
 
+    def test_a_schedules_own_policies_are_added_updated_and_refused(self):
+        schedules.add("p:1", task="t1", spec=DAILY, jitter=5, heartbeat="https://hc.io/k")
+        record = schedules.get("p:1")
+        assert (record.jitter.total_seconds(), record.heartbeat) == (5.0, "https://hc.io/k")
+        assert schedules.update("p:1", overlap="buffer_one", jitter=None)
+        record = schedules.get("p:1")
+        assert (record.overlap, record.jitter) == ("buffer_one", None)
+        with self.assertRaisesRegex(RegistrationError, r"^schedule 'p:2': catch_up must be"):
+            schedules.add("p:2", task="t1", spec=DAILY, catch_up="never")
+        assert schedules.get("p:2") is None
+
     def test_another_thread_uses_its_own_django_connection(self):
         errors = []
 

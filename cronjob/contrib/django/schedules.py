@@ -26,12 +26,13 @@ from __future__ import annotations
 import builtins
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from ..._policy import CatchUp, Overlap
 from ..._registry import Registry
 from ...schedules import IfExists, New, ScheduleRecord, _api
 from ._database import database_alias
@@ -176,6 +177,11 @@ def add(
     if_exists: IfExists = "error",
     registry: Registry | None = None,
     using: str | None = None,
+    overlap: Overlap | str | None = None,
+    catch_up: CatchUp | str | None = None,
+    catch_up_window: float | timedelta | None = None,
+    jitter: float | timedelta | None = None,
+    heartbeat: str | None = None,
 ) -> bool:
     """[cronjob.schedules.add][] on Django's connection of ``using`` (by default
     ``CRONJOB_DATABASE``), in the current atomic block (or one of its own)."""
@@ -193,6 +199,11 @@ def add(
             paused=paused,
             if_exists=if_exists,
             registry=registry,
+            overlap=overlap,
+            catch_up=catch_up,
+            catch_up_window=catch_up_window,
+            jitter=jitter,
+            heartbeat=heartbeat,
         ),
         write=True,
     )
@@ -223,14 +234,31 @@ def update(
     start: datetime | None = _UNSET,
     end: datetime | None = _UNSET,
     task: str = _UNSET,
+    overlap: Overlap | str | None = _UNSET,
+    catch_up: CatchUp | str | None = _UNSET,
+    catch_up_window: float | timedelta | None = _UNSET,
+    jitter: float | timedelta | None = _UNSET,
+    heartbeat: str | None = _UNSET,
     using: str | None = None,
 ) -> bool:
     """[cronjob.schedules.update][] on Django's connection (see `add`): what is given
-    changes; ``None`` clears ``start`` or ``end``."""
+    changes; ``None`` clears ``start`` or ``end``, and gives a policy back to the task."""
     return _run(
         using,
         lambda conn: _api.update(
-            conn, id, spec=spec, at=at, args=args, start=start, end=end, task=task
+            conn,
+            id,
+            spec=spec,
+            at=at,
+            args=args,
+            start=start,
+            end=end,
+            task=task,
+            overlap=overlap,
+            catch_up=catch_up,
+            catch_up_window=catch_up_window,
+            jitter=jitter,
+            heartbeat=heartbeat,
         ),
         write=True,
     )
