@@ -484,11 +484,11 @@ class _Claims(_StoreCore):
             _t.c.holder == holder,
             _t.c.expires_ms > now,
         )
-        stmt = self._in_name_order(_t.update(), held_here).values(expires_ms=now + self._ttl_ms)
+        stmt = _t.update().where(held_here).values(expires_ms=now + self._ttl_ms)
         # Without RETURNING the SELECT after the UPDATE reuses its condition: a renewed
         # row now expires later, so it still holds; a row that was not renewed had
         # expired or changed hands, and still has, or has another token.
-        with translate_errors("renew leases"), self._transaction() as conn:
+        with translate_errors("renew leases"), self._held_rows_transaction() as conn:
             rows = self._update_returning(conn, stmt, (_t.c.name,), lambda: (held_here,))
         renewed = {row["name"] for row in rows}
         self._held([pair for pair in pairs if pair[0] in renewed], now_ms)

@@ -54,6 +54,9 @@ DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 #: Callbacks told of the lease writes to a database, by database (see LeaseStore.watch).
 _WATCHERS: dict[str, list[Callable[[LeaseWrite], None]]] = {}
 _WATCH_LOCK = threading.Lock()
+#: A lock per database (its URL) for the writes of held rows by name and token (renewals,
+#: batches of ends, give-backs) of every store of this process: see `_held_rows`.
+_HELD_ROWS: dict[str, threading.RLock] = {}
 
 
 def _tell_key(key: str, write: LeaseWrite) -> None:
@@ -114,6 +117,8 @@ class _StoreCore:
         self._pooled = behind_transaction_pooler(engine)
         # Who else writes this database in this process (see watch): the URL names it.
         self._key = engine.url.render_as_string(hide_password=True)
+        with _WATCH_LOCK:
+            self._held_rows = _HELD_ROWS.setdefault(self._key, threading.RLock())
         self._clock = clock
         self._ttl_ms = max(1, round(ttl * 1000))
         self._timeout_ms = max(1, round(statement_timeout * 1000))
@@ -255,49 +260,23 @@ class _StoreCore:
         rows = _json_rows("pairs", records, _t.c.name, _t.c.token)
         return sa.tuple_(_t.c.name, _t.c.token).in_(sa.select(rows.c.name, rows.c.token))
 
-    def _in_name_order(self, stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
-        """``stmt`` on the rows ``where`` selects, on PostgreSQL locked first in name order.
+    @contextlib.contextmanager
+    def _held_rows_transaction(self) -> Iterator[Connection]:
+        """A transaction that writes rows this process holds, by name and token (a
+        renewal, a batch of ends, a give-back), taken one at a time in the process.
 
-        Renewals and batches of finishes write many rows of one replica at once; each
-        locking them in the order its plan happens to read them, two such statements
-        deadlocked (seen at 10,000 jobs). Locked in one order, one waits for the other.
-        Elsewhere the rows are written, and locked, as the plan reads them: on
-        MariaDB/MySQL that is already name order, since the table's only index is its
-        primary key on ``name`` and both plans InnoDB has for these statements (a range
-        over it, or a scan of it) read it in key order, whatever the order of the list
-        (decisions.md, "#31: MariaDB lock order"; a test checks the plans).
+        Each such statement writes many rows of one replica, locking them in the order
+        its plan reads them (PostgreSQL: an index's order, or the heap's). The control
+        thread's renewal and the finisher's ends, on the same rows in two orders,
+        deadlocked (seen at 10,000 jobs): the server killed one. They were made to lock
+        in name order first (a ``SELECT ... ORDER BY name FOR UPDATE``, then the write),
+        which read every row twice. One at a time they never wait for each other; other
+        processes' statements never write these rows by their token, so nothing else
+        meets them there (a claim takes a row only once it is free). The wait is one
+        statement's time (the ends of a batch, a renewal), within the statement timeout.
         """
-        if self._engine.dialect.name != "postgresql":
-            return stmt.where(where)
-        locked = (
-            sa.select(_t.c.name)
-            .where(where)
-            .order_by(_t.c.name)
-            .with_for_update()
-            .cte("locked")
-            .prefix_with("MATERIALIZED")
-        )
-        # Locked under READ COMMITTED, a row is read again as it now is: only the rows
-        # ``where`` still selects come out of ``locked``.
-        return stmt.add_cte(locked).where(_t.c.name.in_(sa.select(locked.c.name)))
-
-    def _lock_in_name_order(self, conn: Connection, where: sa.ColumnElement[bool]) -> None:
-        """Lock, in ``conn``'s transaction, the rows ``where`` selects, in name order.
-
-        For a transaction that writes many rows in several statements (a batch of ends
-        in more than one group): each statement locks its own rows in name order, but
-        their names interleave, so without this the transaction as a whole takes its
-        locks out of order, and a renewal of the same rows (one statement, in name
-        order) deadlocked with it. One ``SELECT ... ORDER BY name FOR UPDATE``:
-        PostgreSQL locks the rows as the sort hands them on; MariaDB/MySQL as the plan
-        reads them, which on this table is the primary key's order (its only index) and
-        gives the ORDER BY without a sort. SQLite: nothing (one writer at a time).
-        """
-        if self._engine.dialect.name == "sqlite":
-            return
-        conn.execute(
-            sa.select(_t.c.name).where(where).order_by(_t.c.name).with_for_update()
-        ).close()
+        with self._held_rows, self._transaction() as conn:
+            yield conn
 
     def _clock_ms(self) -> int | None:
         """The given clock's now in epoch ms; ``None`` on the database's clock."""

@@ -25,11 +25,6 @@ from ._rows import (
 )
 
 
-def _plain_where(stmt: sa.Update, where: sa.ColumnElement[bool]) -> sa.Update:
-    """``stmt`` on the rows ``where`` selects, locked as its plan reads them."""
-    return stmt.where(where)
-
-
 def _running_under(token: int) -> tuple[sa.ColumnElement[bool], ...]:
     """The rows whose round is still running under ``token``."""
     return (_t.c.token == _check_token(token), _is_running())
@@ -125,7 +120,7 @@ class _Ends(_StoreCore):
         if not wanted:
             return 0
         among, params = self._among(wanted)
-        stmt = self._in_name_order(_t.update(), sa.and_(among, *_running_under(token)))
+        stmt = _t.update().where(among, *_running_under(token))
         stmt = stmt.values(
             state=LeaseState.CUT.value,
             expires_ms=None,
@@ -134,7 +129,7 @@ class _Ends(_StoreCore):
             attempt=1,
         )
         cut = _t.c.state == LeaseState.CUT.value
-        with translate_errors("give back leases"), self._transaction() as conn:
+        with translate_errors("give back leases"), self._held_rows_transaction() as conn:
             # Without RETURNING (MariaDB), the rows of the token now cut: a row this token
             # had cut before is counted too, and nothing is harmed by hearing it again.
             given = self._update_returning(
@@ -248,21 +243,15 @@ class _Ends(_StoreCore):
         recorded: set[tuple[str, int]] = set()
         released: set[tuple[str, int]] = set()
         now = self._now()
-        in_order = self._in_name_order
         later: list[dict[str, Any]] = []  # the history rows to insert (not on PostgreSQL)
-        with translate_errors(action), self._transaction() as conn:
-            if len(groups) > 1:
-                # Several UPDATEs whose names interleave: every row of the batch locked
-                # first, in name order, as a renewal of them locks them (see
-                # _lock_in_name_order); the UPDATEs then need no ordering of their own.
-                batch = [(end.name, end.token) for end in endings]
-                self._lock_in_name_order(conn, sa.and_(self._pair_in(batch), _is_running()))
-                in_order = _plain_where
+        # Several UPDATEs whose names interleave, in one transaction: no renewal of this
+        # process runs meanwhile (see _held_rows_transaction).
+        with translate_errors(action), self._held_rows_transaction() as conn:
             for (ended_s, word, retrying, holding), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)
                 records = [round_values(end.record) for end in group if end.record is not None]
-                stmt = in_order(_t.update(), sa.and_(mine, _is_running()))
+                stmt = _t.update().where(mine, _is_running())
 
                 def still_running(mine: sa.ColumnElement[bool] = mine) -> set[tuple[str, int]]:
                     # Rows these ends left running and held: a token is drawn per claim,
