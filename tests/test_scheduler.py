@@ -22,6 +22,7 @@ from conftest import DATABASES, PGBOUNCER, lease_row
 import cronjob
 import lease
 from cronjob import Registry, Scheduler
+from cronjob.engine._peers import GRACE, Peers
 from cronjob.testing import FakeClock, crash
 from tests._helpers import JobBodies, statements
 
@@ -190,6 +191,25 @@ class TestSpreading:
             assert sorted(counts) == ["a", "b", "c"], instant
             assert all(8 <= n <= 12 for n in counts.values()), (instant, counts)
 
+    def test_the_replicas_look_for_the_rest_one_after_the_other_a_grace_apart(self, clock):
+        """Not every replica reading the rows left at the same moment and racing for
+        them: at each instant one looks first (the one that deals the first job), the
+        others a grace apart, and the first changes with the instant."""
+        view = ("a", "b", "c")
+        peers = {}
+        for replica in view:
+            peers[replica] = Peers(
+                clock=clock, store=None, control=None, replica_id=replica, jobs={}
+            )  # type: ignore[arg-type]
+            peers[replica].view = view
+        firsts = set()
+        for second in range(6):
+            instant = at(seconds=second)
+            after = {r: p.rest_after(instant) for r, p in peers.items()}
+            assert sorted(after.values()) == [timedelta(seconds=GRACE * n) for n in (1, 2, 3)]
+            firsts.add(min(after, key=after.__getitem__))
+        assert firsts == set(view)
+
     @pytest.mark.parametrize("leave", ["crash", "drain"])
     def test_a_dead_or_draining_replicas_share_is_taken_in_the_same_instant(
         self, replicas, clock, recorder, leave
@@ -211,6 +231,8 @@ class TestSpreading:
         # The first instant after it died, its share included: started within the grace.
         first = [r for r in recorder.rounds if r.instant == min(per)]
         assert max(r.started - r.instant for r in first) <= timedelta(seconds=0.25)
+        # The first live one in turn takes the whole of the dead one's share.
+        assert sorted(per[min(per)].values()) == [10, 20]
         # Once the others read who claims (within 5 s), its share goes to them: 15 each.
         later = {i: n for i, n in per.items() if i >= died + timedelta(seconds=8)}
         assert later and all(12 <= n <= 18 for counts in later.values() for n in counts.values())

@@ -143,7 +143,7 @@ class Claims:
             # Too few to share: claimed whole, the first to claim wins, as without peers.
             mine, rest = shares if shares is not None else (states, [])
             if rest:
-                self._add_rest(_Rest(instant + _GRACE, instant, rest))
+                self._add_rest(_Rest(instant + self._peers.rest_after(instant), instant, rest))
             if saturated:
                 mine = self._refuse_sync(instant, mine)
             if not mine:

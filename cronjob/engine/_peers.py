@@ -8,11 +8,15 @@ in one claim each, as before):
    on (their names' order), and dealt out in turn to the live replicas (sorted by id),
    starting at a replica that moves on with each instant: every replica gets
    ``J // R`` or ``J // R + 1`` of them, at every instant.
-2. **The rest, after a grace** (`GRACE`, on the scheduler's clock). Whatever a
-   replica that is slow, draining, saturated or dead left unclaimed is taken by the
-   others: the claim condition lets each instant be claimed once, so the first to
-   claim a job wins it and the rest find it taken. A replica alone in its view sends
-   only the first claim.
+2. **The rest, after a grace** (`GRACE`, on the scheduler's clock, times the replica's
+   turn at that instant: see `rest_after`). Whatever a replica that is slow, draining,
+   saturated or dead left unclaimed is taken by the others: the claim condition lets
+   each instant be claimed once, so the first to claim a job wins it and the rest find
+   it taken. The replicas look one after the other, a grace apart, the first in turn
+   changing with each instant: the first takes what was left, and the others' look (one
+   read of the index on ``due_s``) finds nothing, instead of every replica reading the
+   same rows left at the same moment and racing for them. A replica alone in its view
+   sends only the first claim.
 
 Who is alive is learned from the lease table and the replicas' record: the replicas on
 record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it at
@@ -299,6 +303,14 @@ class Peers:
         for i, state in enumerate(ordered):
             (mine if (first + i) % count == me else rest).append(state)
         return mine, rest
+
+    def rest_after(self, instant: datetime) -> timedelta:
+        """How long after ``instant`` this replica looks for the rest of it: `GRACE` times
+        one plus its turn, which goes round the view with the instants (the replica that
+        deals the first job of ``instant`` looks first)."""
+        view = self.view
+        turn = (view.index(self._replica_id) - int(instant.timestamp())) % len(view)
+        return _GRACE * (1 + turn)
 
     def claimed_share(
         self, instant: datetime, share: Sequence[JobState], won: set[str], *, whole: bool
