@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -122,6 +122,38 @@ class TestSecondRun:
         assert rows(db_url)[oid]["sent_ms"] == ms(clock.now())
 
 
+class TestSendGivenUpOn:
+    def test_a_round_does_not_send_again_what_the_broker_accepted_late(
+        self, migrated_engine, db_url
+    ):
+        """The round gives up on its send (past ``send_timeout``) and waits to retry; the
+        broker accepts the first send meanwhile: the retry sends nothing."""
+        clock, name, gate = FakeClock(START), unique("export"), Gate()
+        fn = handoff(gate, hold=60, send_timeout=0.2)
+        oid = cronjob.occurrence_id(name, START)
+        ctx = make_round(name, START, engine=migrated_engine, clock=clock)
+        round_ = threading.Thread(target=fn, args=(ctx,))
+        round_.start()
+        try:
+            until(lambda: str(rows(db_url).get(oid, {}).get("error")).startswith("TimeoutError"))
+            gate.open.set()  # the answer comes, late: the row is marked sent
+            until(lambda: rows(db_url)[oid]["sent_ms"] is not None)
+            clock.advance(2)  # the round's pause ends
+        finally:
+            gate.open.set()
+            round_.join(30)
+        assert not round_.is_alive()
+        assert gate.sent == [oid]
+
+
+def until(condition: Callable[[], bool]) -> None:
+    """Wait, in real time, for what another thread does in real time (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "not within 10 s"
+        time.sleep(0.02)
+
+
 class TestNoStarvation:
     """The sweep reads at most `REPUBLISH_LIMIT` rows (2 here), the longest due first."""
 
@@ -231,10 +263,7 @@ class TestBrokerThatDoesNotAnswer:
             assert queue.job_ids == []
             assert rows(db_url)[oid]["sent_ms"] is None
             proxy.restore()  # the answer comes
-            deadline = time.monotonic() + 10
-            while rows(db_url)[oid]["sent_ms"] is None and time.monotonic() < deadline:
-                time.sleep(0.05)  # a's sender thread marks it, in real time
-            assert rows(db_url)[oid]["sent_ms"] is not None
+            until(lambda: rows(db_url)[oid]["sent_ms"] is not None)  # a's sender marks it
             clock.advance(150)
             assert queue.job_ids == [oid]  # one delivery: a push per send
         finally:

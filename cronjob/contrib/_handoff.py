@@ -250,6 +250,12 @@ class Handoff:
                 now = _now_ms(clock.now())
                 self._hand_back(engine, occurrence.id, seen, now)
                 ctx.check()
+            # Taken again before the next attempt: a send given up on that the broker
+            # accepted meanwhile has marked the row sent, and must not be sent twice.
+            now = _now_ms(clock.now())
+            if not _claim(engine, occurrence.id, seen, now + hold):
+                return
+            seen = now + hold
 
     def _send(self, engine: Engine, occurrence: Occurrence, now: Callable[[], int]) -> str | None:
         """Publish within `send_timeout`; the failure's summary, or ``None`` once sent.
