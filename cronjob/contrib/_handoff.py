@@ -97,7 +97,9 @@ class Publisher(Protocol):
         its id, the instant (ISO 8601 UTC) in it, and ``occurrence.headers`` in its
         headers. Return only once the broker has accepted it (publisher confirms on
         RabbitMQ); raise on any failure. It may be called again with the same
-        occurrence (after a failure, a crash, or on another replica)."""
+        occurrence (after a failure, a crash, or on another replica). It is called on a
+        thread of its own (``cronjob-publish``, one per publisher, one call at a time),
+        waited for at most ``send_timeout`` seconds."""
         ...
 
 

@@ -8,8 +8,8 @@ one daemon thread per publisher (``cronjob-publish``), reused from send to send 
 client that keeps one connection per thread, as Dramatiq's RabbitMQ broker does, keeps
 one), and the caller waits for the answer at most ``timeout`` seconds.
 
-A send given up on may still be accepted later. The caller keeps the row held for its
-hold (longer than the bound, checked at registration), and the sender marks the row sent
+A send given up on may still be accepted later. The caller keeps the row held for as
+long as `in_flight` says so (``Handoff.keep_held``), and the sender marks the row sent
 itself if the late answer is an acceptance (``late``). While such a send is in flight,
 the publisher's next send fails at once: the broker has not answered, and no more
 threads are spent on it.
