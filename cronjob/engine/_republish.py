@@ -194,12 +194,12 @@ def _resend_all(engine: Engine, clock: Clock, pairs: list[tuple[lease.OutboxRow,
                 sent += 1
             elif done is not None:  # refused: the broker is down, try its other rows later
                 failed[id(fn.publisher)] = []
-        now = clock.now()
-        now_ms = round(now.timestamp() * 1000)
-        later = now_ms + round(DEFER_REFUSED * 1000)
-        with engine.begin() as conn:
-            for ids in failed.values():
-                lease.defer_publications(conn, ids, now_ms=now_ms, next_try_ms=later)
+        skipped_ids = [id_ for ids in failed.values() for id_ in ids]
+        if skipped_ids:
+            now_ms = round(clock.now().timestamp() * 1000)
+            later = now_ms + round(DEFER_REFUSED * 1000)
+            with engine.begin() as conn:
+                lease.defer_publications(conn, skipped_ids, now_ms=now_ms, next_try_ms=later)
     except lease.LeaseError as exc:
         log.warning("outbox: %s", exc)
     return sent
