@@ -64,6 +64,7 @@ from ._outbox import OutboxRow as OutboxRow
 from ._outbox import OutboxSummary as OutboxSummary
 from ._outbox import begin_once as begin_once
 from ._outbox import claim_publication as claim_publication
+from ._outbox import defer_publications as defer_publications
 from ._outbox import due_publications as due_publications
 from ._outbox import finish_once as finish_once
 from ._outbox import mark_published as mark_published
@@ -186,6 +187,7 @@ __all__ = [
     "create_async_engine",
     "create_engine",
     "current_revision",
+    "defer_publications",
     "due_publications",
     "finish_once",
     "head_revision",

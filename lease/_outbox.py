@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -39,6 +39,7 @@ __all__ = [
     "OutboxSummary",
     "begin_once",
     "claim_publication",
+    "defer_publications",
     "due_publications",
     "finish_once",
     "mark_published",
@@ -203,17 +204,48 @@ def mark_published(conn: Connection, id: str, *, now_ms: int) -> bool:
     return done.rowcount == 1
 
 
-def due_publications(conn: Connection, *, now_ms: int, limit: int) -> list[OutboxRow]:
+def due_publications(
+    conn: Connection, *, now_ms: int, limit: int, names: Collection[str] | None = None
+) -> list[OutboxRow]:
     """The unsent publications whose next try time has come (at or before ``now_ms``),
-    the longest due first, at most ``limit``: one statement, whatever the names."""
+    the longest due first, at most ``limit``: one statement, whatever the names.
+
+    Args:
+        names: Only the publications of these lease names (those the caller can send):
+            rows nobody here can send never fill the ``limit`` ahead of those it can.
+            ``None``: every name.
+    """
+    query = sa.select(_o).where(_o.c.sent_ms.is_(None), _o.c.next_try_ms <= now_ms)
+    if names is not None:
+        if not names:
+            return []
+        query = query.where(_o.c.name.in_(sorted(names)))
     with translate_errors("read the unsent publications"):
-        rows = conn.execute(
-            sa.select(_o)
-            .where(_o.c.sent_ms.is_(None), _o.c.next_try_ms <= now_ms)
-            .order_by(_o.c.next_try_ms, _o.c.id)
-            .limit(limit)
-        ).mappings()
+        rows = conn.execute(query.order_by(_o.c.next_try_ms, _o.c.id).limit(limit)).mappings()
         return [_row(found) for found in rows]
+
+
+def defer_publications(
+    conn: Connection, ids: Collection[str], *, now_ms: int, next_try_ms: int
+) -> int:
+    """Move the next try of the unsent publications ``ids`` that are due (at or before
+    ``now_ms``) to ``next_try_ms``, without counting a try: they were not tried (their
+    target refused another one just now). A row claimed meanwhile (its next try already
+    past ``now_ms``) or sent is left alone. One statement; returns how many moved.
+    """
+    if not ids:
+        return 0
+    with translate_errors("defer publications"):
+        done = conn.execute(
+            _o.update()
+            .where(
+                _o.c.id.in_(sorted(ids)),
+                _o.c.sent_ms.is_(None),
+                _o.c.next_try_ms <= now_ms,
+            )
+            .values(next_try_ms=next_try_ms)
+        )
+    return int(done.rowcount)
 
 
 def outbox_summary(conn: Connection) -> OutboxSummary:

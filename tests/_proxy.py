@@ -10,7 +10,9 @@ import threading
 
 class Proxy:
     """Forwards 127.0.0.1:``port`` to ``target``; `cut` closes every connection and
-    refuses new ones until `restore`."""
+    refuses new ones until `restore`; `stall` keeps every connection open and forwards
+    nothing more (a broker that accepts TCP and does not answer) until `restore`
+    forwards what it held back (the answer comes, late)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self._target = target
@@ -22,6 +24,8 @@ class Proxy:
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self._cut = False
+        self._stalled = False
+        self._held: list[tuple[socket.socket, bytes]] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -47,6 +51,10 @@ class Proxy:
     def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while chunk := source.recv(65536):
+                with self._lock:
+                    if self._stalled:
+                        self._held.append((sink, chunk))
+                        continue
                 sink.sendall(chunk)
         for end in (source, sink):
             with contextlib.suppress(OSError):
@@ -61,11 +69,23 @@ class Proxy:
                     end.shutdown(socket.SHUT_RDWR)
                 end.close()
             self._open.clear()
+            self._held.clear()
+
+    def stall(self) -> None:
+        """Forward nothing more, on open connections and new ones, closing none."""
+        with self._lock:
+            self._stalled = True
 
     def restore(self) -> None:
-        """Accept connections again."""
+        """Accept connections again (after `cut`); forward, in order, what the open
+        connections sent while stalled, and all from now on (after `stall`)."""
         with self._lock:
             self._cut = False
+            self._stalled = False
+            for sink, chunk in self._held:
+                with contextlib.suppress(OSError):
+                    sink.sendall(chunk)
+            self._held.clear()
 
     def close(self) -> None:
         self.cut()

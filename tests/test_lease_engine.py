@@ -272,6 +272,7 @@ class TestSurface:
             "create_async_engine",
             "create_engine",
             "current_revision",
+            "defer_publications",
             "due_publications",
             "finish_once",
             "head_revision",

@@ -42,6 +42,15 @@ def queue(redis_url: str) -> Iterator[rq.Queue]:
     connection.close()
 
 
+@pytest.fixture
+def name() -> str:
+    """A job name of the test's own. RQ keeps a job under ``rq:job:<id>`` whatever its
+    queue, and an occurrence id is a function of (name, instant): with one name, the same
+    test on another database (``-n 3``) or in another run shares the key, and its
+    ``queue.empty()`` deletes this test's job (``fetch_job`` then returns None)."""
+    return f"export-{uuid.uuid4().hex[:12]}"
+
+
 def outbox(url: str) -> list[dict[str, object]]:
     engine = lease.create_engine(url)
     try:
@@ -52,38 +61,60 @@ def outbox(url: str) -> list[dict[str, object]]:
         engine.dispose()
 
 
+def record(url: str, name: str, instant: datetime, *, next_try: datetime) -> str:
+    """Put an unsent row of ``name`` on record, as a round leaves it; its id."""
+    oid = cronjob.occurrence_id(name, instant)
+    engine = lease.create_engine(url)
+    try:
+        lease.migrate(engine)
+        with engine.begin() as conn:
+            lease.record_publication(
+                conn,
+                id=oid,
+                name=name,
+                instant=instant,
+                target="rq",
+                payload={"headers": {}},
+                now_ms=round(instant.timestamp() * 1000),
+                hold_ms=round((next_try - instant).total_seconds() * 1000),
+            )
+    finally:
+        engine.dispose()
+    return oid
+
+
 def at(minute: int) -> datetime:
     return START + timedelta(minutes=minute)
 
 
 class TestRecordedSentMarked:
     def test_each_instant_is_one_rq_job_whose_id_is_the_occurrence_id(
-        self, db_url, replicas, clock, queue
+        self, name, db_url, replicas, clock, queue
     ):
         registry = cronjob.Registry()
-        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, "export")
+        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, name)
         replicas(registry, "a")
         clock.advance(125)  # 09:01 and 09:02
-        ids = [cronjob.occurrence_id("export", at(m)) for m in (1, 2)]
+        ids = [cronjob.occurrence_id(name, at(m)) for m in (1, 2)]
         assert queue.job_ids == ids
         job = queue.fetch_job(ids[0])
         assert job.args == ("x",)
         assert job.meta[META_KEY]["instant"] == "2026-03-02T09:01:00Z"
-        assert job.meta[META_KEY]["name"] == "export"
+        assert job.meta[META_KEY]["name"] == name
         rows = sorted(outbox(db_url), key=lambda row: row["instant_ms"])
         assert [row["id"] for row in rows] == ids
         assert all(row["sent_ms"] is not None for row in rows)
         assert rows[0]["target"] == "rq"
 
-    def test_two_replicas_publish_each_instant_once(self, db_url, replicas, clock, queue):
+    def test_two_replicas_publish_each_instant_once(self, name, db_url, replicas, clock, queue):
         registry = cronjob.Registry()
-        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, "export")
+        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), MINUTE, name)
         replicas(registry, "a")
         replicas(registry, "b")
         clock.advance(185)
-        assert queue.job_ids == [cronjob.occurrence_id("export", at(m)) for m in (1, 2, 3)]
+        assert queue.job_ids == [cronjob.occurrence_id(name, at(m)) for m in (1, 2, 3)]
 
-    def test_the_round_s_trace_context_is_in_the_job(self, db_url, replicas, clock, queue):
+    def test_the_round_s_trace_context_is_in_the_job(self, name, db_url, replicas, clock, queue):
         provider = TracerProvider()
         seen: list[str] = []
         registry = cronjob.Registry()
@@ -93,7 +124,7 @@ class TestRecordedSentMarked:
             seen.append(ctx.trace_id)
             handoff(ctx)
 
-        registry.register(job, MINUTE, "export")
+        registry.register(job, MINUTE, name)
         replicas(registry, "a", tracer_provider=provider)
         clock.advance(65)
         [job_id] = queue.job_ids
@@ -103,7 +134,7 @@ class TestRecordedSentMarked:
 
 class TestBrokerDown:
     def test_a_refused_send_is_left_unsent_then_the_sweep_sends_it_with_its_id(
-        self, db_url, replicas, clock, redis_url
+        self, name, db_url, replicas, clock, redis_url
     ):
         proxy = Proxy(("127.0.0.1", 6379))
         connection = redis.Redis(port=proxy.port, socket_timeout=2, socket_connect_timeout=2)
@@ -112,7 +143,7 @@ class TestBrokerDown:
             proxy.cut()
             registry = cronjob.Registry()
             handoff = enqueue(queue, "tests.rq_tasks.traced", args=("x",), retry_within=3)
-            registry.register(handoff, MINUTE, "export")
+            registry.register(handoff, MINUTE, name)
             replicas(registry, "a")
             clock.advance(65)  # 09:01: refused, retried for 3 s, left to the sweep
             [row] = outbox(db_url)
@@ -122,35 +153,19 @@ class TestBrokerDown:
             clock.advance(30)  # a sweep
             [row] = outbox(db_url)
             assert row["sent_ms"] is not None
-            assert queue.job_ids == [cronjob.occurrence_id("export", at(1))]
+            assert queue.job_ids == [cronjob.occurrence_id(name, at(1))]
         finally:
             queue.empty()
             proxy.close()
 
     def test_a_row_another_replica_left_unsent_is_sent_by_this_one_s_sweep(
-        self, db_url, replicas, clock, queue
+        self, name, db_url, replicas, clock, queue
     ):
         """As a replica killed between its record and its send leaves it."""
         instant = at(0) - timedelta(minutes=5)
-        oid = cronjob.occurrence_id("export", instant)
-        engine = lease.create_engine(db_url)
-        lease.migrate(engine)
-        with engine.begin() as conn:
-            lease.record_publication(
-                conn,
-                id=oid,
-                name="export",
-                instant=instant,
-                target="rq",
-                payload={"headers": {}},
-                now_ms=round(instant.timestamp() * 1000),
-                hold_ms=60_000,
-            )
-        engine.dispose()
+        oid = record(db_url, name, instant, next_try=instant + timedelta(minutes=1))
         registry = cronjob.Registry()
-        registry.register(
-            enqueue(queue, "tests.rq_tasks.traced", args=("x",)), "0 0 0 1 1 *", "export"
-        )
+        registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("x",)), "0 0 0 1 1 *", name)
         replicas(registry, "b")
         clock.advance(20)
         assert queue.job_ids == [oid]

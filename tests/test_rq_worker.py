@@ -45,6 +45,13 @@ def queue(redis_url: str) -> Iterator[rq.Queue]:
     connection.close()
 
 
+def unique(stem: str) -> str:
+    """An id of this test's own: RQ keeps a job under ``rq:job:<id>`` whatever its queue,
+    so the same test on another database (``-n 3``) or in another run would share the key,
+    and its ``queue.empty()`` would delete this test's job."""
+    return f"{stem}-{uuid.uuid4().hex[:12]}"
+
+
 def work(queue: rq.Queue, redis_url: str, out: Path, db_url: str | None = None) -> None:
     """Run a real ``rq worker`` in burst mode: it runs every job queued, then ends."""
     env = {**os.environ, "CRONJOB_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
@@ -73,7 +80,8 @@ def test_the_workers_span_is_under_the_rounds_trace(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = cronjob.Registry()
-    registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("t",)), "0 * * * * *", "job")
+    name = unique("job")
+    registry.register(enqueue(queue, "tests.rq_tasks.traced", args=("t",)), "0 * * * * *", name)
     replicas(registry, "a", tracer_provider=provider)
     clock.advance(65)
     out = tmp_path / "out.jsonl"
@@ -81,7 +89,7 @@ def test_the_workers_span_is_under_the_rounds_trace(
     [round_span] = [s for s in exporter.get_finished_spans() if s.parent is None]
     [seen] = [line for line in lines(out) if "job_id" in line]
     [span] = [line for line in lines(out) if "span" in line]
-    assert seen["job_id"] == cronjob.occurrence_id("job", datetime(2026, 3, 2, 9, 1, tzinfo=UTC))
+    assert seen["job_id"] == cronjob.occurrence_id(name, datetime(2026, 3, 2, 9, 1, tzinfo=UTC))
     assert span["trace_id"] == format(round_span.context.trace_id, "032x")
     assert span["parent"] is not None
 
@@ -94,24 +102,26 @@ class TestOnce:
         self, migrated_engine, db_url, queue, redis_url, tmp_path
     ):
         out = tmp_path / "out.jsonl"
-        self._enqueue(queue, "occ-1")
+        one, two = unique("occ-1"), unique("occ-2")
+        self._enqueue(queue, one)
         work(queue, redis_url, out, db_url)
-        self._enqueue(queue, "occ-1")  # a republish with the same id
-        self._enqueue(queue, "occ-2")
+        self._enqueue(queue, one)  # a republish with the same id
+        self._enqueue(queue, two)
         work(queue, redis_url, out, db_url)
-        assert [line["body"] for line in lines(out)] == ["occ-1", "occ-2"]
+        assert [line["body"] for line in lines(out)] == [one, two]
 
     def test_a_body_that_raised_runs_again_on_redelivery(
         self, migrated_engine, db_url, queue, redis_url, tmp_path
     ):
         out = tmp_path / "out.jsonl"
-        self._enqueue(queue, "occ-1", fail=True)
+        one = unique("occ-1")
+        self._enqueue(queue, one, fail=True)
         work(queue, redis_url, out, db_url)
-        self._enqueue(queue, "occ-1")
+        self._enqueue(queue, one)
         work(queue, redis_url, out, db_url)
-        self._enqueue(queue, "occ-1")
+        self._enqueue(queue, one)
         work(queue, redis_url, out, db_url)
-        assert [line["body"] for line in lines(out)] == ["occ-1", "occ-1"]
+        assert [line["body"] for line in lines(out)] == [one, one]
 
     def test_a_dead_workers_body_runs_after_its_stale_time_and_not_before(
         self, migrated_engine, db_url, queue, redis_url, tmp_path
@@ -119,15 +129,16 @@ class TestOnce:
         out = tmp_path / "out.jsonl"
         now_ms = round(datetime.now(UTC).timestamp() * 1000)
         # As a worker killed in the body leaves them: one just now, one two hours ago.
-        for id_, started in (("fresh", now_ms), ("stale", now_ms - 7_200_000)):
+        fresh, stale = unique("fresh"), unique("stale")
+        for id_, started in ((fresh, now_ms), (stale, now_ms - 7_200_000)):
             token, _state = lease.begin_once(
                 migrated_engine, id_, task="c", holder="dead", now_ms=started, stale_ms=1
             )
             assert token is not None
-        self._enqueue(queue, "fresh")
-        self._enqueue(queue, "stale")
+        self._enqueue(queue, fresh)
+        self._enqueue(queue, stale)
         work(queue, redis_url, out, db_url)
-        assert [line["body"] for line in lines(out)] == ["stale"]
+        assert [line["body"] for line in lines(out)] == [stale]
         failed = rq.registry.FailedJobRegistry(queue=queue)
-        assert failed.get_job_ids() == ["fresh"]
-        assert "OccurrenceBusy" in (queue.fetch_job("fresh").latest_result().exc_string or "")
+        assert failed.get_job_ids() == [fresh]
+        assert "OccurrenceBusy" in (queue.fetch_job(fresh).latest_result().exc_string or "")

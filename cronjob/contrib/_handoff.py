@@ -14,7 +14,8 @@ docs/concepts/outbox.md for the whole story and docs/decisions.md for why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -24,6 +25,7 @@ from opentelemetry import propagate
 import lease
 
 from .._exceptions import RegistrationError
+from ._sender import Sender
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -35,6 +37,7 @@ __all__ = [
     "RETRY_FIRST",
     "RETRY_LONGEST",
     "RETRY_WITHIN",
+    "SEND_TIMEOUT",
     "Handoff",
     "Occurrence",
     "Publisher",
@@ -52,6 +55,9 @@ RETRY_FIRST: Final = 1.0
 RETRY_LONGEST: Final = 60.0
 #: Seconds the round itself retries a refused send before it leaves it to the sweep.
 RETRY_WITHIN: Final = 10.0
+#: The longest wait for the broker's answer to one send, in seconds (real time, like a
+#: socket timeout), unless the hold is shorter: then half the hold.
+SEND_TIMEOUT: Final = 20.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,9 @@ class Publisher(Protocol):
         its id, the instant (ISO 8601 UTC) in it, and ``occurrence.headers`` in its
         headers. Return only once the broker has accepted it (publisher confirms on
         RabbitMQ); raise on any failure. It may be called again with the same
-        occurrence (after a failure, a crash, or on another replica)."""
+        occurrence (after a failure, a crash, or on another replica). It is called on a
+        thread of its own (``cronjob-publish``, one per publisher, one call at a time),
+        waited for at most ``send_timeout`` seconds."""
         ...
 
 
@@ -112,6 +120,7 @@ class Handoff:
         retry_within: Seconds the round retries a refused send before it leaves it to
             the sweep.
         hold: Seconds an attempt keeps its row from the other retriers (`HOLD_SECONDS`).
+        send_timeout: Seconds one send waits for the broker's answer, below ``hold``.
     """
 
     def __init__(
@@ -120,6 +129,7 @@ class Handoff:
         *,
         retry_within: float = RETRY_WITHIN,
         hold: float = HOLD_SECONDS,
+        send_timeout: float | None = None,
     ) -> None:
         target = getattr(publisher, "target", None)
         if not isinstance(target, str) or not target or len(target) > 16:
@@ -132,9 +142,22 @@ class Handoff:
             )
         if not isinstance(hold, int | float) or not hold > 0:
             raise RegistrationError(f"handoff: hold must be a number of seconds > 0, got {hold!r}")
+        if send_timeout is None:
+            send_timeout = min(SEND_TIMEOUT, hold / 2)
+        if not isinstance(send_timeout, int | float) or not 0 < send_timeout < hold:
+            raise RegistrationError(
+                f"handoff: send_timeout must be a number of seconds > 0 and below the hold "
+                f"({hold:g}s), got {send_timeout!r}"
+            )
         self.publisher = publisher
         self.retry_within = float(retry_within)
         self.hold = float(hold)
+        self.send_timeout = float(send_timeout)
+        self._sender = Sender(publisher)
+        self._lock = threading.Lock()
+        #: Rows whose send was given up on and may still be accepted: their next try
+        #: time as this replica last set it (`keep_held` moves it on).
+        self._held: dict[str, int] = {}
         self.__name__ = f"handoff_{target}"
         self.__qualname__ = self.__name__
         self.__module__ = "cronjob.contrib"
@@ -147,8 +170,11 @@ class Handoff:
 
         The record is written in the round's fenced transaction (`ctx.transaction()`),
         so a round whose lease is gone records nothing. A second run of the instant finds
-        the record: sent, it sends nothing more; unsent, it sends it again with the same
-        id. A refused send is retried with back-off (`RETRY_FIRST`, doubling) through
+        the record: sent, it sends nothing more; unsent and due (nobody holds it), it
+        claims it as the sweep does and sends it again with the same id; unsent and held
+        (an attempt in progress, or waiting for its retry), it leaves it to that attempt
+        and the sweep. Each send waits at most `send_timeout` seconds for the broker. A
+        refused send is retried with back-off (`RETRY_FIRST`, doubling) through
         `ctx.wait` for `retry_within` seconds, then left to the sweep (logged).
 
         Raises:
@@ -179,13 +205,20 @@ class Handoff:
         if row.sent_ms is not None:
             log.info("job %r: occurrence %s was sent already", ctx.name, occurrence.id)
             return
-        if not new:  # a second run: take the row as the sweep does
+        if not new:  # a second run: take the row as the sweep does, if it is due
+            if row.next_try_ms > now:
+                log.info(
+                    "job %r: occurrence %s is held by an attempt to send it; not sent again",
+                    ctx.name,
+                    occurrence.id,
+                )
+                return  # that attempt, or the sweep once the hold ends, sends it
             occurrence = _occurrence(row)
             if not _claim(engine, row.id, row.next_try_ms, now + hold):
                 return  # a sweep sends it now
         seen, started, tries = now + hold, clock.monotonic(), row.tries
         while True:
-            error = _send(self.publisher, occurrence)
+            error = self._send(engine, occurrence, lambda: _now_ms(clock.now()))
             now = _now_ms(clock.now())
             if error is None:
                 _mark(engine, occurrence.id, now)
@@ -193,7 +226,7 @@ class Handoff:
             tries += 1
             pause = retry_pause(tries)
             if pause > started + self.retry_within - clock.monotonic():
-                _claim(engine, occurrence.id, seen, now, error=error)  # due for the sweep
+                self._hand_back(engine, occurrence.id, seen, now, error=error)  # to the sweep
                 log.warning(
                     "job %r: occurrence %s not accepted by %s (%s); the sweep retries it",
                     ctx.name,
@@ -216,15 +249,69 @@ class Handoff:
             )
             seen = later
             if ctx.wait(pause):  # cancelled: the row is the sweep's at once
-                _claim(engine, occurrence.id, seen, _now_ms(clock.now()))
+                now = _now_ms(clock.now())
+                self._hand_back(engine, occurrence.id, seen, now)
                 ctx.check()
+            # Taken again before the next attempt: a send given up on that the broker
+            # accepted meanwhile has marked the row sent, and must not be sent twice.
+            now = _now_ms(clock.now())
+            if not _claim(engine, occurrence.id, seen, now + hold):
+                return
+            seen = now + hold
+
+    def _send(self, engine: Engine, occurrence: Occurrence, now: Callable[[], int]) -> str | None:
+        """Publish within `send_timeout`; the failure's summary, or ``None`` once sent.
+
+        A send given up on that the broker accepts after all is marked sent then."""
+
+        def late() -> None:
+            _mark(engine, occurrence.id, now())
+            log.info("occurrence %s: the broker accepted it late; marked sent", occurrence.id)
+
+        return self._sender.send(occurrence, timeout=self.send_timeout, late=late)
+
+    def _hand_back(
+        self, engine: Engine, id: str, seen: int, due_ms: int, *, error: str | None = None
+    ) -> bool:
+        """Move the next try of a row this replica holds (until ``seen``) to ``due_ms``.
+
+        If a send of it was given up on and may still be accepted, the row stays held
+        instead (until ``seen`` at least), and `keep_held` keeps it so until that send
+        ends: the hold covers the send, however long the broker takes to answer."""
+        in_flight = self._sender.in_flight(id)
+        if in_flight:
+            due_ms = max(due_ms, seen)
+        taken = _claim(engine, id, seen, due_ms, error=error)
+        if taken and in_flight:
+            with self._lock:
+                self._held[id] = due_ms
+        return taken
+
+    def keep_held(self, engine: Engine, *, now: datetime) -> None:
+        """Keep held, for `hold` seconds from ``now``, each row whose send this replica
+        gave up on (past `send_timeout`) while the broker may still accept it; the sweep
+        calls it on every replica before it reads the due rows (every `SWEEP_EVERY`
+        seconds, which the hold must exceed). A send that ended lets its row go: marked
+        sent if the broker accepted it, else due at the end of its hold."""
+        hold = round(self.hold * 1000)
+        with self._lock:
+            held = dict(self._held)
+        for id, seen in held.items():
+            until = _now_ms(now) + hold
+            if self._sender.in_flight(id) and (until <= seen or _claim(engine, id, seen, until)):
+                with self._lock:
+                    self._held[id] = max(until, seen)
+                continue
+            with self._lock:  # the send ended, or the row was sent or taken meanwhile
+                self._held.pop(id, None)
 
     def resend(self, engine: Engine, row: lease.OutboxRow, *, now: datetime) -> bool | None:
         """Send an unsent outbox row again (the sweep), with its id and recorded headers.
 
         The row is claimed first (a conditional update of its next try time), so of the
-        replicas that sweep at once one sends it; a failure sets its next try after a
-        back-off (`retry_pause`).
+        replicas that sweep at once one sends it; the send waits at most `send_timeout`
+        (below the hold) for the broker; a failure sets its next try after a back-off
+        (`retry_pause`), and not before the hold ends if the broker may still accept it.
 
         Returns:
             ``True``: sent; ``False``: refused (retried later); ``None``: not claimed
@@ -234,13 +321,13 @@ class Handoff:
         hold = now_ms + round(self.hold * 1000)
         if not _claim(engine, row.id, row.next_try_ms, hold):
             return None
-        error = _send(self.publisher, _occurrence(row))
+        error = self._send(engine, _occurrence(row), lambda: now_ms)
         if error is None:
-            _mark(engine, row.id, _now_ms(now))
+            _mark(engine, row.id, now_ms)
             log.info("job %r: occurrence %s sent by the sweep", row.name, row.id)
             return True
         later = now_ms + round(retry_pause(row.tries + 1) * 1000)
-        _claim(engine, row.id, hold, later, error=error)
+        self._hand_back(engine, row.id, hold, later, error=error)
         log.warning(
             "job %r: occurrence %s still not accepted by %s (%s)",
             row.name,
@@ -252,7 +339,11 @@ class Handoff:
 
 
 def handoff(
-    publisher: Publisher, *, retry_within: float = RETRY_WITHIN, hold: float = HOLD_SECONDS
+    publisher: Publisher,
+    *,
+    retry_within: float = RETRY_WITHIN,
+    hold: float = HOLD_SECONDS,
+    send_timeout: float | None = None,
 ) -> Handoff:
     """Turn ``publisher`` into a job function that hands each instant to its task system.
 
@@ -267,12 +358,16 @@ def handoff(
             instant makes that instant skipped).
         hold: Seconds an attempt keeps its row from the other retriers; after them, a
             replica that died while sending is retried for (longer than a send takes).
+        send_timeout: Seconds one send waits for the broker's answer (real time), below
+            ``hold``; by default `SEND_TIMEOUT`, or half the hold if that is shorter.
+            A send past it counts as refused; the row stays held until its hold ends.
 
     Raises:
         RegistrationError: ``publisher`` has no ``target``, ``retry_within`` is not a
-            number of seconds >= 0, or ``hold`` not > 0.
+            number of seconds >= 0, ``hold`` not > 0, or ``send_timeout`` not between
+            0 and ``hold``.
     """
-    return Handoff(publisher, retry_within=retry_within, hold=hold)
+    return Handoff(publisher, retry_within=retry_within, hold=hold, send_timeout=send_timeout)
 
 
 def _occurrence(row: lease.OutboxRow) -> Occurrence:
@@ -283,15 +378,6 @@ def _occurrence(row: lease.OutboxRow) -> Occurrence:
         instant=row.instant.astimezone(UTC),
         headers={str(k): str(v) for k, v in headers.items()},
     )
-
-
-def _send(publisher: Publisher, occurrence: Occurrence) -> str | None:
-    """Publish; the failure's summary, or ``None`` once the broker accepted it."""
-    try:
-        publisher.publish(occurrence)
-    except Exception as exc:  # any failure of the broker's client: retried
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def _claim(

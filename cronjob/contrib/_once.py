@@ -7,7 +7,9 @@ insert of the id into the lease database's once-table is new ([lease.begin_once]
 
 - The body returns: the id is marked done; a later delivery runs nothing.
 - The body raises: the row is deleted and the error goes on, so a redelivery (the task
-  system's retry) runs the body again.
+  system's retry) runs the body again. If deleting the row fails too, the body's error
+  still goes on (the deletion's is logged and noted on it); the row then stays
+  *running* until ``stale_after``, as if the worker had died.
 - The worker dies in the body: the row stays *running*; a delivery within
   ``stale_after`` seconds of its start raises [OccurrenceBusy][cronjob.contrib.OccurrenceBusy]
   (the task system may retry it later), one after that takes the row over and runs it.
@@ -53,16 +55,22 @@ class OccurrenceBusy(CronjobError, RuntimeError):
 
 
 def _engine(database: str | sa.Engine | None) -> sa.Engine:
-    """The engine for ``database``: an `Engine` as given, a URL's made once per process."""
+    """The engine for ``database``: an `Engine` as given, a URL's made once per process.
+
+    An async driver's URL (``postgresql+asyncpg://``) is run with its sync driver, and
+    cached under that sync URL, so the async and the sync spelling share one engine.
+    """
     if isinstance(database, sa.Engine):
         return database
     url = resolve_database(database)
     if not isinstance(url, str):  # an AsyncEngine
         raise TypeError(f"once: the database must be a URL or an Engine, got {url!r}")
+    if lease.is_async_url(url):
+        # Rendered with its password: str() of a URL masks it as ***.
+        url = lease.sync_url(url).render_as_string(hide_password=False)
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            url = str(lease.sync_url(url)) if lease.is_async_url(url) else url
             engine = _engines[url] = lease.create_engine(url)
         return engine
 
@@ -130,9 +138,20 @@ def run_once(
         return None
     try:
         result = body()
-    except BaseException:
-        with engine.begin() as conn:
-            lease.release_once(conn, occurrence_id, token)
+    except BaseException as failure:
+        try:
+            with engine.begin() as conn:
+                lease.release_once(conn, occurrence_id, token)
+        except Exception as exc:  # the body's error is the one to raise
+            log.warning(
+                "task %r: occurrence %s failed, and forgetting it failed too (%s): a "
+                "redelivery runs it after %gs",
+                task,
+                occurrence_id,
+                exc,
+                stale_after,
+            )
+            failure.add_note(f"cronjob: forgetting occurrence {occurrence_id} failed: {exc}")
         raise
     with engine.begin() as conn:
         if not lease.finish_once(conn, occurrence_id, token, now_ms=_ms(clock.now())):

@@ -120,6 +120,7 @@ def enqueue(
     kwargs: Mapping[str, Any] | None = None,
     retry_within: float = RETRY_WITHIN,
     hold: float = HOLD_SECONDS,
+    send_timeout: float | None = None,
     **options: Any,
 ) -> Handoff:
     """A job function that enqueues ``func`` on ``queue`` once per instant.
@@ -132,14 +133,17 @@ def enqueue(
             the sweep (see [handoff][cronjob.contrib.handoff]).
         hold: Seconds an attempt keeps its row from the other retriers (see
             [handoff][cronjob.contrib.handoff]).
+        send_timeout: Seconds an enqueue waits for Redis's answer, below ``hold`` (see
+            [handoff][cronjob.contrib.handoff]).
         options: Passed to ``Queue.enqueue_call`` (`JOB_OPTIONS`).
 
     Raises:
         RegistrationError: ``queue`` is not an ``rq.Queue``, ``func`` neither a
-            callable nor a dotted path, or an option is not one of `JOB_OPTIONS`.
+            callable nor a dotted path, an option is not one of `JOB_OPTIONS`, or
+            ``retry_within``, ``hold`` or ``send_timeout`` is out of range.
     """
     publisher = RQPublisher(queue, func, args=args, kwargs=kwargs, options=options)
-    return Handoff(publisher, retry_within=retry_within, hold=hold)
+    return Handoff(publisher, retry_within=retry_within, hold=hold, send_timeout=send_timeout)
 
 
 def trace_context(job: Job | None = None) -> Context:

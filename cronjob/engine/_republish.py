@@ -4,18 +4,22 @@ A job that hands its instants to a task queue (``cronjob.contrib.handoff``) reco
 occurrence in the outbox before it sends it. A round that ended first (the broker down
 past its retries, a drain, a lease lost, a replica killed between the send and the mark)
 leaves the row unsent. On the sweep's cadence (every `SWEEP_EVERY` seconds, with the
-sweep for rounds cut short) each replica reads the due unsent rows, all names in one
-statement, and hands each to the job function of that name in its registry (the
-function carries its publisher: ``Handoff.resend``), which claims the row by a
-conditional update of its next try time before it sends: one replica at a time sends a
-given row, and every replica may.
+sweep for rounds cut short) each replica reads the due unsent rows of the names it can
+send (its jobs that hand their instants on), all in one statement, and hands each to
+the job function of that name in its registry (the function carries its publisher:
+``Handoff.resend``), which claims the row by a conditional update of its next try time
+before it sends: one replica at a time sends a given row, and every replica may.
 
 The statements and the sends run on one thread of this part's own (``cronjob-outbox``),
 not on the control thread: a broker that hangs until its client's timeout must never hold
 a claim of the next instant back. Only a replica with such a job starts it. The rows are
 read there, handed to the job functions on the dispatcher thread (which owns the job
-states), and sent back there. A send that fails skips the other rows of its publisher
-until the next sweep: a broker that is down costs one timeout per sweep, not one per row.
+states), and sent back there. Each send waits for the broker at most its
+``send_timeout``, so a broker that never answers holds this thread for that long, not
+forever. A send that fails defers the other due rows of its publisher by `DEFER_REFUSED`
+(one statement, no try counted): a broker that is down costs one timeout per sweep, not
+one per row, and its rows never fill the sweep's `REPUBLISH_LIMIT` ahead of the rows of
+a broker that is up.
 """
 
 from __future__ import annotations
@@ -36,12 +40,16 @@ if TYPE_CHECKING:
 
     from ._state import JobState
 
-__all__ = ["REPUBLISH_LIMIT", "Republisher", "Resender"]
+__all__ = ["DEFER_REFUSED", "REPUBLISH_LIMIT", "Republisher", "Resender"]
 
 log = logging.getLogger("cronjob")
 
 #: The most unsent rows one sweep reads (the longest due first); more wait for the next.
 REPUBLISH_LIMIT: Final = 500
+#: Seconds the due rows of a publisher that refused a send are put off, untried: the
+#: longest back-off of a send (``cronjob.contrib.RETRY_LONGEST``), so the next sweeps
+#: read the rows behind them.
+DEFER_REFUSED: Final = 60.0
 
 
 @runtime_checkable
@@ -52,6 +60,11 @@ class Resender(Protocol):
 
     def resend(self, engine: Engine, row: lease.OutboxRow, *, now: datetime) -> bool | None:
         """Send ``row`` again: ``True`` sent, ``False`` refused, ``None`` not claimed."""
+        ...
+
+    def keep_held(self, engine: Engine, *, now: datetime) -> None:
+        """Keep held the rows whose send this replica gave up on and may still be
+        accepted, so that no other replica sends them meanwhile."""
         ...
 
 
@@ -117,11 +130,21 @@ class Republisher:
             return
         self._sweeping = True
         store, clock = self._store, self._clock
+        # Read here, on the dispatcher thread that owns the states.
+        fns: dict[str, Resender] = {}
+        for name, state in self._states.items():
+            if isinstance(state.job.fn, Resender):
+                fns[name] = state.job.fn
 
         def read() -> list[lease.OutboxRow]:
+            for fn in {id(fn): fn for fn in fns.values()}.values():
+                fn.keep_held(store.engine, now=clock.now())
             now_ms = round(clock.now().timestamp() * 1000)
+            names = list(fns)
             with store.engine.connect() as conn:
-                return lease.due_publications(conn, now_ms=now_ms, limit=REPUBLISH_LIMIT)
+                return lease.due_publications(
+                    conn, now_ms=now_ms, limit=REPUBLISH_LIMIT, names=names
+                )
 
         thread.run(read, self._send)
 
@@ -157,19 +180,26 @@ class Republisher:
 
 
 def _resend_all(engine: Engine, clock: Clock, pairs: list[tuple[lease.OutboxRow, Resender]]) -> int:
-    """Send each row again; after a failure, skip the rest of that publisher's rows."""
-    failed: set[int] = set()
+    """Send each row again; after a failure, defer the rest of that publisher's rows."""
+    failed: dict[int, list[str]] = {}  # publisher -> the ids it was not asked to send
     sent = 0
-    for row, fn in pairs:
-        if id(fn.publisher) in failed:
-            continue
-        try:
+    try:
+        for row, fn in pairs:
+            skipped = failed.get(id(fn.publisher))
+            if skipped is not None:
+                skipped.append(row.id)
+                continue
             done = fn.resend(engine, row, now=clock.now())
-        except lease.LeaseError as exc:
-            log.warning("outbox: occurrence %s of %r: %s", row.id, row.name, exc)
-            return sent
-        if done:
-            sent += 1
-        elif done is not None:  # refused: the broker is down, try its other rows later
-            failed.add(id(fn.publisher))
+            if done:
+                sent += 1
+            elif done is not None:  # refused: the broker is down, try its other rows later
+                failed[id(fn.publisher)] = []
+        skipped_ids = [id_ for ids in failed.values() for id_ in ids]
+        if skipped_ids:
+            now_ms = round(clock.now().timestamp() * 1000)
+            later = now_ms + round(DEFER_REFUSED * 1000)
+            with engine.begin() as conn:
+                lease.defer_publications(conn, skipped_ids, now_ms=now_ms, next_try_ms=later)
+    except lease.LeaseError as exc:
+        log.warning("outbox: %s", exc)
     return sent

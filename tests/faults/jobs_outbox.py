@@ -40,7 +40,12 @@ _redis = Redis(
 )
 _queue = Queue(os.environ["OUTBOX_QUEUE"], connection=_redis)
 cronjob.register(
-    Handoff(Announced(_queue, "tests.rq_tasks.traced", args=("f",)), retry_within=1, hold=5),
+    Handoff(
+        Announced(_queue, "tests.rq_tasks.traced", args=("f",)),
+        retry_within=1,
+        hold=5,
+        send_timeout=4,  # above the pause after the send: a kill comes before the mark
+    ),
     "*/2 * * * * *",
     "outbox-fault",
 )

@@ -145,8 +145,11 @@ def test_a_worker_killed_in_a_once_body_runs_it_after_the_stale_time(
         "CRONJOB_DATABASE_URL": db_url,
     }
     argv = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, queue.name]
+    # An id of the test's own: RQ keeps the job at rq:job:<id> whatever its queue, and
+    # another run's queue.empty() would delete it (the worker then skips it).
+    occ = f"occ-{uuid.uuid4().hex[:12]}"
     queue.enqueue_call(
-        "tests.rq_tasks.counted_stale", args=("k",), kwargs={"sleep": 60}, job_id="occ"
+        "tests.rq_tasks.counted_stale", args=("k",), kwargs={"sleep": 60}, job_id=occ
     )
     worker = subprocess.Popen(
         argv,
@@ -157,19 +160,19 @@ def test_a_worker_killed_in_a_once_body_runs_it_after_the_stale_time(
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: out.exists() and "occ" in out.read_text(), 60, "the body to start")
+        wait_for(lambda: out.exists() and occ in out.read_text(), 60, "the body to start")
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
     burst = [*argv, "--burst"]
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id="occ")
+    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
     subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
     bodies = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(bodies) == 1  # within the stale time: busy, not run
     time.sleep(15)  # past counted_stale's stale_after
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id="occ")
+    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
     subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id="occ")
+    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
     subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
     bodies = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [b["body"] for b in bodies] == ["occ", "occ"]  # the dead one, then once more
+    assert [b["body"] for b in bodies] == [occ, occ]  # the dead one, then once more

@@ -1,0 +1,125 @@
+"""Sends with a bound: a publisher's ``publish`` run on a thread of its own, waited for
+at most a given number of seconds.
+
+A broker that accepts the connection and never answers would otherwise hold the
+caller (a round's thread, or the ``cronjob-outbox`` thread of every sweep) for as long as
+its client has no timeout of its own, which may be forever. `Sender` runs each publish on
+one daemon thread per publisher (``cronjob-publish``), reused from send to send (a
+client that keeps one connection per thread, as Dramatiq's RabbitMQ broker does, keeps
+one), and the caller waits for the answer at most ``timeout`` seconds.
+
+A send given up on may still be accepted later. The caller keeps the row held for as
+long as `in_flight` says so (``Handoff.keep_held``), and the sender marks the row sent
+itself if the late answer is an acceptance (``late``). While such a send is in flight,
+the publisher's next send fails at once: the broker has not answered, and no more
+threads are spent on it.
+
+The bound is in real seconds, like a socket timeout: it bounds an I/O call, not a
+schedule, so it does not follow the scheduler's (possibly fake) clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._handoff import Occurrence, Publisher
+
+__all__ = ["Sender"]
+
+log = logging.getLogger("cronjob")
+
+
+@dataclass(eq=False)
+class _Send:
+    occurrence: Occurrence
+    late: Callable[[], None] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+    abandoned: bool = False
+
+
+class Sender:
+    """Runs one publisher's sends, one at a time, each waited for with a bound."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+        self._lock = threading.Lock()
+        self._slot = threading.Semaphore(1)  # taken by a send until its publish returns
+        self._sends: queue.SimpleQueue[_Send] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        #: The id of a send given up on whose publish has not returned yet.
+        self._stuck: str | None = None
+
+    def in_flight(self, id: str) -> bool:
+        """Whether a send of ``id`` was given up on and may still be accepted."""
+        with self._lock:
+            return self._stuck == id
+
+    def send(
+        self, occurrence: Occurrence, *, timeout: float, late: Callable[[], None] | None = None
+    ) -> str | None:
+        """Publish ``occurrence``, waiting at most ``timeout`` seconds for the broker.
+
+        Args:
+            late: Called on the sender's thread if the publish is accepted after the
+                caller gave up on it (to mark the row sent).
+
+        Returns:
+            ``None`` once the broker accepted it; else the failure's summary (a
+            ``TimeoutError`` when the broker gave no answer in time).
+        """
+        with self._lock:
+            stuck = self._stuck
+        if stuck is not None:
+            return (
+                f"TimeoutError: {self._publisher.target} has not answered a send "
+                f"(occurrence {stuck}) yet; not sending another"
+            )
+        deadline = time.monotonic() + timeout
+        if not self._slot.acquire(timeout=timeout):
+            return f"TimeoutError: another send to {self._publisher.target} took over {timeout:g}s"
+        job = _Send(occurrence, late)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="cronjob-publish", daemon=True
+                )
+                self._thread.start()
+        self._sends.put(job)
+        if job.done.wait(max(0.0, deadline - time.monotonic())):
+            return job.error
+        with self._lock:
+            if job.done.is_set():  # answered just now
+                return job.error
+            job.abandoned = True
+            self._stuck = occurrence.id
+        return f"TimeoutError: {self._publisher.target} gave no answer within {timeout:g}s"
+
+    def _run(self) -> None:
+        while True:
+            job = self._sends.get()
+            try:
+                self._publisher.publish(job.occurrence)
+            except Exception as exc:  # any failure of the broker's client: retried
+                error: str | None = f"{type(exc).__name__}: {exc}"
+            else:
+                error = None
+            with self._lock:
+                job.error = error
+                job.done.set()
+                late = job.abandoned
+                if late:
+                    self._stuck = None
+            self._slot.release()
+            if late and error is None and job.late is not None:
+                try:
+                    job.late()
+                except Exception as exc:  # the row stays unsent: a resend comes
+                    log.warning("occurrence %s: marking it sent failed: %s", job.occurrence.id, exc)
