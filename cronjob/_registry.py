@@ -61,7 +61,8 @@ class Job:
         args: For a schedule made of data, the JSON text of its arguments.
 
     Raises:
-        RegistrationError: ``run_at_start`` on a leased job.
+        RegistrationError: ``run_at_start`` on a leased job; a function marked
+            ``leased_only`` (a hand-off) as a per-instance job.
     """
 
     name: str
@@ -78,6 +79,13 @@ class Job:
         if not isinstance(self.run_at_start, bool):
             raise RegistrationError(
                 f"job {self.name!r}: run_at_start must be True or False, got {self.run_at_start!r}"
+            )
+        if not self.leased and getattr(self.fn, "leased_only", False) is True:
+            # A hand-off (cronjob.contrib): every replica would publish each instant.
+            raise RegistrationError(
+                f"job {self.name!r}: {self.fn!r} publishes once per instant under the "
+                "lease: register it with register/job, not per instance (every replica "
+                "would publish each instant)"
             )
         if self.run_at_start and self.leased:
             # Every replica starts: a leased job run at each start would run once per

@@ -461,3 +461,33 @@ class TestPolicyOptions:
         assert a.policy is b.policy
         assert c.policy is not a.policy and c.policy.retries == 1
         assert d.policy is not a.policy and d.policy == a.policy
+
+
+class _Unsent:
+    """A publisher that is never asked to send: registration alone is under test."""
+
+    target = "test"
+
+    def describe(self) -> dict[str, str]:
+        return {}
+
+    def publish(self, occurrence: object) -> None:
+        raise AssertionError("registration must not publish")
+
+
+class TestAHandoffIsLeasedOnly:
+    def test_per_instance_is_refused_naming_the_job(self):
+        from cronjob.contrib import handoff
+
+        registry = Registry()
+        with pytest.raises(RegistrationError, match=r"job 'export'.*not per instance"):
+            registry.register_per_instance(handoff(_Unsent()), "0 0 3 * * *", "export")
+        assert registry.jobs == ()
+
+    def test_leased_is_taken(self):
+        from cronjob.contrib import handoff
+
+        registry = Registry()
+        registry.register(handoff(_Unsent()), "0 0 3 * * *", "export")
+        [job] = registry.jobs
+        assert (job.name, job.leased) == ("export", True)

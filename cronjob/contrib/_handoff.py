@@ -121,7 +121,11 @@ class Handoff:
             the sweep.
         hold: Seconds an attempt keeps its row from the other retriers (`HOLD_SECONDS`).
         send_timeout: Seconds one send waits for the broker's answer, below ``hold``.
+        leased_only: ``True``: registration refuses it as a per-instance job, which every
+            replica would run, each publishing the instant once more.
     """
+
+    leased_only = True
 
     def __init__(
         self,
