@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from dramatiq.broker import Broker
 
+from tests._process import in_session
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The brokers of the development and CI machines (SPEC.md, "Handing instants to a task queue").
 URLS = {
@@ -181,20 +183,11 @@ def worker(
     in a session of its own, so that the whole group is stopped after: SIGTERM, then
     SIGKILL if it has not ended within 20 s."""
     argv, variables = worker_command(kind, queue, tmp_path, env)
-    with open(tmp_path / "worker.out", "w") as out:
-        process = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=variables,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            yield Worker(process, tmp_path / "worker.jsonl", tmp_path / "spans.jsonl")
-        finally:
-            _stop(process)
+    process = in_session(argv, cwd=ROOT, env=variables, output=tmp_path / "worker.out")
+    try:
+        yield Worker(process, tmp_path / "worker.jsonl", tmp_path / "spans.jsonl")
+    finally:
+        _stop(process)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
