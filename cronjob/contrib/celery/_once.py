@@ -45,7 +45,7 @@ def once(
     ``None`` without running the body; a body that raised is not marked done, and runs
     again on a redelivery. A worker killed in the body leaves it *running*: a delivery
     within ``stale_after`` seconds of its start raises
-    [OccurrenceBusy][cronjob.contrib.OccurrenceBusy] (give the task
+    `cronjob.contrib.OccurrenceBusy` (give the task
     ``autoretry_for=(OccurrenceBusy,)`` and ``acks_late=True`` so that Celery tries it
     again), one after that runs it. Called outside a worker (no request id), the body
     just runs.
