@@ -95,8 +95,19 @@ class _RabbitMQ(Target):
     def _connect(self) -> pika.BlockingConnection:
         return pika.BlockingConnection(pika.URLParameters(_dramatiq.URLS["rabbitmq"]))
 
+    def _declared(self) -> tuple[int, int]:
+        """(messages, consumers) of the queue; (0, 0) before anyone declared it."""
+        connection = self._connect()
+        try:
+            method = connection.channel().queue_declare(queue=self.queue, passive=True).method
+            return int(method.message_count), int(method.consumer_count)
+        except pika.exceptions.ChannelClosedByBroker:  # not declared yet
+            return 0, 0
+        finally:
+            connection.close()
+
     def count(self) -> int:
-        return _dramatiq.queued("rabbitmq", self.queue)
+        return self._declared()[0]
 
     def ids(self) -> list[str]:
         connection = self._connect()
@@ -128,14 +139,7 @@ class Fleet(_RabbitMQ):
 
     def consumers(self) -> int:
         """How many consumers the queue has (0 before a worker declared it)."""
-        connection = self._connect()
-        try:
-            declared = connection.channel().queue_declare(queue=self.queue, passive=True)
-            return int(declared.method.consumer_count)
-        except pika.exceptions.ChannelClosedByBroker:  # not declared yet
-            return 0
-        finally:
-            connection.close()
+        return self._declared()[1]
 
     def worker(
         self, tmp_path: Path, n: int, database: str, stale_after: float
