@@ -116,6 +116,28 @@ class Worker:
         raise AssertionError(f"no {count} spans recorded:\n" + self.output.read_text()[-3000:])
 
 
+def worker_argv(queue: str, node: str | None = None) -> list[str]:
+    """The command of a ``celery worker`` on ``queue`` (one process: the solo pool), named
+    ``node`` (by default the queue's name)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.celery_worker",
+        "worker",
+        "-Q",
+        queue,
+        "--pool=solo",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel=INFO",
+        "-n",
+        f"{node or queue}@%h",
+    ]
+
+
 def start_worker(url: str, queue: str, tmp_path: Path) -> Iterator[Worker]:
     """Run a worker on ``queue`` until the generator is closed (then SIGTERM, SIGKILL)."""
     log, spans, output = tmp_path / "tasks.jsonl", tmp_path / "spans.jsonl", tmp_path / "out"
@@ -127,23 +149,7 @@ def start_worker(url: str, queue: str, tmp_path: Path) -> Iterator[Worker]:
     }
     with output.open("w") as sink:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_worker",
-                "worker",
-                "-Q",
-                queue,
-                "--pool=solo",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel=INFO",
-                "-n",
-                f"{queue}@%h",
-            ],
+            worker_argv(queue),
             cwd=ROOT,
             env=env,
             stdout=sink,

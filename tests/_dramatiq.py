@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from dramatiq.broker import Broker
 
+from tests._process import in_session
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The brokers of the development and CI machines (SPEC.md, "Handing instants to a task queue").
 URLS = {
@@ -153,6 +155,26 @@ class Worker:
         return [json.loads(line) for line in text.splitlines() if line]
 
 
+def worker_command(
+    kind: str, queue: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a ``dramatiq tests.dramatiq_worker`` on ``queue``
+    (one process, two threads), its log ``worker.jsonl`` and spans ``spans.jsonl`` in
+    ``tmp_path``, with ``env`` over them."""
+    variables = {
+        **os.environ,
+        "DRAMATIQ_TEST_BROKER": kind,
+        "DRAMATIQ_TEST_URL": URLS[kind],
+        "DRAMATIQ_TEST_QUEUE": queue,
+        "DRAMATIQ_TEST_LOG": str(tmp_path / "worker.jsonl"),
+        "DRAMATIQ_TEST_SPANS": str(tmp_path / "spans.jsonl"),
+        **(env or {}),
+    }
+    argv = [sys.executable, "-m", "dramatiq", "tests.dramatiq_worker"]
+    argv += ["--processes", "1", "--threads", "2", "--queues", queue]
+    return argv, variables
+
+
 @contextmanager
 def worker(
     kind: str, queue: str, tmp_path: Path, env: dict[str, str] | None = None
@@ -160,31 +182,12 @@ def worker(
     """A real ``dramatiq tests.dramatiq_worker`` on ``queue`` (one process, two threads),
     in a session of its own, so that the whole group is stopped after: SIGTERM, then
     SIGKILL if it has not ended within 20 s."""
-    log, spans = tmp_path / "worker.jsonl", tmp_path / "spans.jsonl"
-    variables = {
-        "DRAMATIQ_TEST_BROKER": kind,
-        "DRAMATIQ_TEST_URL": URLS[kind],
-        "DRAMATIQ_TEST_QUEUE": queue,
-        "DRAMATIQ_TEST_LOG": str(log),
-        "DRAMATIQ_TEST_SPANS": str(spans),
-        **(env or {}),
-    }
-    argv = [sys.executable, "-m", "dramatiq", "tests.dramatiq_worker"]
-    argv += ["--processes", "1", "--threads", "2", "--queues", queue]
-    with open(tmp_path / "worker.out", "w") as out:
-        process = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**os.environ, **variables},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            yield Worker(process, log, spans)
-        finally:
-            _stop(process)
+    argv, variables = worker_command(kind, queue, tmp_path, env)
+    process = in_session(argv, cwd=ROOT, env=variables, output=tmp_path / "worker.out")
+    try:
+        yield Worker(process, tmp_path / "worker.jsonl", tmp_path / "spans.jsonl")
+    finally:
+        _stop(process)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

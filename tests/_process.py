@@ -124,3 +124,21 @@ def children(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+def in_session(
+    argv: list[str], *, cwd: Path, env: dict[str, str], output: Path
+) -> subprocess.Popen[str]:
+    """Start ``argv`` in a session of its own (``os.killpg`` on its pid then reaches its
+    children too), its stdout and stderr written to ``output``; ``env`` is its whole
+    environment."""
+    with open(output, "w") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )

@@ -7,11 +7,14 @@ set, the worker is instrumented with the OpenTelemetry SDK: the task extracts th
 trace context from its request (where message headers land) and records its own span,
 one JSON line per span in that file. ``cronjob_test.once_record`` and
 ``cronjob_test.once_flaky`` are wrapped in ``cronjob.contrib.celery.once`` on the lease
-database ``$CELERY_TEST_DB``.
+database ``$CELERY_TEST_DB``; so is ``cronjob_test.once_killed`` (tests/faults), with a
+stale time of ``$CELERY_TEST_STALE_AFTER`` seconds, acknowledged late and retried while
+its occurrence is busy.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -22,7 +25,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
+from cronjob.contrib import OccurrenceBusy
 from cronjob.contrib.celery import once
+from tests import _killed_body as killed
 
 app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
@@ -115,3 +120,28 @@ def once_flaky(marker: str) -> str:
         raise RuntimeError("first run fails")
     _append(os.environ["CELERY_TEST_LOG"], {"marker": marker})
     return "done"
+
+
+@once(
+    database=os.environ.get("CELERY_TEST_DB"),
+    stale_after=float(os.environ.get("CELERY_TEST_STALE_AFTER") or 3600),
+)
+def _killed_body(task_id: str, marker: str) -> str:
+    return killed.body(functools.partial(_append, os.environ["CELERY_TEST_LOG"]), task_id, marker)
+
+
+# Acknowledged after the body, so the message of a killed worker goes back to the queue;
+# a delivery that finds the body running elsewhere is retried after 1 s.
+@app.task(
+    name="cronjob_test.once_killed",
+    bind=True,
+    acks_late=True,
+    autoretry_for=(OccurrenceBusy,),
+    default_retry_delay=1,
+    max_retries=120,
+    retry_backoff=False,
+    retry_jitter=False,
+)
+def once_killed(self: Any, marker: str) -> None:
+    log = functools.partial(_append, os.environ["CELERY_TEST_LOG"])
+    killed.deliver(log, self.request.id, lambda: _killed_body(self.request.id, marker))

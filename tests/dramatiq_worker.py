@@ -10,7 +10,9 @@ Read from the environment (tests/test_dramatiq.py sets it):
   then a line ``{"processed": id, "result": ..., "failed": ..., "error": ...}`` once it is
   done with it;
 - ``DRAMATIQ_TEST_SPANS``: the worker's spans, one JSON object a line;
-- ``DRAMATIQ_TEST_DATABASE``: the lease database of the ``once`` actor;
+- ``DRAMATIQ_TEST_DATABASE``: the lease database of the ``once`` actors;
+- ``DRAMATIQ_TEST_STALE_AFTER``: the stale time of ``cronjob_test_once_killed``
+  (tests/faults), a ``once`` actor whose first run sleeps until the test kills it;
 - ``DRAMATIQ_TEST_FAIL_FIRST``: a file; the ``once`` actor's body, given ``fail_first=True``,
   raises on its first run (when the file does not exist yet, which it then creates).
 
@@ -33,6 +35,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
 from cronjob.contrib.dramatiq import TRACE_OPTION, once
+from tests import _killed_body as killed
 
 QUEUE = os.environ["DRAMATIQ_TEST_QUEUE"]
 LOG = os.environ["DRAMATIQ_TEST_LOG"]
@@ -143,3 +146,25 @@ def record_once(*args: Any, fail_first: bool = False, **kwargs: Any) -> str:
         open(marker, "w").close()
         raise RuntimeError("the first run fails")
     return "done"
+
+
+@once(
+    database=os.environ.get("DRAMATIQ_TEST_DATABASE"),
+    stale_after=float(os.environ.get("DRAMATIQ_TEST_STALE_AFTER") or 3600),
+)
+def _killed_body(message_id: str, marker: str) -> str:
+    return killed.body(_log, message_id, marker)
+
+
+# A delivery that finds the body running elsewhere is retried after about 1 s.
+@dramatiq.actor(
+    actor_name="cronjob_test_once_killed",
+    queue_name=QUEUE,
+    max_retries=120,
+    min_backoff=1000,
+    max_backoff=1000,
+)
+def once_killed(marker: str) -> None:
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    killed.deliver(_log, message.message_id, lambda: _killed_body(message.message_id, marker))

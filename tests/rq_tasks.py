@@ -65,10 +65,11 @@ def counted(label: str, sleep: float = 0.0, fail: bool = False) -> str:
 
 @once(stale_after=15)
 def counted_stale(label: str, sleep: float = 0.0) -> str:
-    """`counted` with a stale time of 15 s (a killed worker's body runs again after it)."""
+    """`counted` with a stale time of 15 s (a killed worker's body runs again after it);
+    its line names the process that runs the body (RQ's work horse)."""
     job = get_current_job()
     assert job is not None
-    _write({"body": job.id, "label": label})
+    _write({"body": job.id, "label": label, "pid": os.getpid()})
     if sleep:
         time.sleep(sleep)
     return label

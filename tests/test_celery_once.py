@@ -110,6 +110,11 @@ class TestOutsideAWorker:
 
         assert direct(21) == 42
 
+    @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "60", None])
+    def test_it_refuses_a_stale_time_that_is_not_positive_seconds_when_it_decorates(self, bad):
+        with pytest.raises(ValueError, match=rf"^once: stale_after must be .* got {bad!r}$"):
+            once(stale_after=bad)
+
     def test_it_keeps_the_tasks_signature(self):
         @once(database="sqlite://")
         def body(a: int, *, b: str = "x") -> str:

@@ -41,6 +41,11 @@ class TestDecorator:
         with pytest.raises(TypeError, match=r"^once: .*export is async; once runs sync actors"):
             once(export)
 
+    @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "60", None])
+    def test_it_refuses_a_stale_time_that_is_not_positive_seconds_when_it_decorates(self, bad):
+        with pytest.raises(ValueError, match=rf"^once: stale_after must be .* got {bad!r}$"):
+            once(stale_after=bad)
+
     def test_a_call_without_a_current_message_names_the_middleware_to_add(self):
         @once
         def export() -> None: ...

@@ -1,14 +1,18 @@
-"""The outbox under faults, with real processes: ``cronjob run`` replicas SIGKILLed between
-a send and its mark, Redis cut off for 20 s behind a proxy (Redis itself is never
-stopped), and an ``rq worker`` killed inside a ``once`` body. Every instant that had a
-round is delivered, no id twice except after a kill between send and mark, nothing left
-unsent once the broker is back.
+"""The outbox under faults, with real processes, for each task system: RQ on Redis,
+Celery and Dramatiq on RabbitMQ with publisher confirms. ``cronjob run`` replicas
+SIGKILLed between a send and its mark, the broker cut off for 20 s behind a proxy (the
+broker itself is never stopped), and a worker killed inside a ``once`` body. Every
+instant that had a round is delivered, no id twice except after a kill between send and
+mark, nothing left unsent once the broker is back.
 
-Run this file alone (``pytest tests/faults/test_outbox_faults.py``): it restarts no
-database server."""
+The scenarios are the same for every target; the outbox's statements are the same for
+every target too, so RQ runs on the three databases and Celery and Dramatiq on one each
+(PostgreSQL, MariaDB). Run this file alone (``pytest tests/faults/test_outbox_faults.py``):
+it restarts no database server."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -21,20 +25,29 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from rq.job import JobStatus
 
 import lease
-from tests._process import Watched, watched
+from tests._process import Watched, in_session, watched
 from tests._proxy import Proxy
-
-rq = pytest.importorskip("rq")
-redis = pytest.importorskip("redis")
+from tests.faults._outbox_targets import RQ, Celery, Dramatiq, Fleet, Target
 
 pytestmark = pytest.mark.faults
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: (target, database) of each run of a scenario.
+CASES = [
+    pytest.param(("rq", "sqlite"), id="rq-sqlite"),
+    pytest.param(("rq", "postgres"), id="rq-postgres", marks=pytest.mark.postgres),
+    pytest.param(("rq", "mysql"), id="rq-mysql", marks=pytest.mark.mysql),
+    pytest.param(("celery", "postgres"), id="celery-postgres", marks=pytest.mark.postgres),
+    pytest.param(("dramatiq", "mysql"), id="dramatiq-mysql", marks=pytest.mark.mysql),
+]
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -45,13 +58,28 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture(params=CASES)
+def case(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
-def queue(redis_url: str) -> Iterator[rq.Queue]:
-    connection = redis.Redis.from_url(redis_url)
-    queue = rq.Queue(f"cronjob-fault-{uuid.uuid4().hex[:12]}", connection=connection)
-    yield queue
-    queue.empty()
-    connection.close()
+def db_url(case: tuple[str, str], request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue(f"{case[1]}_url")
+    return url
+
+
+@pytest.fixture
+def target(case: tuple[str, str], request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The case's task system, on a queue of the test's own."""
+    name = case[0]
+    made = (
+        RQ(request.getfixturevalue("redis_url"))
+        if name == "rq"
+        else {"celery": Celery, "dramatiq": Dramatiq}[name]()
+    )
+    yield made
+    made.close()
 
 
 def rows(url: str) -> list[dict[str, object]]:
@@ -64,55 +92,50 @@ def rows(url: str) -> list[dict[str, object]]:
         engine.dispose()
 
 
-def queued(queue: rq.Queue) -> list[str]:
-    """Every id pushed on the queue, duplicates kept (nobody consumes it here)."""
-    return [i.decode() for i in queue.connection.lrange(queue.key, 0, -1)]
-
-
-def replica(stack: ExitStack, db_url: str, queue: rq.Queue, port: int, **env: str) -> Watched:
+def replica(stack: ExitStack, db_url: str, target: Target, port: int, **env: str) -> Watched:
     argv = [sys.executable, "-m", "cronjob", "run", "--database-url", db_url]
-    environ = {
-        "OUTBOX_QUEUE": queue.name,
-        "OUTBOX_REDIS_PORT": str(port),
-        "PYTHONPATH": str(REPO),
-        **env,
-    }
+    environ = {**target.env(port), "PYTHONPATH": str(REPO), **env}
     run = stack.enter_context(watched([*argv, "tests.faults.jobs_outbox"], cwd=REPO, env=environ))
     assert run.started.wait(60), run.output
     return run
 
 
-def test_a_replica_killed_between_send_and_mark_republishes_the_same_id_once(
-    db_url, queue, tmp_path
-):
+def sent_after(run: Watched, occurrence_id: str) -> bool:
+    """Whether ``run`` announced a send after its own send of ``occurrence_id``."""
+    return "outbox-sent" in run.output.partition(f"outbox-sent {occurrence_id}")[2]
+
+
+def test_a_replica_killed_between_send_and_mark_republishes_the_same_id_once(db_url, target):
     lease.migrate(lease.create_engine(db_url))
     with ExitStack() as stack:
-        victim = replica(stack, db_url, queue, 6379, OUTBOX_PAUSE_AFTER_SEND="3")
-        other = replica(stack, db_url, queue, 6379)
+        victim = replica(stack, db_url, target, target.port, OUTBOX_PAUSE_AFTER_SEND="3")
+        other = replica(stack, db_url, target, target.port)
         before = victim.output.count("outbox-sent")
         # A send just announced: the victim waits 3 s before its mark. Kill it there.
         wait_for(lambda: victim.output.count("outbox-sent") > before, 60, "a send")
         victim.process.send_signal(signal.SIGKILL)
         killed_id = victim.output.split("outbox-sent ")[-1].split()[0]
-        time.sleep(40)  # the victim's lease expires, its row's hold passes, a sweep runs
+        # The other replica sends it again (its sweep, once the row's hold has passed),
+        # then runs a round of its own: by then the victim's lease has expired, and the
+        # round the kill cut short has been given up or run again, finding it sent.
+        wait_for(lambda: sent_after(other, killed_id), 60, "a round after the resend")
         wait_for(lambda: all(r["sent_ms"] is not None for r in rows(db_url)), 60, "all sent")
         assert other.process.poll() is None
     recorded = rows(db_url)
-    ids = queued(queue)
-    counts = Counter(ids)
-    assert {r["id"] for r in recorded} <= set(ids)  # every recorded instant delivered
+    counts = Counter(target.ids())
+    assert {r["id"] for r in recorded} <= set(counts)  # every recorded instant delivered
     assert counts[killed_id] == 2  # sent, killed before the mark, sent again: same id
     assert [i for i, n in counts.items() if n > 1] == [killed_id]
 
 
-def test_redis_cut_off_for_20s_loses_no_instant(db_url, queue, tmp_path):
+def test_the_broker_cut_off_for_20s_loses_no_instant(db_url, target):
     lease.migrate(lease.create_engine(db_url))
-    proxy = Proxy(("127.0.0.1", 6379))
+    proxy = Proxy(("127.0.0.1", target.port))
     try:
         with ExitStack() as stack:
-            replica(stack, db_url, queue, proxy.port)
-            replica(stack, db_url, queue, proxy.port)
-            wait_for(lambda: len(queued(queue)) >= 2, 60, "the first sends")
+            replica(stack, db_url, target, proxy.port)
+            replica(stack, db_url, target, proxy.port)
+            wait_for(lambda: target.count() >= 2, 60, "the first sends")
             proxy.cut()
             time.sleep(20)
             unsent = [r for r in rows(db_url) if r["sent_ms"] is None]
@@ -120,7 +143,7 @@ def test_redis_cut_off_for_20s_loses_no_instant(db_url, queue, tmp_path):
             proxy.restore()
             wait_for(lambda: all(r["sent_ms"] is not None for r in rows(db_url)), 120, "all sent")
         recorded = rows(db_url)
-        counts = Counter(queued(queue))
+        counts = Counter(target.ids())
         assert {r["id"] for r in recorded} == set(counts)
         # A duplicate only from a send cut in flight (its reply lost): never a clean one.
         tried = {r["id"] for r in recorded if r["tries"]}
@@ -132,9 +155,15 @@ def test_redis_cut_off_for_20s_loses_no_instant(db_url, queue, tmp_path):
         proxy.close()
 
 
-def test_a_worker_killed_in_a_once_body_runs_it_after_the_stale_time(
-    db_url, queue, redis_url, tmp_path
+@pytest.mark.parametrize("case", CASES[:3])
+def test_an_rq_worker_killed_in_a_once_body_runs_it_after_the_stale_time(
+    db_url, target, redis_url, tmp_path
 ):
+    """RQ never delivers a killed worker's job again by itself: the test plays the replica
+    that republishes it (the same job id), within the stale time and after it."""
+    assert isinstance(target, RQ)
+    queue = target.rq_queue
+    occ = f"occ-{uuid.uuid4().hex[:12]}"  # job ids are Redis-wide: one per test
     engine = lease.create_engine(db_url)
     lease.migrate(engine)
     out = tmp_path / "out.jsonl"
@@ -145,34 +174,95 @@ def test_a_worker_killed_in_a_once_body_runs_it_after_the_stale_time(
         "CRONJOB_DATABASE_URL": db_url,
     }
     argv = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, queue.name]
-    # An id of the test's own: RQ keeps the job at rq:job:<id> whatever its queue, and
-    # another run's queue.empty() would delete it (the worker then skips it).
-    occ = f"occ-{uuid.uuid4().hex[:12]}"
-    queue.enqueue_call(
-        "tests.rq_tasks.counted_stale", args=("k",), kwargs={"sleep": 60}, job_id=occ
-    )
-    worker = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+
+    def deliver(**kwargs: float) -> JobStatus | None:
+        """Enqueue the job (the first time, or a replica's republish: the same id) and wait
+        for the worker to be done with it."""
+        job = queue.enqueue_call("tests.rq_tasks.counted_stale", ("k",), kwargs, job_id=occ)
+        done = (JobStatus.FINISHED, JobStatus.FAILED)
+        wait_for(lambda: job.get_status(refresh=True) in done, 60, "the worker")
+        return job.get_status()
+
+    def bodies() -> list[object]:
+        return [json.loads(line)["body"] for line in out.read_text().splitlines()]
+
+    queue.enqueue_call("tests.rq_tasks.counted_stale", ("k",), {"sleep": 60}, job_id=occ)
+    worker = in_session(argv, cwd=REPO, env=env, output=tmp_path / "w1.out")
     try:
         wait_for(lambda: out.exists() and occ in out.read_text(), 60, "the body to start")
+        started = time.monotonic()  # at or after the body's start
+        # The body runs in RQ's work horse, a fork in a process group of its own: killing
+        # the worker's group alone would leave it to finish the body (and mark it done).
+        os.kill(json.loads(out.read_text().splitlines()[0])["pid"], signal.SIGKILL)
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
-    burst = [*argv, "--burst"]
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
-    subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
-    bodies = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(bodies) == 1  # within the stale time: busy, not run
-    time.sleep(15)  # past counted_stale's stale_after
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
-    subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
-    queue.enqueue_call("tests.rq_tasks.counted_stale", args=("k",), job_id=occ)
-    subprocess.run(burst, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
-    bodies = [json.loads(line) for line in out.read_text().splitlines()]
+        _kill_group(worker)
+    # One worker for the deliveries that follow (an `rq worker --burst` often takes 60 s
+    # to exit: its pubsub thread waits that long).
+    worker = in_session(argv, cwd=REPO, env=env, output=tmp_path / "w2.out")
+    try:
+        assert deliver() == JobStatus.FAILED  # OccurrenceBusy: within the stale time
+        assert bodies() == [occ]
+        time.sleep(max(0.0, started + 15.5 - time.monotonic()))  # counted_stale's stale_after
+        assert deliver() == JobStatus.FINISHED
+        assert deliver() == JobStatus.FINISHED
+    finally:
+        _kill_group(worker)
+    assert bodies() == [occ, occ]  # the dead one, then once more
+
+
+#: The ``once`` task's stale time in the fleet scenario: past the broker's redelivery of
+#: a killed worker's message (well under a second) by a wide margin.
+STALE_AFTER = 6.0
+
+
+@pytest.mark.parametrize("case", CASES[3:])
+def test_a_worker_killed_in_a_once_body_is_redelivered_and_run_after_the_stale_time(
+    db_url, target, tmp_path
+):
+    """Two workers on the queue; the one that runs the body is SIGKILLed in it. RabbitMQ
+    gives its unacknowledged message to the other: busy (the body is on record as
+    running) until the stale time has passed, retried by the task system, then run; a
+    republish of the same id after that runs nothing."""
+    assert isinstance(target, Fleet)
+    lease.migrate(lease.create_engine(db_url))
+    log, marker, occ = target.log(tmp_path), str(tmp_path / "first-run"), str(uuid.uuid4())
+
+    def lines(key: str) -> list[dict[str, Any]]:
+        found = log.read_text().splitlines() if log.exists() else []
+        return [line for line in map(json.loads, found) if key in line]
+
+    workers = []
+    with ExitStack() as stack:
+        for n in (1, 2):
+            argv, env = target.worker(tmp_path, n, db_url, STALE_AFTER)
+            workers.append(in_session(argv, cwd=REPO, env=env, output=tmp_path / f"w{n}.out"))
+            stack.callback(_kill_group, workers[-1])
+        wait_for(lambda: target.consumers() == 2, 60, "both workers to consume")
+        target.publish(occ, marker)
+        wait_for(lambda: lines("body"), 60, "the body to start")
+        first = lines("body")[0]
+        # The body runs in the worker's process (Celery's solo pool) or a child of it
+        # (Dramatiq's worker process): its process group is the worker's.
+        killed = next(w for w in workers if os.getpgid(int(first["pid"])) == w.pid)
+        _kill_group(killed)
+        wait_for(lambda: len(lines("body")) == 2, 60, "the body to run again")
+        survivor = next(w for w in workers if w is not killed)
+        assert survivor.poll() is None
+        target.publish(occ, marker)  # a replica's republish, after a kill between send and mark
+        wait_for(
+            lambda: any(d["outcome"] == "done" for d in lines("delivery")), 60, "the republish"
+        )
+    bodies, deliveries = lines("body"), lines("delivery")
     assert [b["body"] for b in bodies] == [occ, occ]  # the dead one, then once more
+    assert bodies[1]["at"] >= bodies[0]["at"] + STALE_AFTER - 0.5  # not before the stale time
+    outcomes = [d["outcome"] for d in deliveries]
+    assert outcomes[0] == "busy"  # the broker's redelivery found it running
+    assert outcomes == ["busy"] * (len(outcomes) - 2) + ["ran", "done"]
+    assert {d["delivery"] for d in deliveries} == {occ}
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL ``process`` and the children of its session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

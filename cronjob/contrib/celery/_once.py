@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
-from .._once import run_once
+from .._once import STALE_AFTER, run_once
 
 __all__ = ["once"]
 
@@ -20,12 +20,16 @@ def once(fn: Callable[P, T], /) -> Callable[P, T | None]: ...
 
 @overload
 def once(
-    fn: None = None, /, *, database: str | None = None
+    fn: None = None, /, *, database: str | None = None, stale_after: float = STALE_AFTER
 ) -> Callable[[Callable[P, T]], Callable[P, T | None]]: ...
 
 
 def once(
-    fn: Callable[P, T] | None = None, /, *, database: str | None = None
+    fn: Callable[P, T] | None = None,
+    /,
+    *,
+    database: str | None = None,
+    stale_after: float = STALE_AFTER,
 ) -> Callable[P, T | None] | Callable[[Callable[P, T]], Callable[P, T | None]]:
     """Make a Celery task's body run once per task id, however often it is delivered.
 
@@ -39,13 +43,24 @@ def once(
     the occurrence id) and runs the body through ``cronjob.contrib._once.run_once``: an
     insert-if-new in the lease database, so a second delivery of the same id returns
     ``None`` without running the body; a body that raised is not marked done, and runs
-    again on a redelivery. Called outside a worker (no request id), the body just runs.
+    again on a redelivery. A worker killed in the body leaves it *running*: a delivery
+    within ``stale_after`` seconds of its start raises
+    `cronjob.contrib.OccurrenceBusy` (give the task
+    ``autoretry_for=(OccurrenceBusy,)`` and ``acks_late=True`` so that Celery tries it
+    again), one after that runs it. Called outside a worker (no request id), the body
+    just runs.
 
     Args:
         fn: The task function (the bare ``@once`` form).
         database: The lease database's URL; ``None`` reads ``$CRONJOB_DATABASE_URL``
             (as ``cronjob run`` does).
+        stale_after: Seconds after which a body still marked running is taken to be
+            dead and may run again (an hour by default): longer than the body takes.
+
+    Raises:
+        ValueError: ``stale_after`` is not a number of seconds > 0 (at decoration).
     """
+    _check_stale_after(stale_after)
 
     def decorate(body: Callable[P, T]) -> Callable[P, T | None]:
         @functools.wraps(body)
@@ -61,6 +76,7 @@ def once(
                 str(task.name),
                 lambda: body(*args, **kwargs),
                 database=database,
+                stale_after=stale_after,
             )
 
         return wrapper
@@ -68,6 +84,11 @@ def once(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _check_stale_after(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"once: stale_after must be a number of seconds > 0, got {value!r}")
 
 
 def _task_id(task: Any) -> str | None:

@@ -9,7 +9,7 @@ from typing import ParamSpec, TypeVar, overload
 
 from dramatiq.middleware import CurrentMessage
 
-from .._once import run_once
+from .._once import STALE_AFTER, run_once
 
 __all__ = ["once"]
 
@@ -22,11 +22,17 @@ def once(fn: Callable[P, T], /) -> Callable[P, T | None]: ...
 
 
 @overload
-def once(*, database: str | None = None) -> Callable[[Callable[P, T]], Callable[P, T | None]]: ...
+def once(
+    *, database: str | None = None, stale_after: float = STALE_AFTER
+) -> Callable[[Callable[P, T]], Callable[P, T | None]]: ...
 
 
 def once(
-    fn: Callable[P, T] | None = None, /, *, database: str | None = None
+    fn: Callable[P, T] | None = None,
+    /,
+    *,
+    database: str | None = None,
+    stale_after: float = STALE_AFTER,
 ) -> Callable[P, T | None] | Callable[[Callable[P, T]], Callable[P, T | None]]:
     """Run an actor's body once per message id: ``@dramatiq.actor`` over ``@once``.
 
@@ -50,12 +56,22 @@ def once(
     Args:
         fn: The actor's function (sync; async actors are refused).
         database: The lease database's URL; ``None``: ``$CRONJOB_DATABASE_URL``.
+        stale_after: Seconds after which a body still marked running is taken to be
+            dead and may run again (an hour by default): longer than the body takes.
 
     Raises:
         TypeError: ``fn`` is a coroutine function (at decoration).
+        ValueError: ``stale_after`` is not a number of seconds > 0 (at decoration).
         RuntimeError: (at a call) no current message: the broker lacks `CurrentMessage`,
             or the function was called outside a worker.
     """
+
+    if (
+        isinstance(stale_after, bool)
+        or not isinstance(stale_after, int | float)
+        or not stale_after > 0
+    ):
+        raise ValueError(f"once: stale_after must be a number of seconds > 0, got {stale_after!r}")
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T | None]:
         if inspect.iscoroutinefunction(fn):
@@ -77,6 +93,7 @@ def once(
                 message.actor_name,
                 functools.partial(fn, *args, **kwargs),
                 database=database,
+                stale_after=stale_after,
             )
             return result
 
