@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -53,18 +54,32 @@ def unique(stem: str) -> str:
 
 
 def work(queue: rq.Queue, redis_url: str, out: Path, db_url: str | None = None) -> None:
-    """Run a real ``rq worker`` in burst mode: it runs every job queued, then ends."""
+    """Run a real ``rq worker`` in burst mode: it runs every job queued, then ends.
+
+    Once it says it is done it is killed: its exit joins a Redis pub/sub thread that at
+    times waits out its whole 60 s poll (seen under ``-n 3``), after the work is done."""
     env = {**os.environ, "CRONJOB_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
     if db_url is not None:
         env["CRONJOB_DATABASE_URL"] = db_url
-    subprocess.run(
-        [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url, queue.name],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+    log = out.with_name(f"{out.stem}-worker-{uuid.uuid4().hex[:8]}.log")
+    with log.open("wb") as sink:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url, queue.name],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    try:
+        while worker.poll() is None and b"done, quitting" not in log.read_bytes():
+            assert time.monotonic() < deadline, f"rq worker not done: {log.read_text()[-2000:]}"
+            time.sleep(0.05)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(15)
+    assert worker.returncode in (0, -9), log.read_text()[-2000:]
 
 
 def lines(out: Path) -> list[dict[str, object]]:
