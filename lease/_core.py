@@ -55,7 +55,8 @@ DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 _WATCHERS: dict[str, list[Callable[[LeaseWrite], None]]] = {}
 _WATCH_LOCK = threading.Lock()
 #: A lock per database (its URL) for the writes of held rows by name and token (renewals,
-#: batches of ends, give-backs) of every store of this process: see `_held_rows`.
+#: batches of ends, give-backs) of every store of this process: see
+#: `_StoreCore._held_rows_transaction`.
 _HELD_ROWS: dict[str, threading.RLock] = {}
 
 
