@@ -204,7 +204,9 @@ class _Ends(_StoreCore):
         history rows of the ends it wrote, and of no other (on PostgreSQL in the UPDATE's
         statement, see ``_ending``: a batch of one group is one statement; elsewhere one
         INSERT after it); with more than one UPDATE, a ``SELECT ... FOR UPDATE`` first locks
-        the batch's rows in name order, the order a renewal locks them in. None for an empty
+        the batch's rows in name order, the order ``pause --all`` locks them in (this
+        process's renewals wait for the transaction: see ``_held_rows_transaction``).
+        None for an empty
         ``ends``. An end with ``retrying`` (an attempt followed by another, see
         [Ending][lease.Ending]) keeps its lease: the row stays ``running``, its attempt
         becomes 2, and its history row is added. An end with ``holding`` (a round whose job
@@ -244,9 +246,19 @@ class _Ends(_StoreCore):
         released: set[tuple[str, int]] = set()
         now = self._now()
         later: list[dict[str, Any]] = []  # the history rows to insert (not on PostgreSQL)
-        # Several UPDATEs whose names interleave, in one transaction: no renewal of this
-        # process runs meanwhile (see _held_rows_transaction).
+        # No renewal of this process runs meanwhile (see _held_rows_transaction).
         with translate_errors(action), self._held_rows_transaction() as conn:
+            if len(groups) > 1 and self._engine.dialect.name != "sqlite":
+                # Several UPDATEs whose names interleave: every row of the batch locked
+                # first, in name order, as `pause --all` locks them and as a claim of
+                # expired rows on MariaDB reads them; else a cycle with either.
+                batch = self._pair_in([(end.name, end.token) for end in endings])
+                conn.execute(
+                    sa.select(_t.c.name)
+                    .where(batch, _is_running())
+                    .order_by(_t.c.name)
+                    .with_for_update()
+                ).close()
             for (ended_s, word, retrying, holding), group in groups.items():
                 pairs = [(end.name, end.token) for end in group]
                 mine = self._pair_in(pairs)

@@ -525,12 +525,11 @@ class TestGiveBackAndFinish:
         ]
         with statements(migrated_engine, keep=lambda s: "cronjob_" in s) as sent:
             assert store.finish_many(ends) == {(c.name, c.token) for c in claims}
-        # Two groups (succeeded, failed): one UPDATE each, no lock of the rows before
-        # them (the process takes such writes one at a time), and the history's INSERT:
-        # on PostgreSQL each group's rows carried by its UPDATE, elsewhere one statement.
+        # Two groups (succeeded, failed): one UPDATE each, after the batch's lock of its
+        # rows in name order (not on SQLite), and the history's INSERT: on PostgreSQL
+        # each group's rows carried by its UPDATE, elsewhere one statement of its own.
         dialect = migrated_engine.dialect.name
-        assert len(sent) == {"postgresql": 2, "sqlite": 3, "mysql": 3}[dialect]
-        assert not any("FOR UPDATE" in s for s in sent)
+        assert len(sent) == {"postgresql": 3, "sqlite": 3, "mysql": 4}[dialect]
         inserts = [s for s in sent if "INSERT INTO cronjob_round" in s]
         assert len(inserts) == (2 if dialect == "postgresql" else 1)
         assert all(("UPDATE cronjob_lease" in s) == (dialect == "postgresql") for s in inserts)

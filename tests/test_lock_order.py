@@ -199,9 +199,8 @@ def test_on_mariadb_renewals_and_ends_read_the_rows_along_the_primary_key(mysql_
     access path, not the list: the renewals' and the ends' UPDATEs read the table along
     its primary key (a range over it, or a scan of it), for a few rows as for every row,
     in the order the claims of every replica lock too (a claim meets them on a row whose
-    lease expired). No lock of the batch's rows comes before them: the process takes
-    them one at a time. An index added to the lease table that one of them would use
-    instead fails here."""
+    lease expired), and so does the lock of a batch's rows in several groups. An index
+    added to the lease table that one of them would use instead fails here."""
     engine = lease.create_engine(mysql_url)
     lease.migrate(engine)
     store = lease.LeaseStore(engine, claim_ahead=None)
@@ -230,8 +229,8 @@ def test_on_mariadb_renewals_and_ends_read_the_rows_along_the_primary_key(mysql_
                 store.finish_many(ends[::-1])
             finally:
                 sa.event.remove(engine, "before_cursor_execute", keep)
-        # Each round: the renewal, one UPDATE per end second.
-        assert len(sent) == 6 and not any("FOR UPDATE" in text for text, _ in sent)
+        # Each round: the renewal, the batch's lock, one UPDATE per end second.
+        assert len(sent) == 8 and sum("FOR UPDATE" in text for text, _ in sent) == 2
         with engine.connect() as conn:
             for statement, parameters in sent:
                 for row in conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings():
@@ -331,3 +330,62 @@ def test_only_mariadbs_deadlock_counts_as_a_deadlock():
     assert not is_deadlock(sa.exc.OperationalError("UPDATE", {}, timeout))
     assert not is_deadlock(None)
     assert not is_deadlock(ValueError("1213"))
+
+
+def test_a_pause_of_every_job_beside_a_batch_of_ends_in_two_groups_does_not_deadlock(
+    server_store,
+):
+    """``pause --all`` from another process locks every row in name order. A batch of
+    ends in two groups whose names interleave (c in the first, b in the second) must
+    lock its rows in that order too, before its first UPDATE: held between the batch's
+    first UPDATE and its second, the pause waits for c holding a and b, and a batch that
+    went on to lock b would close the cycle."""
+    store = server_store
+    names = ["a", "b", "c", "d"]
+    store.ensure(names)
+    batch = store.claim_batch(names, START + timedelta(minutes=1), "r1")
+    ended = START + timedelta(minutes=1)
+    ends = [
+        ("c", batch.token, ended + timedelta(seconds=1)),
+        ("b", batch.token, ended + timedelta(seconds=2)),
+    ]
+    first_update, go_on = threading.Event(), threading.Event()
+
+    def hold_after_the_first_update(conn, cursor, statement, *rest):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("UPDATE") and not first_update.is_set():
+            first_update.set()
+            go_on.wait(5)
+
+    engine = store.engine
+    admin_engine = lease.create_engine(engine.url, pool_size=1)
+    admin = lease.LeaseStore(admin_engine, claim_ahead=None)
+    outcomes: dict[str, Any] = {}
+
+    def finish() -> None:
+        try:
+            outcomes["finish"] = store.finish_many(ends)
+        except lease.DatabaseUnavailable as exc:
+            outcomes["finish"] = exc
+
+    def pause() -> None:
+        try:
+            outcomes["pause"] = admin.set_paused(None, paused=True, by="op")
+        except lease.DatabaseUnavailable as exc:
+            outcomes["pause"] = exc
+
+    sa.event.listen(engine, "after_cursor_execute", hold_after_the_first_update)
+    try:
+        finisher = threading.Thread(target=finish)
+        finisher.start()
+        assert first_update.wait(5)
+        pauser = threading.Thread(target=pause)
+        pauser.start()
+        time.sleep(0.5)  # the pause is waiting for a row lock by now
+        go_on.set()
+        finisher.join(30)
+        pauser.join(30)
+    finally:
+        sa.event.remove(engine, "after_cursor_execute", hold_after_the_first_update)
+        admin_engine.dispose()
+    assert outcomes["finish"] == {("b", batch.token), ("c", batch.token)}
+    assert sorted(outcomes["pause"]) == names

@@ -202,13 +202,15 @@ class TestSpreading:
                 clock=clock, store=None, control=None, replica_id=replica, jobs={}
             )  # type: ignore[arg-type]
             peers[replica].view = view
-        firsts = set()
-        for second in range(6):
-            instant = at(seconds=second)
-            after = {r: p.rest_after(instant) for r, p in peers.items()}
-            assert sorted(after.values()) == [timedelta(seconds=GRACE * n) for n in (1, 2, 3)]
-            firsts.add(min(after, key=after.__getitem__))
-        assert firsts == set(view)
+        for step in (timedelta(seconds=1), timedelta(minutes=1), timedelta(hours=1)):
+            # Instants a minute or an hour apart too: their seconds are multiples of 3.
+            firsts = set()
+            for n in range(12):
+                instant = at(seconds=0) + n * step
+                after = {r: p.rest_after(instant) for r, p in peers.items()}
+                assert sorted(after.values()) == [timedelta(seconds=GRACE * k) for k in (1, 2, 3)]
+                firsts.add(min(after, key=after.__getitem__))
+            assert firsts == set(view), step
 
     @pytest.mark.parametrize("leave", ["crash", "drain"])
     def test_a_dead_or_draining_replicas_share_is_taken_in_the_same_instant(

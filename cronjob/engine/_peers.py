@@ -6,7 +6,7 @@ in one claim each, as before):
 
 1. **Its share, at the instant.** The jobs due are put in one order every replica agrees
    on (their names' order), and dealt out in turn to the live replicas (sorted by id),
-   starting at a replica that moves on with each instant: every replica gets
+   starting at a replica drawn from a hash of the instant: every replica gets
    ``J // R`` or ``J // R + 1`` of them, at every instant.
 2. **The rest, after a grace** (`GRACE`, on the scheduler's clock, times the replica's
    turn at that instant: see `rest_after`). Whatever a replica that is slow, draining,
@@ -51,6 +51,7 @@ Dispatcher thread only; the read runs on the control thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -296,7 +297,7 @@ class Peers:
         # Every replica deals the jobs in this order: their names'.
         ordered = sorted(states, key=_name)
         count = len(view)
-        first = int(instant.timestamp()) % count
+        first = _first(instant, count)
         me = view.index(self._replica_id)
         mine: list[JobState] = []
         rest: list[JobState] = []
@@ -309,7 +310,7 @@ class Peers:
         one plus its turn, which goes round the view with the instants (the replica that
         deals the first job of ``instant`` looks first)."""
         view = self.view
-        turn = (view.index(self._replica_id) - int(instant.timestamp())) % len(view)
+        turn = (view.index(self._replica_id) - _first(instant, len(view))) % len(view)
         return _GRACE * (1 + turn)
 
     def claimed_share(
@@ -358,6 +359,15 @@ def _after_claims(when: datetime) -> datetime:
     """
     at = when.replace(microsecond=0) + _GRACE
     return at if at >= when else at + _SECOND
+
+
+def _first(instant: datetime, count: int) -> int:
+    """The replica (its place in a view of ``count``) that deals the first job of
+    ``instant`` and looks first for its rest: a hash of the instant, so that it goes round
+    at instants a minute or an hour apart too (their seconds are multiples of the view's
+    size more often than not)."""
+    digest = hashlib.blake2b(str(int(instant.timestamp())).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
 
 
 def _name(state: JobState) -> str:

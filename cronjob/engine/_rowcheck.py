@@ -12,9 +12,11 @@ back, and a replica whose clock is far off the database's says so.
   replica claims its share after the others took it as the rest: all were won by
   others. Reading every such row each minute on every replica (or, before, every row)
   was most of what the table read per instant then. So each check reads at most
-  `CHECK_MAX` of the names, a different draw each minute (a hash of the check's number
-  and the name). A gone row is missed by every claim of its job on every replica, so it
-  is among the names every minute and drawn within a few minutes at worst.
+  `CHECK_MAX` of the names, a different draw each minute and on each replica (a hash of
+  the replica, the check's number and the name). A gone row is missed by every claim of
+  its job on every replica: a job due every minute is among the names every minute and
+  drawn within minutes; one due hourly, at its instants only, and may wait for the
+  hourly check of every row.
 - **Clock**: every minute, this replica's clock against the database's; 2 s off is logged
   as an error (`lease.CLAIM_AHEAD_LIMIT`).
 
@@ -23,8 +25,8 @@ Dispatcher thread only; statements run on the control thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import zlib
 from collections.abc import Iterable, Mapping
 
 import lease
@@ -61,12 +63,15 @@ class RowCheck:
         control: Control,
         names: Mapping[str, None],
         states: Mapping[str, JobState],
+        salt: str = "",
     ) -> None:
         self._clock = clock
         self._store = store
         self._control = control
         self._names = names
         self._states = states
+        #: Mixed into each draw: replicas started together draw different names.
+        self._salt = salt
         #: When the next check is due, and the next check of every row (monotonic); None
         #: until the database is ready.
         self._check_at: float | None = None
@@ -108,7 +113,8 @@ class RowCheck:
             names = list(self._names)
             self._full_at = mono + FULL_CHECK_EVERY
         else:
-            names = _draw([name for name in self._suspects if name in self._names], self._count)
+            suspects = [name for name in self._suspects if name in self._names]
+            names = _draw(suspects, f"{self._salt}:{self._count}")
         self._count += 1
         self._suspects = set()
         clock, store, states = self._clock, self._store, self._states
@@ -155,10 +161,15 @@ class RowCheck:
         self._control.run(check, done)
 
 
-def _draw(names: list[str], count: int) -> list[str]:
+def _draw(names: list[str], salt: str) -> list[str]:
     """``names`` if they are `CHECK_MAX` or fewer, else `CHECK_MAX` of them, by a hash of
-    ``count`` and each name: another draw at each check, the same on every run."""
+    ``salt`` (the replica and the check's number) and each name: another draw at each
+    check and on each replica, the same on every run."""
     if len(names) <= CHECK_MAX:
         return names
-    salt = f"{count}:".encode()
-    return sorted(names, key=lambda name: zlib.crc32(salt + name.encode()))[:CHECK_MAX]
+    prefix = f"{salt}:".encode()
+
+    def rank(name: str) -> bytes:
+        return hashlib.blake2b(prefix + name.encode(), digest_size=8).digest()
+
+    return sorted(names, key=rank)[:CHECK_MAX]

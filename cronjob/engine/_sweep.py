@@ -102,7 +102,12 @@ class Sweeper:
         self._again = False  # sweep again at once: a backfill's round ended meanwhile
         #: The check of the lease rows and the clock (it rides on the sweep's wake-ups).
         self._rows = RowCheck(
-            clock=clock, store=store, control=control, names=self._names, states=dispatcher.states
+            clock=clock,
+            store=store,
+            control=control,
+            names=self._names,
+            states=dispatcher.states,
+            salt=replica_id,
         )
         # Idle sweeps skipped on an in-process clock: the leases of these names told held
         # (name -> (token, expires_ms)), give-backs seen, whether the sweep waits for
