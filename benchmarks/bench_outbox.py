@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,8 @@ PERIOD = 6
 WARM_UP = 8.0
 #: Seconds after the window's end the run waits for the window's late publications.
 GRACE = 15.0
+#: What starts the line on stderr that says the window opened (then its start and end).
+WINDOW = "bench_outbox window"
 
 
 class Plain:
@@ -112,6 +115,7 @@ def _run(
         time.sleep(max(0.0, start - time.time()))
         before, cpu0, threads0 = counts.snapshot(), time.process_time(), _thread_cpu()
         load0 = os.getloadavg()
+        print(WINDOW, start, end, file=sys.stderr, flush=True)
         time.sleep(max(0.0, end - time.time()))
         after, cpu1, threads1 = counts.snapshot(), time.process_time(), _thread_cpu()
         load1 = os.getloadavg()
