@@ -4,7 +4,8 @@ round.
 
 Run: ``python -m benchmarks.bench_outbox [--database-url URL] [--redis-url URL]
 [--amqp-url URL] [--targets rq,celery-amqp,celery-redis,dramatiq-amqp]
-[--per-minute 1000,10000] [--seconds 42] [--repeat 1] [--no-plain] [--max-workers N]``.
+[--per-minute 1000,10000] [--seconds 42] [--repeat 1] [--no-plain] [--max-workers N]
+[--pool-size N]``.
 
 One replica (``cronjob.Scheduler`` on the system clock) runs J jobs every 6 s (J x 10
 instants a minute), each handing its instant to a queue of the run's own through the
@@ -96,11 +97,13 @@ def _run(
     seconds: float,
     fn: Callable[[Any], None],
     max_workers: int | None,
+    pool_size: int | None,
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``fn`` through a window of whole instants after a warm-up;
     what the engine sent in the window, the window, the CPU and the load."""
     url, drop = fresh_database(database_url)
-    engine = lease.create_engine(url)
+    pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": 0}
+    engine = lease.create_engine(url, **pool)
     counts = Counts(engine)
     registry = cronjob.Registry()
     for i in range(jobs):
@@ -188,14 +191,14 @@ def measure(
     jobs = per_minute // 10
     if name == "plain":
         plain = Plain()
-        run = _run(database_url, jobs, args.seconds, plain, args.max_workers)
+        run = _run(database_url, jobs, args.seconds, plain, args.max_workers, args.pool_size)
         row = _phases(run, jobs, plain.rounds, None)
     else:
         made = target(name, redis_url=args.redis_url, amqp_url=args.amqp_url)
         timed = Timed(made.publisher)
         fn = TimedHandoff(timed, retry_within=1)
         try:
-            run = _run(database_url, jobs, args.seconds, fn, args.max_workers)
+            run = _run(database_url, jobs, args.seconds, fn, args.max_workers, args.pool_size)
         finally:
             made.cleanup()
         row = _phases(run, jobs, fn.rounds, timed.sends)
@@ -205,6 +208,7 @@ def measure(
         "per_minute": per_minute,
         "jobs": jobs,
         "max_workers": args.max_workers or 64,
+        "pool_size": args.pool_size or "5+10",
         **row,
         "window_s": run["end"] - run["start"],
         "cpu_s": run["cpu_s"],
@@ -227,6 +231,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-plain", action="store_true", help="skip the plain rounds")
     parser.add_argument("--max-workers", type=int, default=None)
+    parser.add_argument(
+        "--pool-size", type=int, default=None, help="the engine's pool (no overflow); default 5+10"
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.targets.split(",") if n]
     for name in names:

@@ -1,8 +1,9 @@
 """Where an outbox round's wall time goes: `bench_outbox` under py-spy, summarised.
 
 Run: ``python -m benchmarks.profile_outbox [--target rq] [--per-minute 10000]
-[--seconds 42] [--rate 50] [--max-workers N] [--keep DIR]`` (needs ``py-spy``, installed
-from PyPI in the virtualenv: ``pip install py-spy``; not a dependency of the project).
+[--seconds 42] [--rate 50] [--max-workers N] [--pool-size N] [--keep DIR]`` (needs
+``py-spy``, installed from PyPI in the virtualenv: ``pip install py-spy``; not a
+dependency of the project).
 
 Runs one `bench_outbox` cell (one target, one rate, no plain run) under two py-spy
 samplers at once, both ``--nonblocking``: one with ``--idle`` (every thread, running or
@@ -34,7 +35,7 @@ from benchmarks.bench_outbox import WINDOW
 PHASES = (
     ("record", "record_publication"),
     ("record", "Round.transaction"),
-    ("record", "_fenced"),
+    ("record", "Fencing.transaction"),
     ("send", ".publish ("),
     ("mark", "_mark ("),
     ("claim", "_claim ("),
@@ -48,7 +49,7 @@ PHASES = (
 #: (state, fragments any of which, in the innermost frames, marks it).
 STATES = (
     ("waiting for a pooled connection", ("_do_get (",)),
-    ("waiting for the database", ("psycopg/waiting", "wait_c", "pymysql/connections")),
+    ("waiting for the database", ("Connection.wait (psycopg", "_read_bytes (pymysql")),
     ("waiting for the broker", ("socket", "recv", "select", "poll", "_read (", "read_response")),
     ("idle (no round to run)", ("_work (", "Event.wait", "sleep (", "Condition.wait")),
 )
@@ -62,7 +63,7 @@ def classify(stack: str) -> tuple[str, str]:
         if phase == "other" and fragment in stack:
             phase = name
             break
-    inner = ";".join(frames[-6:])
+    inner = ";".join(frames[-6:]).replace("site-packages/", "")
     state = "running Python (or waiting for the GIL)"
     for name, fragments in STATES:
         if any(f in inner for f in fragments):
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--seconds", type=float, default=42.0)
     parser.add_argument("--rate", type=int, default=50, help="samples a second")
     parser.add_argument("--max-workers", type=int, default=None)
+    parser.add_argument("--pool-size", type=int, default=None)
     parser.add_argument("--keep", help="keep py-spy's raw files in this directory")
     args = parser.parse_args(argv)
     spy = Path(sys.executable).with_name("py-spy")
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         ]  # fmt: skip
         if args.max_workers:
             bench += ["--max-workers", str(args.max_workers)]
+        if args.pool_size:
+            bench += ["--pool-size", str(args.pool_size)]
         proc = subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         for line in proc.stderr:  # the window opens: sample it, and it alone
