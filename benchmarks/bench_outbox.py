@@ -125,6 +125,15 @@ def _run(
         time.sleep(GRACE)  # the window's late publications
     finally:
         scheduler.stop()
+        with engine.connect() as conn:  # sends refused and retried, rows left unsent
+            retried = conn.execute(
+                sa.text(
+                    "SELECT COUNT(*), COALESCE(SUM(tries), 0) FROM cronjob_outbox WHERE tries > 0"
+                )
+            ).one()
+            unsent = conn.execute(
+                sa.text("SELECT COUNT(*) FROM cronjob_outbox WHERE sent_ms IS NULL")
+            ).scalar()
         engine.dispose()
         drop()
     return {
@@ -136,6 +145,9 @@ def _run(
             k: round(v - threads0.get(k, 0.0), 2) for k, v in sorted(threads1.items())
         },
         "load": [round(x, 2) for x in (*load0, *load1)],
+        "outbox_retried_rows": int(retried[0]),
+        "outbox_failed_tries": int(retried[1]),
+        "outbox_unsent_rows": int(unsent or 0),
     }
 
 
@@ -213,6 +225,9 @@ def measure(
         "window_s": run["end"] - run["start"],
         "cpu_s": run["cpu_s"],
         "threads_cpu_s": run["threads_cpu_s"],
+        "outbox_retried_rows": run["outbox_retried_rows"],
+        "outbox_failed_tries": run["outbox_failed_tries"],
+        "outbox_unsent_rows": run["outbox_unsent_rows"],
         "load": run["load"],
         "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(run["start"])),
     }
