@@ -5,7 +5,7 @@ round.
 Run: ``python -m benchmarks.bench_outbox [--database-url URL] [--redis-url URL]
 [--amqp-url URL] [--targets rq,celery-amqp,celery-redis,dramatiq-amqp]
 [--per-minute 1000,10000] [--seconds 42] [--repeat 1] [--no-plain] [--max-workers N]
-[--pool-size N]``.
+[--pool-size N] [--experiment no-ping,batch-marks]``.
 
 One replica (``cronjob.Scheduler`` on the system clock) runs J jobs every 6 s (J x 10
 instants a minute), each handing its instant to a queue of the run's own through the
@@ -28,6 +28,7 @@ and the process's CPU in the window. Prints a table, writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -41,6 +42,7 @@ import sqlalchemy as sa
 
 import cronjob
 import lease
+from benchmarks._outbox_experiments import EXPERIMENTS, batched_marks, engine_options
 from benchmarks._outbox_targets import TARGETS, Timed, TimedHandoff, fresh_database, target
 from benchmarks.profile_handoff import _thread_cpu
 
@@ -98,19 +100,22 @@ def _run(
     fn: Callable[[Any], None],
     max_workers: int | None,
     pool_size: int | None,
+    experiments: list[str],
 ) -> dict[str, Any]:
     """Run ``jobs`` jobs of ``fn`` through a window of whole instants after a warm-up;
     what the engine sent in the window, the window, the CPU and the load."""
     url, drop = fresh_database(database_url)
     pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": 0}
-    engine = lease.create_engine(url, **pool)
+    engine = lease.create_engine(url, **pool, **engine_options(experiments))
     counts = Counts(engine)
     registry = cronjob.Registry()
     for i in range(jobs):
         registry.register(fn, SPEC, f"bench-{i}")
     options: dict[str, Any] = {} if max_workers is None else {"max_workers": max_workers}
     scheduler = cronjob.Scheduler(engine, registry=registry, replica_id="bench", **options)
+    marks = contextlib.ExitStack()
     try:
+        marks.enter_context(batched_marks(experiments))
         scheduler.start()
         ready = time.time() + WARM_UP
         start = (int(ready) // PERIOD + 1) * PERIOD
@@ -125,6 +130,7 @@ def _run(
         time.sleep(GRACE)  # the window's late publications
     finally:
         scheduler.stop()
+        marks.close()
         with engine.connect() as conn:  # sends refused and retried, rows left unsent
             retried = conn.execute(
                 sa.text(
@@ -203,14 +209,30 @@ def measure(
     jobs = per_minute // 10
     if name == "plain":
         plain = Plain()
-        run = _run(database_url, jobs, args.seconds, plain, args.max_workers, args.pool_size)
+        run = _run(
+            database_url,
+            jobs,
+            args.seconds,
+            plain,
+            args.max_workers,
+            args.pool_size,
+            args.experiments,
+        )
         row = _phases(run, jobs, plain.rounds, None)
     else:
         made = target(name, redis_url=args.redis_url, amqp_url=args.amqp_url)
         timed = Timed(made.publisher)
         fn = TimedHandoff(timed, retry_within=1)
         try:
-            run = _run(database_url, jobs, args.seconds, fn, args.max_workers, args.pool_size)
+            run = _run(
+                database_url,
+                jobs,
+                args.seconds,
+                fn,
+                args.max_workers,
+                args.pool_size,
+                args.experiments,
+            )
         finally:
             made.cleanup()
         row = _phases(run, jobs, fn.rounds, timed.sends)
@@ -221,6 +243,7 @@ def measure(
         "jobs": jobs,
         "max_workers": args.max_workers or 64,
         "pool_size": args.pool_size or "5+10",
+        "experiments": args.experiments,
         **row,
         "window_s": run["end"] - run["start"],
         "cpu_s": run["cpu_s"],
@@ -249,7 +272,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--pool-size", type=int, default=None, help="the engine's pool (no overflow); default 5+10"
     )
+    parser.add_argument(
+        "--experiment",
+        default="",
+        help=f"comma-separated, of {', '.join(EXPERIMENTS)} (see _outbox_experiments)",
+    )
     args = parser.parse_args(argv)
+    args.experiments = [e for e in args.experiment.split(",") if e]
+    for experiment in args.experiments:
+        if experiment not in EXPERIMENTS:
+            parser.error(f"unknown experiment {experiment!r}; they are {', '.join(EXPERIMENTS)}")
     names = [n for n in args.targets.split(",") if n]
     for name in names:
         if name not in TARGETS:

@@ -1,7 +1,7 @@
 """Where an outbox round's wall time goes: `bench_outbox` under py-spy, summarised.
 
 Run: ``python -m benchmarks.profile_outbox [--target rq] [--per-minute 10000]
-[--seconds 42] [--rate 50] [--max-workers N] [--pool-size N] [--keep DIR]`` (needs
+[--seconds 42] [--rate 50] [--max-workers N] [--pool-size N] [--experiment E] [--keep DIR]`` (needs
 ``py-spy``, installed from PyPI in the virtualenv: ``pip install py-spy``; not a
 dependency of the project).
 
@@ -65,6 +65,8 @@ def classify(stack: str) -> tuple[str, str]:
             break
     inner = ";".join(frames[-6:]).replace("site-packages/", "")
     state = "running Python (or waiting for the GIL)"
+    if frames and "CeleryPublisher.publish (" in frames[-1]:  # blocked in its lock (C)
+        return phase, "waiting for the publisher's lock"
     for name, fragments in STATES:
         if any(f in inner for f in fragments):
             state = name
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--rate", type=int, default=50, help="samples a second")
     parser.add_argument("--max-workers", type=int, default=None)
     parser.add_argument("--pool-size", type=int, default=None)
+    parser.add_argument("--experiment", default="", help="passed on to bench_outbox")
     parser.add_argument("--keep", help="keep py-spy's raw files in this directory")
     args = parser.parse_args(argv)
     spy = Path(sys.executable).with_name("py-spy")
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         ]  # fmt: skip
         if args.max_workers:
             bench += ["--max-workers", str(args.max_workers)]
+        if args.experiment:
+            bench += ["--experiment", args.experiment]
         if args.pool_size:
             bench += ["--pool-size", str(args.pool_size)]
         proc = subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
