@@ -174,6 +174,7 @@ def _phases(
         "expected": expected,
         "rounds": len(ran),
         "not_run": expected - len(ran),
+        "wait_p10_s": _pct([rounds[i][1] - instants[i] for i in ran], 0.1),
         "wait_p50_s": _pct([rounds[i][1] - instants[i] for i in ran], 0.5),
         "wait_p99_s": _pct([rounds[i][1] - instants[i] for i in ran], 0.99),
         "rounds_ended_in_window": ended_in_window,
