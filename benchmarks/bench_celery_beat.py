@@ -1,7 +1,8 @@
 """The same every-second schedule through ``celery beat`` and through ``cronjob beat``:
 the duplicates two schedulers send, and the gap when the only one is down.
 
-Run: ``python -m benchmarks.bench_celery_beat [--seconds 30] [--broker redis://...]``.
+Run: ``python -m benchmarks.bench_celery_beat [--seconds 30] [--broker redis://...]
+[--database-url URL]``.
 
 One ``beat_schedule`` entry every second (benchmarks/workers/celery_beat_app.py). A
 consumer on the benchmark's own queue notes each message as it arrives. Scenarios, each
@@ -11,18 +12,22 @@ consumer on the benchmark's own queue notes each message as it arrives. Scenario
 - ``celery beat x2``: two beats (two deployments, or a rollout that overlaps);
 - ``celery beat, down a third``: one beat, stopped for the middle third of the window,
   then started again (a crash and a restart, a node drain);
-- ``cronjob beat x2``: two ``cronjob beat`` replicas on one SQLite file;
+- ``cronjob beat x2``: two ``cronjob beat`` replicas on one SQLite file (or, with
+  ``--database-url``, a fresh schema of that PostgreSQL server, or database of that
+  MariaDB server); each sends through the outbox (record, publish, mark);
 - ``cronjob beat x2, one down a third``: one of the two stopped for the middle third.
 
 Columns: messages; seconds with at least one message (for cronjob: distinct instants,
 read from the ``cronjob_instant`` header); duplicates (beat: messages beyond one in a
 second, since each send has a new id; cronjob: messages beyond one per task id);
-seconds of the window with none (the gap). Writes ``benchmarks/results/celery_beat.json``.
+seconds of the window with none (the gap); the load average at the window's start and
+end. Writes ``benchmarks/results/celery_beat.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from kombu import Connection
+
+from benchmarks._outbox_targets import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "celery_beat.json"
@@ -108,8 +115,7 @@ def celery_beat(workdir: Path, n: int) -> list[str]:
     ]
 
 
-def cronjob_beat(workdir: Path) -> list[str]:
-    database = f"sqlite:///{workdir / 'lease.sqlite'}"
+def cronjob_beat(database: str) -> list[str]:
     return [sys.executable, "-c", CRONJOB_BEAT, "beat", "-A", APP, "--database-url", database]
 
 
@@ -128,7 +134,7 @@ def scenario(
     procs = [launch(a, env) for a in argvs]
     try:
         time.sleep(5)  # start-up: not counted
-        start = time.time()
+        start, load = time.time(), os.getloadavg()
         if down is None:
             time.sleep(seconds)
         else:
@@ -163,6 +169,7 @@ def scenario(
             len(inside) - len(slots) if name.startswith("celery") else len(ids) - len(set(ids))
         ),
         "seconds_without": window - len(slots),
+        "load": [round(x, 2) for x in (*load, *os.getloadavg())],
     }
 
 
@@ -170,19 +177,32 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--database-url", default=None, help="cronjob beat's server (default a SQLite file)"
+    )
     args = parser.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
+        if args.database_url is None:
+            database = f"sqlite:///{work / 'lease.sqlite'}"
+        else:
+            database, drop = fresh_database(args.database_url)
+            stack.callback(drop)
         plans = [
             ("celery beat x1", [celery_beat(work, 1)], None),
             ("celery beat x2", [celery_beat(work, 2), celery_beat(work, 3)], None),
             ("celery beat, down a third", [celery_beat(work, 4)], 0),
-            ("cronjob beat x2", [cronjob_beat(work), cronjob_beat(work)], None),
-            ("cronjob beat x2, one down a third", [cronjob_beat(work), cronjob_beat(work)], 1),
+            ("cronjob beat x2", [cronjob_beat(database), cronjob_beat(database)], None),
+            (
+                "cronjob beat x2, one down a third",
+                [cronjob_beat(database), cronjob_beat(database)],
+                1,
+            ),
         ]
         for name, argvs, down in plans:
             row = scenario(name, args.broker, args.seconds, argvs, down)
+            row["database"] = database.split(":")[0].split("+")[0]
             print(json.dumps(row), flush=True)
             rows.append(row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

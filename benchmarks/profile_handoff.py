@@ -34,7 +34,8 @@ import sqlalchemy as sa
 import cronjob
 import execctx
 from benchmarks._rounds import RoundCounter
-from cronjob.admin._run import _RoundFormatter, freeze_start_up
+from cronjob._logging import RoundFormatter
+from cronjob.admin._run import freeze_start_up
 
 SERVER = os.environ.get(
     "CRONJOB_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432"
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         url = f"{args.server}/test?options=-csearch_path%3D{schema}"
 
     handler = logging.StreamHandler(open(args.log, "w"))  # noqa: SIM115 - lives with the run
-    handler.setFormatter(_RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.setFormatter(RoundFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     execctx.install_log_filter(handler)
     root = logging.getLogger()
     root.addHandler(handler)
