@@ -46,6 +46,10 @@ __all__ = [
 
 log = logging.getLogger("cronjob")
 
+#: How often every replica's outbox sweep runs, and keeps held the rows of sends it gave
+#: up on (the engine's ``SWEEP_EVERY``).
+_SWEEP_EVERY = 15.0
+
 #: Seconds an attempt to send keeps its outbox row from every other retrier (the sweep
 #: of each replica); past them, a replica that died while sending is retried for.
 HOLD_SECONDS: Final = 60.0
@@ -152,6 +156,18 @@ class Handoff:
             raise RegistrationError(
                 f"handoff: send_timeout must be a number of seconds > 0 and below the hold "
                 f"({hold:g}s), got {send_timeout!r}"
+            )
+        if hold - send_timeout <= _SWEEP_EVERY:
+            # The sweep keeps a row held past a send given up on (keep_held), every 15 s:
+            # a hold that ends sooner may let another replica send it while it is in flight.
+            log.warning(
+                "handoff %s: the hold (%gs) is less than the send timeout (%gs) plus the "
+                "sweep's %gs: a send that hangs past its timeout may be sent a second time "
+                "by another replica",
+                target,
+                hold,
+                send_timeout,
+                _SWEEP_EVERY,
             )
         self.publisher = publisher
         self.retry_within = float(retry_within)
