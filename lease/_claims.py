@@ -163,7 +163,9 @@ class _Claims(_StoreCore):
             return ClaimBatch(instant=instant, token=0, names=(), superseded={})
         return self._claim(wanted, epoch, holder, None if due is None else _due_seconds(due))
 
-    def unclaimed(self, instant: datetime, *, limit: int = UNCLAIMED_LIMIT) -> list[str]:
+    def unclaimed(
+        self, instant: datetime, *, limit: int = UNCLAIMED_LIMIT, within: int = UNCLAIMED_WITHIN
+    ) -> list[str]:
         """The names whose row is due at ``instant`` and not claimed for it: ``due_s <=
         instant``, an older recorded instant, a free lease, not paused — what the claims
         of ``instant`` left. One query, carrying no names, over the index on ``due_s``: it
@@ -171,21 +173,30 @@ class _Claims(_StoreCore):
 
         A row whose ``due_s`` is NULL (an older release wrote it, and no replica of this
         one has registered or claimed it since) is never returned, nor one due more than
-        `UNCLAIMED_WITHIN` before ``instant`` (no claim in a day: a removed job's
-        row; a start's `ensure` moves a registered job's due on). At most ``limit``
-        names, lowest ``due_s`` first: a result of ``limit`` names may have left some out.
+        ``within`` seconds before ``instant`` (`UNCLAIMED_WITHIN`, a day: no claim in a day
+        is a removed job's row; a start's `ensure` moves a registered job's due on). At
+        most ``limit`` names, lowest ``due_s`` first: a result of ``limit`` names may have
+        left some out.
+
+        The query walks the index on ``due_s`` from ``instant - within`` to ``instant``,
+        and with it the entries that claims left behind in that range until the table is
+        vacuumed (every claim moves a row's ``due_s``): a few seconds' worth is cheap
+        where a day's, on a server that never vacuums, is millions (see the engine's
+        ``Peers.rest_within``).
 
         Raises:
             ValueError: ``instant`` is not an aware datetime with whole seconds, or
-                ``limit`` is not positive.
+                ``limit`` or ``within`` is not positive.
         """
         epoch = _instant_seconds(instant)
         if not _is_int(limit) or limit < 1:
             raise ValueError(f"limit must be a positive whole number, not {limit!r}")
+        if not _is_int(within) or within < 1:
+            raise ValueError(f"within must be a positive whole number of seconds, not {within!r}")
         now_ms = self._clock_ms()
         params: dict[str, Any] = {
             "check_epoch": epoch,
-            "check_since": epoch - UNCLAIMED_WITHIN,
+            "check_since": epoch - within,
             "check_limit": limit,
         }
         if now_ms is not None:

@@ -139,6 +139,19 @@ class TestUnclaimed:
         assert store.unclaimed(T1) == ["edge"]  # exactly a day: still found
         assert store.unclaimed(T1 + timedelta(seconds=1)) == []
 
+    def test_within_bounds_how_far_back_it_looks(self, store):
+        """The engine's look at most instants reaches a few seconds back: a row due
+        longer ago (it missed earlier instants) is left to its look of a day."""
+        store.ensure(
+            ["now", "ten-ago", "a-minute-ago"],
+            due={"now": T1, "ten-ago": T1 - timedelta(seconds=10), "a-minute-ago": T0},
+        )
+        assert sorted(store.unclaimed(T1, within=10)) == ["now", "ten-ago"]
+        assert sorted(store.unclaimed(T1)) == ["a-minute-ago", "now", "ten-ago"]
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match=r"^within must be a positive whole number"):
+                store.unclaimed(T1, within=bad)
+
     def test_the_query_carries_no_name_whatever_the_number_of_rows(self, store):
         names = [f"job-{i:04d}" for i in range(300)]
         store.ensure(names, due=dict.fromkeys(names, T1))

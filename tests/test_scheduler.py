@@ -22,7 +22,7 @@ from conftest import DATABASES, PGBOUNCER, lease_row
 import cronjob
 import lease
 from cronjob import Registry, Scheduler
-from cronjob.engine._peers import GRACE, Peers
+from cronjob.engine._peers import GRACE, REST_RECENT, Peers
 from cronjob.testing import FakeClock, crash
 from tests._helpers import JobBodies, statements
 
@@ -211,6 +211,16 @@ class TestSpreading:
                 assert sorted(after.values()) == [timedelta(seconds=GRACE * k) for k in (1, 2, 3)]
                 firsts.add(min(after, key=after.__getitem__))
             assert firsts == set(view), step
+
+    def test_the_look_for_the_rest_reaches_a_day_back_once_a_minute(self, clock):
+        """Most looks reach REST_RECENT seconds back; one a minute reaches a whole day,
+        for rows that missed earlier instants."""
+        peers = Peers(clock=clock, store=None, control=None, replica_id="a", jobs={})  # type: ignore[arg-type]
+        reach = [peers.rest_within(at(seconds=s)) for s in range(0, 121)]
+        wide = [s for s, within in enumerate(reach) if within == lease.UNCLAIMED_WITHIN]
+        assert wide == [0, 60, 120]
+        assert set(reach) == {lease.UNCLAIMED_WITHIN, REST_RECENT}
+        assert peers.rest_within(at(seconds=5)) == lease.UNCLAIMED_WITHIN  # a clock set back
 
     @pytest.mark.parametrize("leave", ["crash", "drain"])
     def test_a_dead_or_draining_replicas_share_is_taken_in_the_same_instant(

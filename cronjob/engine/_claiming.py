@@ -408,16 +408,16 @@ class Claims:
         work: Callable[[], lease.ClaimBatch]
         if rest:
             jobs = {state.job.name: state.job for state in states}
+            within = self._peers.rest_within(instant)
 
             def work() -> lease.ClaimBatch:
-                found = store.unclaimed(instant)
+                found = store.unclaimed(instant, within=within)
                 asked = names
                 if len(found) < lease.UNCLAIMED_LIMIT:
                     asked = [name for name in found if name in jobs]
                     if not asked:
                         return lease.ClaimBatch(instant=instant, token=0, names=(), superseded={})
-                # Off the dispatcher's thread: a schedule made of data may change meanwhile
-                # (a whole Job swapped in), and either answer is one of its schedules.
+                # Off the dispatcher's thread: a data schedule may change (a Job swapped in).
                 due = {name: jobs[name].schedule.next(instant) for name in asked}
                 return store.claim_batch(asked, instant, holder, due=due)
 

@@ -63,7 +63,7 @@ from ._control import Control
 from ._lead import LEAD_MAX
 from ._state import JobState
 
-__all__ = ["GRACE", "Peers"]
+__all__ = ["GRACE", "Peers", "REST_RECENT", "REST_WIDE_EVERY"]
 
 log = logging.getLogger("cronjob")
 
@@ -91,6 +91,11 @@ RECHECK_MAX = timedelta(minutes=5)
 #: A replica put on record (``cronjob_replica``, by its sweep every 15 s and at start)
 #: within this long is counted as alive, unless suspected, even before it wins a claim.
 RECORD_WITHIN = timedelta(seconds=60)
+#: Seconds of ``due_s`` a look for an instant's rest reaches back, but for one look a
+#: `REST_WIDE_EVERY` (see `Peers.rest_within`).
+REST_RECENT = 10
+#: How often (in instants' time) a replica's look for the rest reaches back a whole day.
+REST_WIDE_EVERY = timedelta(minutes=1)
 #: A replica that claimed no instant within this long is not counted as alive.
 SEEN_WITHIN = timedelta(days=1)
 #: A read after the first reads the holders of the claims at the instant it checks and
@@ -162,6 +167,8 @@ class Peers:
         self._may_share = len(jobs) >= SPREAD_FROM * 2
         #: The last claim of this replica's share won none of it.
         self._unseen = False
+        #: The instant of the last look for a rest that reached back a day.
+        self._wide_at: datetime | None = None
 
     def set_count(self, leased: int) -> None:
         """This replica now runs ``leased`` leased jobs (schedules made of data came or
@@ -304,6 +311,22 @@ class Peers:
         for i, state in enumerate(ordered):
             (mine if (first + i) % count == me else rest).append(state)
         return mine, rest
+
+    def rest_within(self, instant: datetime) -> int:
+        """How far back (seconds of ``due_s``) this replica's look for the rest of
+        ``instant`` reaches: `REST_RECENT`, and once every `REST_WIDE_EVERY` of instants
+        the whole `lease.UNCLAIMED_WITHIN` (a day).
+
+        A row is due at an instant with ``due_s`` equal to it, unless it missed earlier
+        instants (every look of theirs failed: the database was out): the wide look finds
+        those within a minute. Each claim leaves an entry behind in the index on
+        ``due_s`` until the table is vacuumed; a look over a day walked them all at every
+        instant on every replica (62 % of a core on a server with autovacuum off)."""
+        wide = self._wide_at
+        if wide is None or instant >= wide + REST_WIDE_EVERY or instant < wide:
+            self._wide_at = instant
+            return lease.UNCLAIMED_WITHIN
+        return REST_RECENT
 
     def rest_after(self, instant: datetime) -> timedelta:
         """How long after ``instant`` this replica looks for the rest of it: `GRACE` times
