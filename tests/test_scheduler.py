@@ -353,9 +353,12 @@ class TestClaimLead:
         assert schedulers[runner].drain()
         clock.advance(0.3)
         (then,) = [r for r in recorder.rounds if r.name == "long" and r.instant == instant]
-        # Shares alternate each second: the other replica's, whose claim found it held.
+        # The other replica runs it: in its share, its claim found the lease held and it
+        # claims it again one grace later; in the runner's, which drained, the other's
+        # look for the rest takes it at its turn (one or two graces). Plus the 40 ms claim.
         assert then.replica != runner
-        assert (then.started, then.attempt) == (instant + timedelta(seconds=0.14), 1)  # + 40 ms
+        assert then.attempt == 1
+        assert then.started - instant in (timedelta(seconds=0.14), timedelta(seconds=0.24))
         pairs = [(r.name, r.instant) for r in recorder.rounds]
         assert len(pairs) == len(set(pairs))
 

@@ -195,12 +195,12 @@ class Claims:
         bisect.insort(self._rest, rest, key=lambda r: r.at)
 
     def _claim_later(self, instant: datetime, lost: list[JobState]) -> bool:
-        """Add ``lost`` (jobs of this replica's share whose claim, sent ahead of
-        ``instant``, did not win them) to the rest of ``instant``: a lease still held
-        by the round before, ending before the instant, is free by then. ``False`` if
-        that claim has gone out already (the others' claims covered them then)."""
+        """Claim ``lost`` (jobs of this replica's share whose claim, sent ahead of
+        ``instant``, did not win them) one grace after ``instant``, whatever this replica's
+        turn for the rest: a lease still held by the round before is free by then.
+        ``False`` if that claim has gone out already (the others' covered them then)."""
         for rest in self._rest:
-            if rest.instant == instant and not rest.whole and not rest.deferred:
+            if rest.instant == instant and rest.at == instant + _GRACE and not rest.deferred:
                 rest.states.extend(lost)
                 return True
         if instant + _GRACE <= self._clock.now():
