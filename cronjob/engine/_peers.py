@@ -13,10 +13,11 @@ in one claim each, as before):
    saturated or dead left unclaimed is taken by the others: the claim condition lets
    each instant be claimed once, so the first to claim a job wins it and the rest find
    it taken. The replicas look one after the other, a grace apart, the first in turn
-   changing with each instant: the first takes what was left, and the others' look (one
-   read of the index on ``due_s``) finds nothing, instead of every replica reading the
-   same rows left at the same moment and racing for them. A replica alone in its view
-   sends only the first claim.
+   drawn from a hash of the instant: the first takes what was left, and the others'
+   look (one read of the index on ``due_s``, over its last `REST_RECENT` seconds but once
+   a minute) finds nothing, instead of every replica reading the same rows left at the
+   same moment and racing for them. A replica alone in its view sends only the first
+   claim.
 
 Who is alive is learned from the lease table and the replicas' record: the replicas on
 record within `RECORD_WITHIN` that run a job of ours (each one's sweep records it at
@@ -330,8 +331,8 @@ class Peers:
 
     def rest_after(self, instant: datetime) -> timedelta:
         """How long after ``instant`` this replica looks for the rest of it: `GRACE` times
-        one plus its turn, which goes round the view with the instants (the replica that
-        deals the first job of ``instant`` looks first)."""
+        one plus its turn, which goes round the view with a hash of the instants (the
+        replica that deals the first job of ``instant`` looks first)."""
         view = self.view
         turn = (view.index(self._replica_id) - _first(instant, len(view))) % len(view)
         return _GRACE * (1 + turn)
