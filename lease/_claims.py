@@ -173,32 +173,24 @@ class _Claims(_StoreCore):
 
         A row whose ``due_s`` is NULL (an older release wrote it, and no replica of this
         one has registered or claimed it since) is never returned, nor one due more than
-        ``within`` seconds before ``instant`` (`UNCLAIMED_WITHIN`, a day: no claim in a day
-        is a removed job's row; a start's `ensure` moves a registered job's due on). At
-        most ``limit`` names, lowest ``due_s`` first: a result of ``limit`` names may have
-        left some out.
+        ``within`` seconds before ``instant`` (`UNCLAIMED_WITHIN`, a day: a removed job's
+        row; a start's `ensure` moves a registered job's due on). At most ``limit`` names,
+        lowest ``due_s`` first: a result of ``limit`` names may have left some out.
 
-        The query walks the index on ``due_s`` from ``instant - within`` to ``instant``,
-        and with it the entries that claims left behind in that range until the table is
-        vacuumed (every claim moves a row's ``due_s``): a few seconds' worth is cheap
-        where a day's, on a server that never vacuums, is millions (see the engine's
-        ``Peers.rest_within``).
+        It walks ``due_s``'s index from ``instant - within``, and the entries claims left
+        there until a vacuum: keep ``within`` short (the engine's ``rest_within``).
 
         Raises:
-            ValueError: ``instant`` is not an aware datetime with whole seconds, or
-                ``limit`` or ``within`` is not positive.
+            ValueError: ``instant`` is not aware with whole seconds, ``limit`` or ``within``
+                not positive.
         """
         epoch = _instant_seconds(instant)
-        if not _is_int(limit) or limit < 1:
-            raise ValueError(f"limit must be a positive whole number, not {limit!r}")
-        if not _is_int(within) or within < 1:
-            raise ValueError(f"within must be a positive whole number of seconds, not {within!r}")
+        for key, value in (("limit", limit), ("within", within)):
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{key} must be a positive whole number, not {value!r}")
         now_ms = self._clock_ms()
-        params: dict[str, Any] = {
-            "check_epoch": epoch,
-            "check_since": epoch - within,
-            "check_limit": limit,
-        }
+        params: dict[str, Any] = {"check_epoch": epoch, "check_limit": limit}
+        params["check_since"] = epoch - within
         if now_ms is not None:
             params["check_now"] = now_ms
         stmt = self._unclaimed_statement(given_clock=now_ms is not None)
