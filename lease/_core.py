@@ -271,10 +271,11 @@ class _StoreCore:
         thread's renewal and the finisher's ends, on the same rows in two orders,
         deadlocked (seen at 10,000 jobs): the server killed one. They were made to lock
         in name order first (a ``SELECT ... ORDER BY name FOR UPDATE``, then the write),
-        which read every row twice. One at a time they never wait for each other; other
-        processes' statements never write these rows by their token, so nothing else
-        meets them there (a claim takes a row only once it is free). The wait is one
-        statement's time (the ends of a batch, a renewal), within the statement timeout.
+        which read every row twice. One at a time they never wait for each other. Other
+        processes meet these rows only through `pause --all` and claims of expired rows,
+        which lock in name order (or the primary key's): a batch of several UPDATEs locks
+        its rows in that order first (``finish_many``). The wait is one statement's time
+        (the ends of a batch, a renewal), within the statement timeout.
         """
         with self._held_rows, self._transaction() as conn:
             yield conn
