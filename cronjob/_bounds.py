@@ -10,9 +10,16 @@ from typing import Any
 
 from ._schedule import Schedule, parse
 
-__all__ = ["Bounded", "OneOff", "at_spec", "timing"]
+__all__ = ["EARLIEST_INSTANT", "LATEST_INSTANT", "Bounded", "OneOff", "at_spec", "timing"]
 
 _TICK = timedelta(microseconds=1)
+#: The first instant a schedule made of data may name (``at``, ``start``, ``end``).
+EARLIEST_INSTANT = datetime(1000, 1, 1, tzinfo=UTC)
+#: The first instant past those a schedule made of data may name. Between the two, an
+#: instant plus or minus the longest duration an option holds (`MAX_DURATION`: 100
+#: years) stays within `datetime`'s range, years 1 to 9999, and so does its reading on
+#: any zone's wall clock.
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def at_spec(at: datetime) -> str:

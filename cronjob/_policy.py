@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_CATCH_UP_WINDOW",
     "DEFAULT_POLICY",
     "DEFAULT_RETRY_BACKOFF",
+    "MAX_DURATION",
     "RETRY_BACKOFF_CAP",
     "CatchUp",
     "FailureHook",
@@ -55,6 +56,10 @@ Seconds = float | int | timedelta
 
 #: How far back catch-up looks when ``catch_up_window`` is not given: one day.
 DEFAULT_CATCH_UP_WINDOW: Final = timedelta(days=1)
+#: The longest duration an option may hold: 100 years. The scheduler adds durations to
+#: instants and takes them from instants; one longer than this could leave `datetime`'s
+#: range (years 1 to 9999), and is "never" or a mistake either way.
+MAX_DURATION: Final = timedelta(days=36_500)
 
 
 class Overlap(enum.StrEnum):
@@ -293,14 +298,15 @@ def make_policy(name: str, *, leased: bool, options: PolicyOptions) -> Policy:
     Raises:
         RegistrationError: an unknown option, or a value that cannot be honoured: a
             duration that is not a positive finite number of seconds or a positive
-            ``timedelta``; ``retries`` not a whole number ≥ 0; ``pause_after_failures``
-            not a whole number ≥ 1, or given for a per-instance job (it has no state
-            shared by the replicas to pause); ``on_failure`` or ``on_success`` not
-            callable; ``isolation`` neither ``"thread"`` nor ``"process"``; ``overlap``
-            or ``catch_up`` not one of its values (a string or the member of `Overlap`,
-            `CatchUp`); ``catch_up`` or ``catch_up_window`` given for a per-instance job
-            (it keeps no record of the instants it missed); ``heartbeat`` not an ``http``
-            or ``https`` URL with a host.
+            ``timedelta``, or one longer than `MAX_DURATION`; ``retries`` not a whole
+            number ≥ 0; ``pause_after_failures`` not a whole number ≥ 1, or given for a
+            per-instance job (it has no state shared by the replicas to pause);
+            ``on_failure`` or ``on_success`` not callable; ``isolation`` neither
+            ``"thread"`` nor ``"process"``; ``overlap`` or ``catch_up`` not one of its
+            values (a string or the member of `Overlap`, `CatchUp`); ``catch_up`` or
+            ``catch_up_window`` given for a per-instance job (it keeps no record of the
+            instants it missed); ``heartbeat`` not an ``http`` or ``https`` URL with a
+            host and a port within 0-65535.
     """
     unknown = sorted(set(options) - set(PolicyOptions.__annotations__))
     if unknown:
@@ -382,20 +388,30 @@ def check_hook(hook: object) -> FailureHook | None:
 
 
 def _duration(name: str, option: str, value: object) -> timedelta | None:
-    """A positive duration from seconds or a ``timedelta``; ``None`` stays ``None``."""
+    """A positive duration from seconds or a ``timedelta``, at most `MAX_DURATION`;
+    ``None`` stays ``None``."""
     if value is None:
         return None
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range: longer than any limit
+            seconds = float(MAX_DURATION.days * 86_400 + 1)
     else:
         raise RegistrationError(
             f"job {name!r}: {option} must be seconds (a number) or a timedelta, got {value!r}"
         )
     if not math.isfinite(seconds) or seconds <= 0:
         raise RegistrationError(f"job {name!r}: {option} must be positive, got {value!r}")
-    return timedelta(seconds=seconds)
+    if seconds > MAX_DURATION.total_seconds():
+        # Checked before timedelta(seconds=...), which overflows past 999,999,999 days.
+        raise RegistrationError(
+            f"job {name!r}: {option} must be at most {MAX_DURATION.days} days "
+            f"(100 years), got {value!r}"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def _count(name: str, option: str, value: object, *, low: int) -> int | None:
@@ -433,6 +449,7 @@ def _heartbeat(name: str, value: object) -> str | None:
     try:
         parts = urllib.parse.urlsplit(value)
         host = parts.hostname
+        _ = parts.port  # a port past 65535 is refused now, not at the first ping
     except ValueError as exc:  # a malformed port, an unbalanced bracket
         raise RegistrationError(f"job {name!r}: heartbeat {value!r} is not a URL: {exc}") from exc
     if parts.scheme not in ("http", "https") or not host:

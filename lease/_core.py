@@ -17,6 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect, Engine
 
+from ._dbkey import database_key
 from ._engine import SQLITE_BEGIN_OPTION, behind_transaction_pooler
 from ._exceptions import translate_errors
 from ._schema import (
@@ -70,6 +71,13 @@ def _tell_key(key: str, write: LeaseWrite) -> None:
         watcher(write)
 
 
+def _tell_url(url: str | sa.URL, write: LeaseWrite) -> None:
+    """`_tell_key` for the database ``url`` reaches: its key is made only while this
+    process watches some database (it may look a host name up)."""
+    if any(_WATCHERS.values()):
+        _tell_key(database_key(url), write)
+
+
 #: The furthest, in seconds, an instant may lie past the lease clock's now to be claimed.
 #: Replicas' clocks must agree to within a schedule's granularity (the seed); one running
 #: further ahead than this would claim instants the others have not reached yet, and
@@ -117,7 +125,7 @@ class _StoreCore:
         #: in each transaction, never on a session (see _transaction).
         self._pooled = behind_transaction_pooler(engine)
         # Who else writes this database in this process (see watch): the URL names it.
-        self._key = engine.url.render_as_string(hide_password=True)
+        self._key = database_key(engine.url)
         with _WATCH_LOCK:
             self._held_rows = _HELD_ROWS.setdefault(self._key, threading.RLock())
         self._clock = clock

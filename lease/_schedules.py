@@ -31,7 +31,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import RowMapping
 
-from ._core import _tell_key
+from ._core import _tell_url
 from ._dialect import _db_now_ms
 from ._exceptions import translate_errors
 from ._rows import LeaseWrite, WriteKind
@@ -207,8 +207,7 @@ def tell_schedules_changed(url: str | sa.URL) -> None:
     """Tell this process's watchers of the database at ``url`` (`LeaseStore.watch`) that
     schedules changed: for a writer whose commit SQLAlchemy does not see (a framework's
     own transaction), once it committed."""
-    key = sa.make_url(url).render_as_string(hide_password=True)
-    _tell_key(key, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
+    _tell_url(url, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
 
 
 def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:

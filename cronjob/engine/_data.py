@@ -12,7 +12,8 @@ that follows waits for that commit (a locking read of the counter).
 What a change does, as the dispatcher applies it:
 
 - **Added**: scheduled from the first instant after it is seen (a one-off whose instant
-  passed within the day is claimed at once, as catch-up).
+  passed is claimed at once, as catch-up, if its policy catches up and its instant lies
+  within its ``catch_up_window``; else it is done).
 - **Changed**: the new schedule governs from the first instant after it is seen; the old
   one's instants are not caught up. A round in flight ends as it began; its end schedules
   the new schedule's next instant.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import lease
@@ -35,6 +36,7 @@ import lease
 from .._bounds import OneOff, timing
 from .._clock import Clock
 from .._exceptions import ScheduleError
+from .._policy import CatchUp
 from .._registry import Job, Task
 from ..schedules._policies import with_own
 from ._control import Control
@@ -51,8 +53,6 @@ log = logging.getLogger("cronjob")
 #: Seconds between two reads of the change counter: a committed change is applied
 #: within this long (plus one read).
 POLL_EVERY = 1.0
-#: A one-off schedule whose instant passed unclaimed this recently runs once when seen.
-ONE_OFF_HORIZON = timedelta(days=1)
 
 _Read = tuple[int, list[lease.ScheduleRow]]
 #: How many dropped schedules' tasks are kept for the ends of their last rounds.
@@ -295,9 +295,17 @@ class DataSchedules:
             return  # its round's end schedules the new schedule's next instant
         schedule = state.job.schedule
         if isinstance(schedule, OneOff) and schedule.at <= now:
-            if now - schedule.at <= ONE_OFF_HORIZON:
+            # Its one instant passed: owed as any missed instant is, by its catch-up policy.
+            policy = state.job.policy
+            if policy.catch_up is not CatchUp.NONE and now - schedule.at <= policy.catch_up_window:
                 dispatcher.take(state)
                 dispatcher.claims.claim(schedule.at, [state], reason=Reason.CATCH_UP)
+            else:
+                log.info(
+                    "schedule %r: its instant %s passed, not caught up: done",
+                    state.job.name,
+                    schedule.at.isoformat(),
+                )
             return
         dispatcher.schedule_after(state, now)
 

@@ -21,6 +21,7 @@ from .._exceptions import RegistrationError
 from .._policy import CatchUp, Overlap
 from .._registry import Registry, _check_name, default_registry
 from ._check import New, checked
+from ._conflict import refusing_overtaken
 from ._policies import OWN_POLICIES, own_of
 
 __all__ = [
@@ -172,6 +173,15 @@ def _write(
         raise RegistrationError(f"schedule {clash[0]!r}: the id is a registered job's name")
     if not rows:
         return 0
+    with refusing_overtaken(ids[0]):
+        return _write_checked(conn, rows, paused, if_exists)
+
+
+def _write_checked(
+    conn: Connection, rows: builtins.list[lease.ScheduleRow], paused: set[str], if_exists: str
+) -> int:
+    """`_write` once the ids are known to be free of jobs' names and given once each."""
+    ids = [row.id for row in rows]
     # The counter's row locked first: changes of schedules commit in the counter's order,
     # and what is checked below stays so until this transaction ends. Raised only once
     # nothing is refused, so a refusal leaves the counter as it was.
@@ -198,7 +208,9 @@ def _write(
     # redeployed. One replaced with the same timing (an upsert at each start) is not.
     revived = {row.id for row in again if taken[row.id]}
     ids = [row.id for row in again]
-    found = lease.read_schedules(conn, ids=ids, removed=True) if ids else []
+    # A locking read: the rows as last committed, as ``taken`` saw them (a snapshot taken
+    # before another writer added one of them would not have it).
+    found = lease.read_schedules(conn, ids=ids, removed=True, lock=True) if ids else []
     before = {row.id: row for row in found}
     moved = [
         row
@@ -341,7 +353,7 @@ def update(
     """
     if not _storable(id):
         return False
-    with _begin(db) as conn:
+    with _begin(db) as conn, refusing_overtaken(id):
         lease.bump_schedule_rev(conn, by=0)  # locked: see _write
         found = lease.read_schedules(conn, ids=[id], lock=True)
         if not found:
@@ -393,7 +405,7 @@ def remove(db: Database, id: str) -> bool:
     any). Returns whether it was on record."""
     if not _storable(id):
         return False
-    with _begin(db) as conn:
+    with _begin(db) as conn, refusing_overtaken(id):
         lease.bump_schedule_rev(conn, by=0)  # locked: see _write
         if lease.taken_schedule_ids(conn, [id], lock=True).get(id) is not False:
             return False  # none, or a tombstone

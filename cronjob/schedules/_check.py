@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import lease
 
-from .._bounds import timing
+from .._bounds import EARLIEST_INSTANT, LATEST_INSTANT, timing
 from .._exceptions import RegistrationError, ScheduleError
 from .._policy import CatchUp, Overlap
 from .._registry import Registry, _check_name
@@ -61,7 +61,17 @@ def _aware(id_: str, what: str, value: object) -> datetime | None:
             f"schedule {id_!r}: {what} {value.isoformat()} is naive; give it a zone "
             "(datetime(..., tzinfo=UTC))"
         )
-    return value.astimezone(UTC)
+    try:
+        instant = value.astimezone(UTC)
+    except OverflowError:  # datetime.max west of UTC, datetime.min east of it
+        instant = None
+    if instant is None or not EARLIEST_INSTANT <= instant < LATEST_INSTANT:
+        raise ScheduleError(
+            f"schedule {id_!r}: {what} {value.isoformat()} lies outside the instants a "
+            f"schedule may name, from {EARLIEST_INSTANT.isoformat()} to before "
+            f"{LATEST_INSTANT.isoformat()}"
+        )
+    return instant
 
 
 def args_json(id_: str, args: object) -> str:
@@ -71,8 +81,13 @@ def args_json(id_: str, args: object) -> str:
         raise RegistrationError(f"schedule {id_!r}: args must be a dict, got {type(args).__name__}")
     try:
         text = json.dumps(args, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        same = json.loads(text) == args  # recursion-bound too
     except (TypeError, ValueError) as exc:
         raise RegistrationError(f"schedule {id_!r}: args are not JSON: {exc}") from exc
+    except RecursionError as exc:  # nested deeper than the interpreter recurses
+        raise RegistrationError(
+            f"schedule {id_!r}: args are nested too deep to encode as JSON"
+        ) from exc
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_ARGS_BYTES:
         raise RegistrationError(
@@ -81,7 +96,7 @@ def args_json(id_: str, args: object) -> str:
     problem = lease.unstorable(text)
     if problem is not None:
         raise RegistrationError(f"schedule {id_!r}: args {problem}")
-    if json.loads(text) != args:
+    if not same:
         # json.dumps turns keys 1 and None into "1" and "null", tuples into lists: the
         # round would see other args than were given.
         raise RegistrationError(
