@@ -28,12 +28,14 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
+from sqlalchemy.dialects import postgresql
 
 from ._exceptions import translate_errors
 from ._schema import ERROR_LENGTH, once_table, outbox_table
 
 __all__ = [
     "ONCE_DONE",
+    "NAMES_PER_STATEMENT",
     "ONCE_RUNNING",
     "OutboxRow",
     "OutboxSummary",
@@ -53,6 +55,10 @@ __all__ = [
 ONCE_RUNNING: Final = "running"
 #: ``cronjob_once.state`` of a body that ran to its end: never run again.
 ONCE_DONE: Final = "done"
+
+#: The most names one statement of `due_publications` carries where they are bound one
+#: parameter each (SQLite, MariaDB): well below every driver's limit.
+NAMES_PER_STATEMENT: Final = 10_000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _o = outbox_table
@@ -208,21 +214,35 @@ def due_publications(
     conn: Connection, *, now_ms: int, limit: int, names: Collection[str] | None = None
 ) -> list[OutboxRow]:
     """The unsent publications whose next try time has come (at or before ``now_ms``),
-    the longest due first, at most ``limit``: one statement, whatever the names.
+    the longest due first, at most ``limit``.
 
     Args:
         names: Only the publications of these lease names (those the caller can send):
             rows nobody here can send never fill the ``limit`` ahead of those it can.
-            ``None``: every name.
+            ``None``: every name. Any number of names: on PostgreSQL they travel as one
+            array parameter (one statement); elsewhere in statements of at most
+            `NAMES_PER_STATEMENT` names each, whose rows are merged, so a statement never
+            carries more parameters than a driver binds (PostgreSQL's 65,535).
     """
     query = sa.select(_o).where(_o.c.sent_ms.is_(None), _o.c.next_try_ms <= now_ms)
-    if names is not None:
-        if not names:
-            return []
-        query = query.where(_o.c.name.in_(sorted(names)))
+    order = (_o.c.next_try_ms, _o.c.id)
     with translate_errors("read the unsent publications"):
-        rows = conn.execute(query.order_by(_o.c.next_try_ms, _o.c.id).limit(limit)).mappings()
-        return [_row(found) for found in rows]
+        if names is None:
+            rows = conn.execute(query.order_by(*order).limit(limit)).mappings()
+            return [_row(found) for found in rows]
+        listed = sorted(set(names))
+        if conn.dialect.name == "postgresql":
+            array = sa.bindparam("names", listed, type_=postgresql.ARRAY(sa.String()))
+            among = query.where(_o.c.name.in_(sa.select(sa.func.unnest(array))))
+            rows = conn.execute(among.order_by(*order).limit(limit)).mappings()
+            return [_row(found) for found in rows]
+        found: list[OutboxRow] = []
+        for start in range(0, len(listed), NAMES_PER_STATEMENT):
+            chunk = listed[start : start + NAMES_PER_STATEMENT]
+            among = query.where(_o.c.name.in_(chunk)).order_by(*order).limit(limit)
+            found.extend(_row(row) for row in conn.execute(among).mappings())
+    found.sort(key=lambda row: (row.next_try_ms, row.id))
+    return found[:limit]
 
 
 def defer_publications(
