@@ -127,9 +127,13 @@ class Handoff:
         send_timeout: Seconds one send waits for the broker's answer, below ``hold``.
         leased_only: ``True``: registration refuses it as a per-instance job, which every
             replica would run, each publishing the instant once more.
+        isolatable: ``False``: registration refuses it with ``isolation="process"``. It
+            holds its publisher's thread and the sends it gave up on, which are this
+            replica's: a child process could neither import it by name nor share them.
     """
 
     leased_only = True
+    isolatable = False
 
     def __init__(
         self,
