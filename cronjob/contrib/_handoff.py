@@ -228,6 +228,8 @@ class Handoff:
                 payload={"headers": headers, "publisher": self.publisher.describe()},
                 now_ms=now,
                 hold_ms=hold,
+                # A schedule's task: its publisher sends the row once the schedule is gone.
+                task=ctx.task if ctx.task != ctx.name else None,
             )
         if row.sent_ms is not None:
             log.info("job %r: occurrence %s was sent already", ctx.name, occurrence.id)
