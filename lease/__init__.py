@@ -68,10 +68,12 @@ from ._outbox import defer_publications as defer_publications
 from ._outbox import due_publications as due_publications
 from ._outbox import finish_once as finish_once
 from ._outbox import mark_published as mark_published
+from ._outbox import orphaned_publications as orphaned_publications
 from ._outbox import outbox_summary as outbox_summary
 from ._outbox import prune_outbox as prune_outbox
 from ._outbox import record_publication as record_publication
 from ._outbox import release_once as release_once
+from ._outbox import resolve_obsolete as resolve_obsolete
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
@@ -197,6 +199,7 @@ __all__ = [
     "mark_published",
     "metadata",
     "migrate",
+    "orphaned_publications",
     "outbox_summary",
     "prune_outbox",
     "prune_schedules",
@@ -208,6 +211,7 @@ __all__ = [
     "release_once",
     "remove_schedule",
     "replace_schedules",
+    "resolve_obsolete",
     "schedule_changes",
     "schedule_lease_rows",
     "schedule_values",

@@ -28,12 +28,14 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
+from sqlalchemy.dialects import postgresql
 
 from ._exceptions import translate_errors
-from ._schema import ERROR_LENGTH, once_table, outbox_table
+from ._schema import ERROR_LENGTH, once_table, outbox_table, schedule_table
 
 __all__ = [
     "ONCE_DONE",
+    "NAMES_PER_STATEMENT",
     "ONCE_RUNNING",
     "OutboxRow",
     "OutboxSummary",
@@ -43,10 +45,12 @@ __all__ = [
     "due_publications",
     "finish_once",
     "mark_published",
+    "orphaned_publications",
     "outbox_summary",
     "prune_outbox",
     "record_publication",
     "release_once",
+    "resolve_obsolete",
 ]
 
 #: ``cronjob_once.state`` of a body that runs (or whose worker died running it).
@@ -54,9 +58,15 @@ ONCE_RUNNING: Final = "running"
 #: ``cronjob_once.state`` of a body that ran to its end: never run again.
 ONCE_DONE: Final = "done"
 
+#: The most names one statement of `due_publications` carries where they are bound one
+#: parameter each (SQLite, MariaDB): well below every driver's limit.
+NAMES_PER_STATEMENT: Final = 10_000
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _o = outbox_table
 _n = once_table
+#: Neither sent nor resolved obsolete: someone still has to send it.
+_UNSENT = sa.and_(_o.c.sent_ms.is_(None), _o.c.obsolete_ms.is_(None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +84,9 @@ class OutboxRow:
         tries: Attempts to send it that failed.
         sent_ms: When the other system accepted it; ``None`` while unsent.
         error: The latest failure to send it, cut to `lease._schema.ERROR_LENGTH`.
+        task: The task of the schedule it belongs to, whose publisher sends it; ``None``
+            for a registered job's (or a row an earlier release recorded).
+        obsolete_ms: When it was resolved obsolete (`resolve_obsolete`); ``None`` else.
     """
 
     id: str
@@ -86,6 +99,8 @@ class OutboxRow:
     tries: int
     sent_ms: int | None
     error: str | None
+    task: str | None = None
+    obsolete_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +123,8 @@ def _row(found: sa.RowMapping) -> OutboxRow:
         tries=found["tries"],
         sent_ms=found["sent_ms"],
         error=found["error"],
+        task=found["task"],
+        obsolete_ms=found["obsolete_ms"],
     )
 
 
@@ -125,6 +142,7 @@ def record_publication(
     payload: Mapping[str, Any],
     now_ms: int,
     hold_ms: int,
+    task: str | None = None,
 ) -> tuple[OutboxRow, bool]:
     """Put a publication on record unless it is already (insert-if-new, by ``id``).
 
@@ -134,6 +152,8 @@ def record_publication(
     Args:
         hold_ms: How long the recorder keeps the row to itself: a new row's next try
             time is ``now_ms + hold_ms``.
+        task: The task of the schedule ``name`` is, if it is one: once the schedule is
+            gone, whoever registers the task sends the row (see `due_publications`).
 
     Returns:
         The row, and whether it was new. A row already on record is returned as it is
@@ -154,6 +174,8 @@ def record_publication(
             "tries": 0,
             "sent_ms": None,
             "error": None,
+            "task": task,
+            "obsolete_ms": None,
         }
         conn.execute(_o.insert().values(values))
     return _row(values), True  # type: ignore[arg-type]
@@ -184,7 +206,7 @@ def claim_publication(
             _o.update()
             .where(
                 _o.c.id == id,
-                _o.c.sent_ms.is_(None),
+                _UNSENT,
                 _o.c.next_try_ms == seen_next_try_ms,
             )
             .values(values)
@@ -205,24 +227,81 @@ def mark_published(conn: Connection, id: str, *, now_ms: int) -> bool:
 
 
 def due_publications(
-    conn: Connection, *, now_ms: int, limit: int, names: Collection[str] | None = None
+    conn: Connection,
+    *,
+    now_ms: int,
+    limit: int,
+    names: Collection[str] | None = None,
+    tasks: Collection[str] = (),
 ) -> list[OutboxRow]:
     """The unsent publications whose next try time has come (at or before ``now_ms``),
-    the longest due first, at most ``limit``: one statement, whatever the names.
+    the longest due first, at most ``limit``.
 
     Args:
         names: Only the publications of these lease names (those the caller can send):
             rows nobody here can send never fill the ``limit`` ahead of those it can.
-            ``None``: every name.
+            ``None``: every name (and ``tasks`` is not looked at).
+        tasks: With ``names``, also the publications recorded with one of these tasks
+            (a removed schedule's, sent by its task's publisher).
+
+    Any number of names and tasks: on PostgreSQL they travel as one array parameter each
+    (one statement); elsewhere in statements of at most `NAMES_PER_STATEMENT` each,
+    whose rows are merged, so a statement never carries more parameters than a driver
+    binds (PostgreSQL's 65,535).
     """
-    query = sa.select(_o).where(_o.c.sent_ms.is_(None), _o.c.next_try_ms <= now_ms)
-    if names is not None:
-        if not names:
-            return []
-        query = query.where(_o.c.name.in_(sorted(names)))
+    query = sa.select(_o).where(_UNSENT, _o.c.next_try_ms <= now_ms)
+    order = (_o.c.next_try_ms, _o.c.id)
     with translate_errors("read the unsent publications"):
-        rows = conn.execute(query.order_by(_o.c.next_try_ms, _o.c.id).limit(limit)).mappings()
-        return [_row(found) for found in rows]
+        if names is None:
+            rows = conn.execute(query.order_by(*order).limit(limit)).mappings()
+            return [_row(found) for found in rows]
+        listed, by_task = sorted(set(names)), sorted(set(tasks))
+        if conn.dialect.name == "postgresql":
+            among = query.where(
+                sa.or_(_in(_o.c.name, listed, "names"), _in(_o.c.task, by_task, "tasks"))
+            )
+            rows = conn.execute(among.order_by(*order).limit(limit)).mappings()
+            return [_row(found) for found in rows]
+        found: dict[str, OutboxRow] = {}
+        for column, values in ((_o.c.name, listed), (_o.c.task, by_task)):
+            for start in range(0, len(values), NAMES_PER_STATEMENT):
+                chunk = values[start : start + NAMES_PER_STATEMENT]
+                among = query.where(column.in_(chunk)).order_by(*order).limit(limit)
+                for row in conn.execute(among).mappings():
+                    found[row["id"]] = _row(row)
+    return sorted(found.values(), key=lambda row: (row.next_try_ms, row.id))[:limit]
+
+
+def _in(column: sa.ColumnElement[Any], values: list[str], key: str) -> sa.ColumnElement[bool]:
+    """``column IN values`` on PostgreSQL: one array parameter, whatever the count."""
+    array = sa.bindparam(key, values, type_=postgresql.ARRAY(sa.String()))
+    return column.in_(sa.select(sa.func.unnest(array)))
+
+
+def orphaned_publications(conn: Connection, *, now_ms: int, limit: int) -> list[OutboxRow]:
+    """The unsent due publications (as `due_publications` reads them) whose lease name is
+    no schedule on record (a removed schedule's tombstone does not count): those of a
+    removed schedule, or of a registered job. At most ``limit``, the longest due first.
+    The caller decides which of them nobody can send any more (`resolve_obsolete`)."""
+    _s = schedule_table
+    live = sa.select(_s.c.id).where(_s.c.id == _o.c.name, _s.c.removed == 0).exists()
+    query = sa.select(_o).where(_UNSENT, _o.c.next_try_ms <= now_ms, ~live)
+    with translate_errors("read the unsent publications"):
+        rows = conn.execute(query.order_by(_o.c.next_try_ms, _o.c.id).limit(limit))
+        return [_row(found) for found in rows.mappings()]
+
+
+def resolve_obsolete(conn: Connection, id: str, *, seen_next_try_ms: int, now_ms: int) -> bool:
+    """Resolve the unsent publication ``id`` as obsolete at ``now_ms``: nobody sends it
+    after, and `outbox_summary` does not count it. Conditional, as `claim_publication`:
+    ``False`` if it was sent, resolved or claimed (its next try moved) meanwhile."""
+    with translate_errors("resolve a publication obsolete"):
+        done = conn.execute(
+            _o.update()
+            .where(_o.c.id == id, _UNSENT, _o.c.next_try_ms == seen_next_try_ms)
+            .values(obsolete_ms=now_ms)
+        )
+    return done.rowcount == 1
 
 
 def defer_publications(
@@ -240,7 +319,7 @@ def defer_publications(
             _o.update()
             .where(
                 _o.c.id.in_(sorted(ids)),
-                _o.c.sent_ms.is_(None),
+                _UNSENT,
                 _o.c.next_try_ms <= now_ms,
             )
             .values(next_try_ms=next_try_ms)
@@ -249,21 +328,28 @@ def defer_publications(
 
 
 def outbox_summary(conn: Connection) -> OutboxSummary:
-    """How many publications are unsent, and when the oldest of them was recorded."""
+    """How many publications are unsent, and when the oldest of them was recorded; those
+    resolved obsolete are not counted."""
     with translate_errors("count the unsent publications"):
         count, oldest = conn.execute(
-            sa.select(sa.func.count(), sa.func.min(_o.c.created_ms)).where(_o.c.sent_ms.is_(None))
+            sa.select(sa.func.count(), sa.func.min(_o.c.created_ms)).where(_UNSENT)
         ).one()
     return OutboxSummary(unsent=int(count), oldest_ms=None if oldest is None else int(oldest))
 
 
 def prune_outbox(engine: Engine, *, before_ms: int) -> int:
-    """Delete the publications sent, and the once-rows done, before ``before_ms``, in a
+    """Delete the publications sent or resolved obsolete, and the once-rows done, before
+    ``before_ms``, in a
     transaction of its own; returns how many rows went. Unsent publications and running
     bodies stay."""
     with translate_errors("prune the outbox"), engine.begin() as conn:
         sent = conn.execute(
-            _o.delete().where(_o.c.sent_ms.is_not(None), _o.c.sent_ms < before_ms)
+            _o.delete().where(
+                sa.or_(
+                    sa.and_(_o.c.sent_ms.is_not(None), _o.c.sent_ms < before_ms),
+                    sa.and_(_o.c.obsolete_ms.is_not(None), _o.c.obsolete_ms < before_ms),
+                )
+            )
         ).rowcount
         done = conn.execute(
             _n.delete().where(_n.c.state == ONCE_DONE, _n.c.ended_ms < before_ms)

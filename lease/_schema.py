@@ -23,6 +23,9 @@
   row per id whose body a worker ran or runs (see ``lease._outbox``).
 - revision 0012 adds an index on ``(holder, instant)`` to ``cronjob_lease``: each
   replica's latest claim, read with one probe a replica.
+- revision 0013 adds ``task`` and ``obsolete_ms`` to ``cronjob_outbox``: an unsent
+  occurrence of a removed schedule is sent by its task's publisher, or resolved
+  obsolete when no live replica registers that task.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -344,6 +347,12 @@ outbox_table = sa.Table(
     # Failed attempts to send it, and the latest failure.
     sa.Column("tries", sa.Integer(), nullable=False),
     sa.Column("error", sa.String(ERROR_LENGTH), nullable=True),
+    # Revision 0013: the task of the schedule it belongs to (NULL: a registered job's, or
+    # recorded by an earlier release), whose publisher sends it once the schedule is
+    # gone; and when it was resolved obsolete (schedule gone, task registered by no live
+    # replica): never sent nor counted unsent after (sent_ms stays NULL).
+    sa.Column("task", _Name, nullable=True),
+    sa.Column("obsolete_ms", sa.BigInteger(), nullable=True),
     # The unsent rows that are due, in one range; the sent ones to prune.
     sa.Index("ix_cronjob_outbox_sent_next", "sent_ms", "next_try_ms"),
     mysql_engine="InnoDB",

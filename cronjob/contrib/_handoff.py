@@ -127,9 +127,13 @@ class Handoff:
         send_timeout: Seconds one send waits for the broker's answer, below ``hold``.
         leased_only: ``True``: registration refuses it as a per-instance job, which every
             replica would run, each publishing the instant once more.
+        isolatable: ``False``: registration refuses it with ``isolation="process"``. It
+            holds its publisher's thread and the sends it gave up on, which are this
+            replica's: a child process could neither import it by name nor share them.
     """
 
     leased_only = True
+    isolatable = False
 
     def __init__(
         self,
@@ -193,14 +197,17 @@ class Handoff:
         the record: sent, it sends nothing more; unsent and due (nobody holds it), it
         claims it as the sweep does and sends it again with the same id; unsent and held
         (an attempt in progress, or waiting for its retry), it leaves it to that attempt
-        and the sweep. Each send waits at most `send_timeout` seconds for the broker. A
-        refused send is retried with back-off (`RETRY_FIRST`, doubling) through
-        `ctx.wait` for `retry_within` seconds, then left to the sweep (logged).
+        and the sweep. Each send waits at most `send_timeout` seconds for the broker,
+        and no longer than the round's cancellation (its ``timeout``, a drain, a lost
+        lease): a send given up on then keeps its row, held while the broker may still
+        accept it, and the sweep sends it after. A refused send is retried with back-off
+        (`RETRY_FIRST`, doubling) through `ctx.wait` for `retry_within` seconds, then left
+        to the sweep (logged).
 
         Raises:
             LeaseLost: the lease is gone when the record is written.
-            Cancelled: the round was cancelled (drain, lease lost) while it retried:
-                the record stays, the sweep sends it.
+            Cancelled: the round was cancelled (drain, lease lost, timeout) while it
+                sent or retried: the record stays, the sweep sends it.
         """
         headers: dict[str, str] = {}
         propagate.inject(headers)  # the round's span is current on its thread
@@ -221,6 +228,8 @@ class Handoff:
                 payload={"headers": headers, "publisher": self.publisher.describe()},
                 now_ms=now,
                 hold_ms=hold,
+                # A schedule's task: its publisher sends the row once the schedule is gone.
+                task=ctx.task if ctx.task != ctx.name else None,
             )
         if row.sent_ms is not None:
             log.info("job %r: occurrence %s was sent already", ctx.name, occurrence.id)
@@ -238,11 +247,14 @@ class Handoff:
                 return  # a sweep sends it now
         seen, started, tries = now + hold, clock.monotonic(), row.tries
         while True:
-            error = self._send(engine, occurrence, lambda: _now_ms(clock.now()))
+            error = self._send(engine, occurrence, lambda: _now_ms(clock.now()), ctx)
             now = _now_ms(clock.now())
             if error is None:
                 _mark(engine, occurrence.id, now)
                 return
+            if ctx.cancelled:  # the send given up on at the cancellation: the sweep's now
+                self._hand_back(engine, occurrence.id, seen, now, error=error)
+                ctx.check()
             tries += 1
             pause = retry_pause(tries)
             if pause > started + self.retry_within - clock.monotonic():
@@ -279,8 +291,15 @@ class Handoff:
                 return
             seen = now + hold
 
-    def _send(self, engine: Engine, occurrence: Occurrence, now: Callable[[], int]) -> str | None:
-        """Publish within `send_timeout`; the failure's summary, or ``None`` once sent.
+    def _send(
+        self,
+        engine: Engine,
+        occurrence: Occurrence,
+        now: Callable[[], int],
+        ctx: Round | None = None,
+    ) -> str | None:
+        """Publish within `send_timeout`, and for a round (``ctx``) no longer than until
+        its cancellation; the failure's summary, or ``None`` once sent.
 
         A send given up on that the broker accepts after all is marked sent then."""
 
@@ -288,7 +307,21 @@ class Handoff:
             _mark(engine, occurrence.id, now())
             log.info("occurrence %s: the broker accepted it late; marked sent", occurrence.id)
 
-        return self._sender.send(occurrence, timeout=self.send_timeout, late=late)
+        if ctx is None:
+            return self._sender.send(occurrence, timeout=self.send_timeout, late=late)
+        # The round's own wake-up event, which its cancellation sets: the sender sets it
+        # too (the answer, the bound), so it is cleared after unless the round is
+        # cancelled (the cause is recorded before the event is set: checked after).
+        event = ctx._waker()
+        try:
+            return self._sender.send(
+                occurrence, timeout=self.send_timeout, late=late, interrupt=event
+            )
+        finally:
+            if not ctx.cancelled:
+                event.clear()
+                if ctx.cancelled:
+                    event.set()
 
     def _hand_back(
         self, engine: Engine, id: str, seen: int, due_ms: int, *, error: str | None = None

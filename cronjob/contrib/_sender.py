@@ -16,6 +16,16 @@ threads are spent on it.
 
 The bound is in real seconds, like a socket timeout: it bounds an I/O call, not a
 schedule, so it does not follow the scheduler's (possibly fake) clock.
+
+A round's send also ends at the round's cancellation (its timeout, a drain, a lost
+lease): the round waits on its own wake-up event (``interrupt``), which its cancellation
+sets, and which the answer, or the bound in real seconds, sets too. A round whose job's
+``timeout`` is below the send's bound thus ends at its timeout, not 5 s later with the
+whole process (the rule for a round that outlives its cancellation). For its first
+`ANSWER_GRACE` seconds the wait is work in progress (a fake clock's time stands still,
+as for any work: a broker's usual answer comes well within them); past them it waits on
+the clock event, so a fake clock's time, and the round's timeout, move on while the
+broker is silent.
 """
 
 from __future__ import annotations
@@ -26,23 +36,37 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from .._clock import ClockEvent
     from ._handoff import Occurrence, Publisher
 
-__all__ = ["Sender"]
+__all__ = ["ANSWER_GRACE", "Sender"]
 
 log = logging.getLogger("cronjob")
+
+
+#: Real seconds a round's send waits for the broker as work in progress (a fake clock's
+#: time stands still meanwhile, as it does for any work), looking for the round's
+#: cancellation every `_POLL` seconds; past them, it waits on the round's clock event.
+ANSWER_GRACE: Final = 5.0
+_POLL: Final = 0.05
 
 
 @dataclass(eq=False)
 class _Send:
     occurrence: Occurrence
     late: Callable[[], None] | None
+    #: The caller's wake-up event, set once the publish returns (while the caller waits).
+    interrupt: ClockEvent | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
     abandoned: bool = False
+    #: The caller stopped waiting: nothing sets ``interrupt`` any more.
+    left: bool = False
+    #: Orders `_wake` against the caller's leaving.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Sender:
@@ -63,18 +87,32 @@ class Sender:
             return self._stuck == id
 
     def send(
-        self, occurrence: Occurrence, *, timeout: float, late: Callable[[], None] | None = None
+        self,
+        occurrence: Occurrence,
+        *,
+        timeout: float,
+        late: Callable[[], None] | None = None,
+        interrupt: ClockEvent | None = None,
     ) -> str | None:
         """Publish ``occurrence``, waiting at most ``timeout`` seconds for the broker.
 
         Args:
             late: Called on the sender's thread if the publish is accepted after the
                 caller gave up on it (to mark the row sent).
+            interrupt: The caller's wake-up event (a round's, set by its cancellation):
+                the wait ends when it is set, and the send is given up on as past its
+                bound. The sender sets it too, when the publish returns or ``timeout``
+                real seconds have passed, and never once this call has returned; the
+                caller clears it after (unless its own cause still holds). An event
+                already set gives the send up at once, unsent.
 
         Returns:
             ``None`` once the broker accepted it; else the failure's summary (a
-            ``TimeoutError`` when the broker gave no answer in time).
+            ``TimeoutError`` when the broker gave no answer in time, or the caller's
+            event ended the wait first).
         """
+        if interrupt is not None and interrupt.is_set():
+            return "Cancelled: the send was not started"
         with self._lock:
             stuck = self._stuck
         if stuck is not None:
@@ -85,7 +123,7 @@ class Sender:
         deadline = time.monotonic() + timeout
         if not self._slot.acquire(timeout=timeout):
             return f"TimeoutError: another send to {self._publisher.target} took over {timeout:g}s"
-        job = _Send(occurrence, late)
+        job = _Send(occurrence, late, interrupt)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -93,14 +131,33 @@ class Sender:
                 )
                 self._thread.start()
         self._sends.put(job)
-        if job.done.wait(max(0.0, deadline - time.monotonic())):
-            return job.error
+        if interrupt is None:
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        elif not self._answered(job, interrupt, min(deadline, time.monotonic() + ANSWER_GRACE)):
+            bound = threading.Timer(max(0.0, deadline - time.monotonic()), _wake, (job,))
+            bound.daemon = True
+            bound.start()
+            interrupt.wait()  # the answer, the bound, or the caller's cancellation
+            bound.cancel()
+            with job.lock:
+                job.left = True
         with self._lock:
-            if job.done.is_set():  # answered just now
+            if job.done.is_set():  # answered (just now, perhaps)
                 return job.error
             job.abandoned = True
             self._stuck = occurrence.id
+        if time.monotonic() < deadline:
+            return f"Cancelled: the wait for {self._publisher.target}'s answer was given up"
         return f"TimeoutError: {self._publisher.target} gave no answer within {timeout:g}s"
+
+    @staticmethod
+    def _answered(job: _Send, interrupt: ClockEvent, until: float) -> bool:
+        """Wait in real time, as work a fake clock waits for, until ``until`` (monotonic)
+        for the answer; whether it came or ``interrupt`` was set meanwhile."""
+        while not job.done.wait(max(0.0, min(_POLL, until - time.monotonic()))):
+            if interrupt.is_set() or time.monotonic() >= until:
+                return interrupt.is_set()
+        return True
 
     def _run(self) -> None:
         while True:
@@ -117,9 +174,21 @@ class Sender:
                 late = job.abandoned
                 if late:
                     self._stuck = None
+            _wake(job)
             self._slot.release()
             if late and error is None and job.late is not None:
                 try:
                     job.late()
                 except Exception as exc:  # the row stays unsent: a resend comes
                     log.warning("occurrence %s: marking it sent failed: %s", job.occurrence.id, exc)
+
+
+def _wake(job: _Send) -> None:
+    """Set the waiting caller's event, unless it has stopped waiting (an event is a
+    round's, and would read as its cancellation after)."""
+    interrupt = job.interrupt
+    if interrupt is None:
+        return
+    with job.lock:
+        if not job.left:
+            interrupt.set()

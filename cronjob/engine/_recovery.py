@@ -216,6 +216,7 @@ class Recovery:
         them (the failure policies look up a schedule's task and heartbeat there)."""
         from ._data import DataSchedules
 
+        self.republisher.follow_tasks(tasks)
         self.data = DataSchedules(
             clock=self._clock,
             store=self._store,

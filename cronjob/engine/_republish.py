@@ -20,6 +20,13 @@ forever. A send that fails defers the other due rows of its publisher by `DEFER_
 (one statement, no try counted): a broker that is down costs one timeout per sweep, not
 one per row, and its rows never fill the sweep's `REPUBLISH_LIMIT` ahead of the rows of
 a broker that is up.
+
+A schedule made of data records its task with each occurrence. Once the schedule is
+removed no replica has a job of its name, and the row is paired with the task's function
+instead (any replica that registers the task sends it: the publisher comes from the task).
+A row due for `ORPHAN_AFTER` seconds whose name is no schedule on record and whose task
+(or, recorded without one, whose job) no live replica registers is resolved obsolete on
+record: never sent, and not counted unsent.
 """
 
 from __future__ import annotations
@@ -38,9 +45,17 @@ from ._sweep import SWEEP_EVERY
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from .._registry import Task
     from ._state import JobState
 
-__all__ = ["DEFER_REFUSED", "REPUBLISH_LIMIT", "Republisher", "Resender"]
+__all__ = [
+    "DEFER_REFUSED",
+    "LIVE_WITHIN",
+    "ORPHAN_AFTER",
+    "REPUBLISH_LIMIT",
+    "Republisher",
+    "Resender",
+]
 
 log = logging.getLogger("cronjob")
 
@@ -50,6 +65,11 @@ REPUBLISH_LIMIT: Final = 500
 #: longest back-off of a send (``cronjob.contrib.RETRY_LONGEST``), so the next sweeps
 #: read the rows behind them.
 DEFER_REFUSED: Final = 60.0
+#: Seconds a row must have been due, nobody sending it, before it may be resolved
+#: obsolete: a replica that can send it would have within a few sweeps.
+ORPHAN_AFTER: Final = 60.0
+#: A replica seen within these seconds is live (as ``cronjob status`` counts them).
+LIVE_WITHIN: Final = 60.0
 
 
 @runtime_checkable
@@ -96,6 +116,9 @@ class Republisher:
         self._control = control
         self._states = states
         self._thread: Control | None = None
+        #: The functions of the tasks that hand their instants on, by task name: they
+        #: send the rows of their removed schedules.
+        self._tasks: dict[str, Resender] = {}
         self._sweep_at: float | None = None
         self._sweeping = False
         #: The database is ready and start-up's catch-up sent (as for the sweep): until
@@ -113,6 +136,18 @@ class Republisher:
     def notice(self, states: Iterable[JobState]) -> None:
         """Jobs came (schedules made of data): start sweeping if one hands its instants on."""
         if self._thread is None and any(is_resender(s.job.fn) for s in states):
+            self._thread = self._control.sibling("cronjob-outbox")
+            if self._begun:
+                self._sweep_at = self._clock.monotonic()
+
+    def follow_tasks(self, tasks: Mapping[str, Task]) -> None:
+        """This replica registers ``tasks``: the rows of their schedules, removed ones
+        included, are its to send when the task hands its instants on."""
+        self._tasks = {}
+        for name, task in tasks.items():
+            if isinstance(task.fn, Resender):
+                self._tasks[name] = task.fn
+        if self._thread is None and self._tasks:
             self._thread = self._control.sibling("cronjob-outbox")
             if self._begun:
                 self._sweep_at = self._clock.monotonic()
@@ -136,14 +171,16 @@ class Republisher:
             if isinstance(state.job.fn, Resender):
                 fns[name] = state.job.fn
 
+        tasks = dict(self._tasks)
+
         def read() -> list[lease.OutboxRow]:
-            for fn in {id(fn): fn for fn in fns.values()}.values():
+            for fn in {id(fn): fn for fn in [*fns.values(), *tasks.values()]}.values():
                 fn.keep_held(store.engine, now=clock.now())
             now_ms = round(clock.now().timestamp() * 1000)
-            names = list(fns)
+            _resolve_orphans(store, now_ms, fns, tasks)
             with store.engine.connect() as conn:
                 return lease.due_publications(
-                    conn, now_ms=now_ms, limit=REPUBLISH_LIMIT, names=names
+                    conn, now_ms=now_ms, limit=REPUBLISH_LIMIT, names=list(fns), tasks=list(tasks)
                 )
 
         thread.run(read, self._send)
@@ -157,7 +194,9 @@ class Republisher:
         pairs: list[tuple[lease.OutboxRow, Resender]] = []
         for row in rows:
             state = self._states.get(row.name)
-            fn = None if state is None else state.job.fn
+            fn: object = None if state is None else state.job.fn
+            if not isinstance(fn, Resender) and row.task is not None:
+                fn = self._tasks.get(row.task)  # a removed schedule's: its task sends it
             if isinstance(fn, Resender):  # else a replica that registers it sends it
                 pairs.append((row, fn))
         if not pairs:
@@ -203,3 +242,47 @@ def _resend_all(engine: Engine, clock: Clock, pairs: list[tuple[lease.OutboxRow,
     except lease.LeaseError as exc:
         log.warning("outbox: %s", exc)
     return sent
+
+
+def _resolve_orphans(
+    store: lease.LeaseStore, now_ms: int, names: Mapping[str, object], tasks: Mapping[str, object]
+) -> int:
+    """Resolve obsolete the rows due for `ORPHAN_AFTER` whose name is no schedule on
+    record and whose task (or job, for a row recorded without a task) neither this
+    replica nor any live one registers; returns how many. The replicas' records are read
+    only when such a row is found."""
+    engine = store.engine
+    with engine.connect() as conn:
+        found = lease.orphaned_publications(
+            conn, now_ms=now_ms - round(ORPHAN_AFTER * 1000), limit=REPUBLISH_LIMIT
+        )
+    orphans = [
+        row for row in found if row.name not in names and (row.task or row.name) not in tasks
+    ]
+    if not orphans:
+        return 0
+    live_jobs: set[str] = set()
+    live_tasks: set[str] = set()
+    for replica in store.replicas(seen_since_ms=now_ms - round(LIVE_WITHIN * 1000)):
+        live_jobs.update(name for name, (_spec, leased) in replica.jobs.items() if leased)
+        live_tasks.update(replica.tasks)
+    resolved = 0
+    for row in orphans:
+        sendable = row.name in live_jobs if row.task is None else row.task in live_tasks
+        if sendable:
+            continue  # a live replica that registers it sends it
+        with engine.begin() as conn:
+            if lease.resolve_obsolete(
+                conn, row.id, seen_next_try_ms=row.next_try_ms, now_ms=now_ms
+            ):
+                resolved += 1
+                log.warning(
+                    "job %r: occurrence %s resolved obsolete: %s, and no live replica "
+                    "registers it; it will not be sent",
+                    row.name,
+                    row.id,
+                    "its schedule is gone and its task"
+                    if row.task is not None
+                    else "no schedule bears its name and its job",
+                )
+    return resolved
