@@ -23,7 +23,8 @@ outcomes — nothing about what the holder runs.
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: the façade, the lease rules, the rows; its parts: _claims
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
-#                rerun), _history (history, replicas, prune, survey), _pause, _core
+#                rerun), _history (history, replicas, prune, survey), _pause, _restore
+#                (a row gone under its round written back), _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
 #   _outbox      publications handed to another system (recorded, retried, marked sent)
@@ -78,6 +79,7 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._restore import CutRound as CutRound
 from ._schedules import POLICIES_FORMAT as POLICIES_FORMAT
 from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
@@ -135,6 +137,7 @@ __all__ = [
     "COUNTED_FAILURES",
     "Claim",
     "ClaimBatch",
+    "CutRound",
     "CutShort",
     "DEFAULT_HISTORY_DAYS",
     "DEFAULT_HISTORY_PER_NAME",

@@ -50,6 +50,7 @@ from ._exceptions import translate_errors
 from ._history import _History
 from ._pause import _Pause
 from ._records import replica_from
+from ._restore import _Restore
 from ._rows import Claim as Claim
 from ._rows import ClaimBatch as ClaimBatch
 from ._rows import CutShort as CutShort
@@ -120,7 +121,7 @@ def _lowered(
     )
 
 
-class LeaseStore(_Claims, _Ends, _History, _Pause):
+class LeaseStore(_Claims, _Ends, _History, _Pause, _Restore):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an

@@ -220,6 +220,7 @@ class TestSurface:
             "COUNTED_FAILURES",
             "Claim",
             "ClaimBatch",
+            "CutRound",
             "CutShort",
             "DEFAULT_HISTORY_DAYS",
             "DEFAULT_HISTORY_PER_NAME",
