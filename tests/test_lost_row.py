@@ -33,11 +33,11 @@ class Rounds:
     def job(self, ctx: cronjob.Round) -> None:
         with self._lock:
             self.started.append((ctx.instant, ctx.attempt))
-        if ctx.instant == NOON and ctx.attempt == 1:
-            if ctx.wait(60):  # the round of 12:00 runs a minute, unless cancelled
-                with self._lock:
-                    self.cut.append((ctx.instant, ctx.attempt))
-                ctx.check()
+        # The round of 12:00 runs a minute, unless cancelled.
+        if (ctx.instant, ctx.attempt) == (NOON, 1) and ctx.wait(60):
+            with self._lock:
+                self.cut.append((ctx.instant, ctx.attempt))
+            ctx.check()
 
 
 @pytest.fixture
