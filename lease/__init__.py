@@ -124,6 +124,7 @@ from ._tally import Tally as Tally
 from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
+from ._timing import retime_schedule_leases as retime_schedule_leases
 from ._trigger import REQUEST_TTL as REQUEST_TTL
 from ._trigger import TRIGGER_CHANNEL as TRIGGER_CHANNEL
 from ._trigger import TriggerRow as TriggerRow
@@ -211,6 +212,7 @@ __all__ = [
     "release_once",
     "remove_schedule",
     "replace_schedules",
+    "retime_schedule_leases",
     "schedule_changes",
     "schedule_lease_rows",
     "schedule_values",

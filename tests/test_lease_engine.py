@@ -294,6 +294,7 @@ class TestSurface:
             "release_once",
             "remove_schedule",
             "replace_schedules",
+            "retime_schedule_leases",
             "schedule_changes",
             "schedule_lease_rows",
             "schedule_values",
