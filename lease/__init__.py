@@ -23,7 +23,8 @@ outcomes — nothing about what the holder runs.
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: the façade, the lease rules, the rows; its parts: _claims
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
-#                rerun), _history (history, replicas, prune, survey), _pause, _core
+#                rerun), _history (history, replicas, prune, survey), _pause, _restore
+#                (a row gone under its round written back), _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
 #   _outbox      publications handed to another system (recorded, retried, marked sent)
@@ -80,6 +81,7 @@ from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
 from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
+from ._restore import CutRound as CutRound
 from ._schedules import POLICIES_FORMAT as POLICIES_FORMAT
 from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
@@ -124,6 +126,7 @@ from ._tally import Tally as Tally
 from ._text import HOLDER_LENGTH as HOLDER_LENGTH
 from ._text import check_holder as check_holder
 from ._text import unstorable as unstorable
+from ._timing import retime_schedule_leases as retime_schedule_leases
 from ._trigger import REQUEST_TTL as REQUEST_TTL
 from ._trigger import TRIGGER_CHANNEL as TRIGGER_CHANNEL
 from ._trigger import TriggerRow as TriggerRow
@@ -137,6 +140,7 @@ __all__ = [
     "COUNTED_FAILURES",
     "Claim",
     "ClaimBatch",
+    "CutRound",
     "CutShort",
     "DEFAULT_HISTORY_DAYS",
     "DEFAULT_HISTORY_PER_NAME",
@@ -212,6 +216,7 @@ __all__ = [
     "remove_schedule",
     "replace_schedules",
     "resolve_obsolete",
+    "retime_schedule_leases",
     "schedule_changes",
     "schedule_lease_rows",
     "schedule_values",

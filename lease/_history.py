@@ -147,21 +147,36 @@ class _History(_StoreCore):
         with translate_errors("remove a replica's record"), self._transaction() as conn:
             return bool(conn.execute(stmt).rowcount)
 
-    def forget(self, name: str) -> tuple[bool, int, int]:
+    def forget(
+        self, name: str, *, unless_held: bool = False, now_ms: int | None = None
+    ) -> tuple[bool, int, int] | None:
         """Delete everything on record of ``name``: its lease row, its rounds in the
         history and its requests for a round now, in one transaction. A caller checks
         first that no live replica registers it (a replica that does would write the
         row again, and the minute check of one that starts meanwhile recreates it).
 
+        With ``unless_held``, nothing is deleted while a round holds the row's lease
+        (its expiry is later than ``now_ms``, the lease clock's now by default): the
+        row's delete is conditional, in the same transaction, so a claim that commits
+        first wins and a round never finds its row gone under it.
+
         Returns:
-            Whether a lease row was deleted, and how many rounds and requests were.
+            Whether a lease row was deleted, and how many rounds and requests were;
+            ``None`` (``unless_held`` only) when a round held the lease: nothing deleted.
 
         Raises:
             ValueError: ``name`` is not a name the table holds (see `ensure`).
         """
         (wanted,) = _names([name])
+        where = [_t.c.name == wanted]
+        if unless_held:
+            where.append(_is_free(self._now(now_ms)))
         with translate_errors("forget a job"), self._transaction() as conn:
-            row = conn.execute(_t.delete().where(_t.c.name == wanted)).rowcount
+            row = conn.execute(_t.delete().where(*where)).rowcount
+            if unless_held and not row:
+                held = sa.select(_t.c.name).where(_t.c.name == wanted)
+                if conn.execute(held).first() is not None:
+                    return None  # nothing deleted: the transaction ends empty
             rounds = conn.execute(_h.delete().where(_h.c.name == wanted)).rowcount
             requests = conn.execute(_q.delete().where(_q.c.name == wanted)).rowcount
         return bool(row), rounds, requests

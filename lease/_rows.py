@@ -95,6 +95,10 @@ class LeaseRow:
     #: (`LeaseStore.unclaimed`). ``None`` on a row no replica of this release has
     #: claimed or registered yet.
     due: datetime | None = None
+    #: When the row's timing last changed, on the lease clock (revision 0014): a
+    #: registered job's spec deployed in place of another, a data schedule's spec,
+    #: instant or start/end. ``None`` when no change is on record.
+    spec_changed: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,6 +282,7 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             pause_reason=_text_or_none(row.get("pause_reason")),
             deployed=None if deployed_ms is None else _EPOCH + deployed_ms * _MS,
             due=_seconds_or_none(row.get("due_s")),
+            spec_changed=_ms_or_none(row.get("spec_ms")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None

@@ -316,16 +316,16 @@ def redeploy_schedule_leases(
     conn: Connection, specs: Mapping[str, str], *, unpause: Collection[str] = ()
 ) -> None:
     """The lease rows of schedules whose timing changed (``specs``: id -> spec text): the
-    new spec on record, and the deployment cleared, so that the first replica that runs
-    it marks it deployed then (`LeaseStore.ensure`) and catch-up owes no instant of the
-    new timing before (nor of the old one). The ids of ``unpause`` (removed schedules
-    added again) lose the pause their old row kept."""
+    new spec on record, retimed (``spec_ms``), deployment cleared, so the first replica
+    that runs it marks it deployed then (`LeaseStore.ensure`) and catch-up owes no
+    instant of the new timing before (nor of the old one). The ids of ``unpause``
+    (removed schedules added again) lose the pause their old row kept."""
     if not specs:
         return
     stmt = (
         _t.update()
         .where(_t.c.name == sa.bindparam("b_name"))
-        .values(spec=sa.bindparam("b_spec"), deployed_ms=None)
+        .values(spec=sa.bindparam("b_spec"), deployed_ms=None, spec_ms=_db_now_ms())
     )
     params = [{"b_name": id_, "b_spec": spec} for id_, spec in sorted(specs.items())]
     unpaused = sorted(unpause)

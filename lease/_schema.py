@@ -26,6 +26,8 @@
 - revision 0013 adds ``task`` and ``obsolete_ms`` to ``cronjob_outbox``: an unsent
   occurrence of a removed schedule is sent by its task's publisher, or resolved
   obsolete when no live replica registers that task.
+- revision 0014 adds ``spec_ms`` to ``cronjob_lease``: when the row's timing last
+  changed, the start of the instants a missed count looks at.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -166,6 +168,11 @@ lease_table = sa.Table(
     # or by an older release's replica since, until a replica of a newer one registers it.
     sa.Column("due_s", sa.BigInteger(), nullable=True),
     sa.Index("ix_cronjob_lease_due_s", "due_s"),
+    # Revision 0014, nullable: epoch milliseconds on the lease clock at which the row's
+    # timing last changed (a registered job's spec deployed in place of another, a data
+    # schedule's spec, instant or window); missed instants are counted from it. NULL: no
+    # change on record (or one an older release's replica made).
+    sa.Column("spec_ms", sa.BigInteger(), nullable=True),
     # Revision 0009: the reads that ran over the whole table per replica reach only the
     # rows they are about. The first rounds not run to their end (the sweep's survey):
     # on PostgreSQL and SQLite an index of those rows alone, so a round's end takes its

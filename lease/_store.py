@@ -50,6 +50,7 @@ from ._exceptions import translate_errors
 from ._history import _History
 from ._pause import _Pause
 from ._records import replica_from
+from ._restore import _Restore
 from ._rows import Claim as Claim
 from ._rows import ClaimBatch as ClaimBatch
 from ._rows import CutShort as CutShort
@@ -61,6 +62,7 @@ from ._rows import WriteKind as WriteKind
 from ._rows import _from_seconds, _is_int, _MalformedRow, _names, _parse_row, _seconds_floor
 from ._rows import _new_token as _new_token
 from ._schema import NEVER
+from ._timing import spec_changed_ms
 
 __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
@@ -120,7 +122,7 @@ def _lowered(
     )
 
 
-class LeaseStore(_Claims, _Ends, _History, _Pause):
+class LeaseStore(_Claims, _Ends, _History, _Pause, _Restore):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an
@@ -166,8 +168,10 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
 
         Existing rows are left as they are, but for their ``spec`` when ``specs`` gives
         one (what the caller registered under the name, shown by status tools): the
-        latest caller's spec wins; and for a ``deployed_ms`` left NULL (a row written
-        before revision 0005, or by an older release's replica since), which becomes now:
+        latest caller's spec wins, and a spec that replaces another marks the row retimed
+        now (``spec_ms``: missed instants are counted from it); and for a ``deployed_ms``
+        left NULL (a row written before revision 0005, or by an older release's replica
+        since), which becomes now:
         the name is deployed by then for sure. A deployment on record never moves.
 
         ``due`` gives, by name, the name's next instant (a schedule's next, as the caller
@@ -249,6 +253,9 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
                     "due_s": _lowered(insert.excluded.due_s, stale_before),
                 }
                 if specs is not None:
+                    set_["spec_ms"] = spec_changed_ms(
+                        insert.excluded.spec, insert.excluded.deployed_ms
+                    )
                     set_["spec"] = insert.excluded.spec
                 stmt = insert.on_conflict_do_update(index_elements=[_t.c.name], set_=set_)
             elif specs is None:
@@ -261,7 +268,13 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
             else:
                 stmt = insert.on_conflict_do_update(
                     index_elements=[_t.c.name],
-                    set_={"spec": insert.excluded.spec, "deployed_ms": deployed},
+                    set_={
+                        "spec_ms": spec_changed_ms(
+                            insert.excluded.spec, insert.excluded.deployed_ms
+                        ),
+                        "spec": insert.excluded.spec,
+                        "deployed_ms": deployed,
+                    },
                 )
         else:
             # Not INSERT IGNORE: IGNORE also turns data errors into warnings, so a value
@@ -271,11 +284,13 @@ class LeaseStore(_Claims, _Ends, _History, _Pause):
                 "deployed_ms": sa.func.coalesce(_t.c.deployed_ms, my.inserted.deployed_ms)
             }
             if specs is not None:
+                # Before the spec: MariaDB's SET reads the columns already assigned.
+                updates["spec_ms"] = spec_changed_ms(my.inserted.spec, my.inserted.deployed_ms)
                 updates["spec"] = my.inserted.spec
             if seconds is not None:
                 stale_before = my.inserted.deployed_ms - _STALE_DUE
                 updates["due_s"] = _lowered(my.inserted.due_s, stale_before)
-            stmt = my.on_duplicate_key_update(updates)
+            stmt = my.on_duplicate_key_update(list(updates.items()))  # in this order
         for start in range(0, len(params), ENSURE_BATCH):
             with translate_errors("ensure leases"), self._transaction() as conn:
                 conn.execute(stmt, params[start : start + ENSURE_BATCH])

@@ -26,7 +26,7 @@ from lease import _migrate
 from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0013"
+HEAD = "0014"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:
@@ -838,3 +838,28 @@ class TestUpgradeTo0012:
         manual_clock.advance(5)
         assert store.finish("old-job", 42, ended=manual_clock.now())
         assert store.read(["old-job"])["old-job"].state is lease.LeaseState.DONE
+
+
+class TestUpgradeTo0014:
+    """Revision 0014 adds ``spec_ms`` to the lease table and rewrites no row: a round in
+    flight under release 0012 ends on record after the live upgrade, its row with no
+    change of timing on record; a new spec deployed then is."""
+
+    def test_a_round_in_flight_ends_on_record_and_a_new_spec_is_stamped(
+        self, db_engine, manual_clock
+    ):
+        t0 = manual_clock.now()
+        _upgraded_under_a_round(db_engine, "0012", t0, holder="old-replica")
+        assert lease.current_revision(db_engine) == HEAD
+        columns = {c["name"] for c in sa.inspect(db_engine).get_columns("cronjob_lease")}
+        assert "spec_ms" in columns
+        store = lease.LeaseStore(db_engine, clock=manual_clock.now, claim_ahead=None)
+        assert store.read(["old-job"])["old-job"].spec_changed is None
+        manual_clock.advance(5)
+        assert store.finish("old-job", 42, ended=manual_clock.now())
+        store.ensure(["old-job"], specs={"old-job": "0 0 * * * *"})
+        assert store.read(["old-job"])["old-job"].spec_changed is None, "no spec before"
+        manual_clock.advance(5)
+        store.ensure(["old-job"], specs={"old-job": "0 */5 * * * *"})
+        row = store.read(["old-job"])["old-job"]
+        assert (row.state, row.spec_changed) == (lease.LeaseState.DONE, manual_clock.now())

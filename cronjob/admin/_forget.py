@@ -25,13 +25,25 @@ class ForgetRefused(CronjobError, RuntimeError):
     Attributes:
         job: The job.
         registered_by: The live replicas that register it; empty when no replica is
-            live at all (then nothing tells whether the job is still in the code).
+            live at all (then nothing tells whether the job is still in the code), and
+            when a round holds its lease.
+        held_by: The replica whose round holds the job's lease, when that is the
+            reason (a removed schedule's round in flight, a crashed replica's round
+            until its lease expires); ``None`` otherwise.
     """
 
-    def __init__(self, message: str, *, job: str, registered_by: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        job: str,
+        registered_by: tuple[str, ...],
+        held_by: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.job = job
         self.registered_by = registered_by
+        self.held_by = held_by
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +66,12 @@ def forget(database: str | sa.Engine, name: str, *, now: datetime | None = None)
     Meant for a retired job (`Activity.RETIRED` in [status][cronjob.admin.status]): one
     that no live replica registers any more. It is refused while a live replica registers
     it, and while no replica is live at all (nothing then tells whether the job is still
-    in the code: during a deploy, say). A replica that registers the name later starts it
+    in the code: during a deploy, say). It is refused too while a round holds the job's
+    lease — a removed schedule's round in flight runs to its end, and a crashed replica's
+    round keeps its lease until it expires (15 s) —: deleting the row under it would cut
+    the round short with its end never on record. It does not wait: forget the job once
+    the round has ended (the check and the delete are one transaction, so a round claimed
+    meanwhile is never deleted under). A replica that registers the name later starts it
     afresh, as a new job.
 
     Args:
@@ -66,8 +83,9 @@ def forget(database: str | sa.Engine, name: str, *, now: datetime | None = None)
         What was deleted.
 
     Raises:
-        ForgetRefused: a live replica registers ``name``, no replica is live, or ``name``
-            is a live schedule's id (`cronjob.schedules.remove` removes a schedule; a
+        ForgetRefused: a live replica registers ``name``, no replica is live, a round
+            holds ``name``'s lease (`ForgetRefused.held_by`), or ``name`` is a live
+            schedule's id (`cronjob.schedules.remove` removes a schedule; a
             removed one's record can be forgotten); nothing was deleted.
         UnknownJob: nothing of ``name`` is on record (no lease row, no round); nothing
             was deleted. A name with whitespace at its ends is never a job's (the
@@ -107,7 +125,19 @@ def forget(database: str | sa.Engine, name: str, *, now: datetime | None = None)
                 job=name,
                 registered_by=(),
             )
-        row, rounds, requests = store.forget(name)
+        forgotten = store.forget(name, unless_held=True, now_ms=now_ms)
+        if forgotten is None:
+            held = store.read([name]).get(name)
+            holder = held.holder if held is not None and held.holder else "a replica"
+            instant = "" if held is None or not held.instant else f" of {held.instant.isoformat()}"
+            raise ForgetRefused(
+                f"the round{instant} of {name!r} holds its lease on {holder}: forget it once "
+                "the round has ended; nothing was deleted",
+                job=name,
+                registered_by=(),
+                held_by=holder,
+            )
+        row, rounds, requests = forgotten
     if not (row or rounds or requests):
         raise UnknownJob(f"no job named {name!r} is on record")
     return Forgotten(job=name, lease_row=row, rounds=rounds, requests=requests)

@@ -6,7 +6,10 @@ sent) — with a ``jitter``, more than that grace after the round's delayed star
 same delay every replica draws: before it the round may still start) —, came strictly
 after the job was deployed (its lease row's first write,
 ``deployed_ms``; a schedule made of data: its creation too, and a changed timing
-redeploys it), and nothing ran or accounted for it:
+redeploys it) and after its timing last changed (``spec_ms``: a registered job's spec
+deployed in place of another, a data schedule's spec, instant or start/end changed —
+the instants of the schedule as it was are not the current one's), and nothing ran or
+accounted for it:
 
 - **ran**: the history has a round of that instant that a schedule, a catch-up, a
   second run, a retry or a backfill ran — whatever its outcome: failed, timed out,
@@ -26,7 +29,8 @@ per-instance job (no state on record) and a removed schedule are not.
 
 Cost: one statement counts every job's instants on record for the day (`lease.Tally`); a
 job whose count reaches its schedule's is done. Only the jobs that fall short (an overrun,
-a pause, a miss) have their day's rows read, in one statement per 500 jobs.
+a pause, a miss) or were deployed or retimed within the day have their day's rows read,
+in one statement per 500 jobs.
 """
 
 from __future__ import annotations
@@ -138,12 +142,20 @@ def missed(
             continue
         if schedule not in cache:
             cache[schedule] = _instants(schedule, start, end)
-        since = max(start, row.deployed or start, plan.created if plan is not None else start)
+        # Only the schedule as it has been since its latest change is counted.
+        since = max(
+            start,
+            row.deployed or start,
+            row.spec_changed or start,
+            plan.created if plan is not None else start,
+        )
         due = cache[schedule][bisect.bisect_right(cache[schedule], since) :]
         jitter = job.policies.get("jitter")
         if isinstance(jitter, int | float) and jitter > 0:
             due = _started_by(job.name, due, schedule, timedelta(seconds=jitter), end)
-        if len(due) > on_record.get(job.name, 0):
+        # The day's rounds on record count the old schedule's too: after a change (or a
+        # deployment) within the day, the count cannot tell, so the rows are read.
+        if len(due) > on_record.get(job.name, 0) or since > start:
             owed[job.name] = due
     if not owed:
         return {}

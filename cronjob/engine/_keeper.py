@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import NamedTuple
 
 import lease
@@ -124,6 +125,8 @@ class LeaseKeeper:
         cancel: Cancels a round with a cause (the round runner's).
         crash: Stops the scheduler as a killed process would (run on a thread of its own).
         on_fatal: Told the message when a round outlives its lost lease.
+        on_lost: Told ``(name, instant, attempt)`` of a round whose renewal found its
+            lease gone (taken, or its row deleted).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class LeaseKeeper:
         cancel: Callable[[Run, Cancelled], None],
         crash: Callable[[], None],
         on_fatal: Callable[[str], None],
+        on_lost: Callable[[str, datetime, int], None] | None = None,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -146,6 +150,7 @@ class LeaseKeeper:
         self._cancel = cancel
         self._crash = crash
         self._on_fatal = on_fatal
+        self._on_lost = on_lost
         self._held: set[Run] = set()  # rounds that hold (or held) a lease, until they end
         self._seq = itertools.count()
         # Loss at renewed_at + 10 s, exit at lost_at + 5 s, checked lazily: an entry whose
@@ -212,6 +217,8 @@ class LeaseKeeper:
                     self._watch(run)
                 elif not run.ended or run.backoff:  # an ended round's row may be done already
                     self._lose(run, self._clock.monotonic(), "another claim took it")
+                    if self._on_lost is not None:
+                        self._on_lost(run.ctx.name, run.ctx.instant, run.ctx.attempt)
             self._renew_at = now + RENEW_EVERY
 
         self._control.run(lambda: self._store.renew(pairs, self._replica_id), done)

@@ -235,10 +235,15 @@ class JobMetrics:
 def missed_before(schedule: Schedule, row: LeaseRow, instant: datetime, now: datetime) -> int:
     """The instants of ``schedule`` before ``instant`` (the one a catch-up claims) that no
     replica ran nor accounted for, as `cronjob.admin.JobStatus.missed` counts them: after
-    the row's latest claim, its first deployment, the overrun it records
-    (``skipped_through``) and a day before ``now``; at most `SKIP_COUNT_LIMIT`."""
+    the row's latest claim, its first deployment, its timing's latest change
+    (``spec_changed``), the overrun it records (``skipped_through``) and a day before
+    ``now``; at most `SKIP_COUNT_LIMIT`."""
     floor = max(
-        (at for at in (row.instant, row.deployed, row.skipped_through) if at is not None),
+        (
+            at
+            for at in (row.instant, row.deployed, row.skipped_through, row.spec_changed)
+            if at is not None
+        ),
         default=now - MISSED_HORIZON,
     )
     floor = max(floor, now - MISSED_HORIZON)

@@ -17,6 +17,11 @@ back, and a replica whose clock is far off the database's says so.
   its job on every replica: a job due every minute is among the names every minute and
   drawn within minutes; one due hourly, at its instants only, and may wait for the
   hourly check of every row.
+- **Lost under its round**: a renewal that finds a round's lease gone reads that row at
+  once (`RowCheck.lost`), not drawn nor waiting for the minute: a gone row is written
+  back as that round cut short ([lease.LeaseStore.restore_cut][]), so its second run
+  follows the rule of rounds cut short and the job's next instant is claimed on time,
+  whatever the number of jobs.
 - **Clock**: every minute, this replica's clock against the database's; 2 s off is logged
   as an error (`lease.CLAIM_AHEAD_LIMIT`).
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 import lease
 
@@ -81,6 +87,9 @@ class RowCheck:
         self._suspects: set[str] = set()
         #: The checks made: each draws its own `CHECK_MAX` of more names.
         self._count = 0
+        #: Rounds whose lease a renewal found gone, not yet read: name -> (instant, attempt).
+        self._lost: dict[str, tuple[datetime, int]] = {}
+        self._restoring = False
 
     def begin(self) -> None:
         """The database is ready and the start-up's `ensure` made every missing row:
@@ -102,6 +111,52 @@ class RowCheck:
             self._suspects.update(names)
         if at_once:
             self.tick(self._clock.monotonic())
+
+    def lost(self, name: str, instant: datetime, attempt: int) -> None:
+        """A renewal found the lease of job ``name``'s round of ``instant`` (``attempt``)
+        gone: read its row now (with those of other such rounds told meanwhile) and, if it
+        is missing, write it back as that round cut short, its ``due`` the job's next
+        instant. A row taken by another claim is left as it is."""
+        self._lost[name] = (instant, attempt)
+        if not self._restoring:
+            self._restore()
+
+    def _restore(self) -> None:
+        rounds, self._lost = self._lost, {}
+        self._restoring = True
+        clock, store, states = self._clock, self._store, self._states
+
+        def restore() -> list[str]:
+            missing = store.missing(rounds)
+            if not missing:
+                return []
+            now = clock.now()
+            cut = {}
+            for name in missing:
+                instant, attempt = rounds[name]
+                state = states.get(name)
+                due = state.job.schedule.next(max(now, instant)) if state else None
+                cut[name] = lease.CutRound(instant=instant, attempt=attempt, due=due)
+            return store.restore_cut(cut)
+
+        def done(result: list[str] | BaseException) -> None:
+            self._restoring = False
+            if isinstance(result, BaseException):
+                # The minute's check finds the row, as it finds any missed claim's.
+                log.warning("reading the rows of lost leases failed: %s", result)
+                self._suspects.update(rounds)
+            elif result:
+                log.warning(
+                    "the lease row of %d job(s) was gone under its running round (deleted "
+                    "by hand? a database restored from an older backup?), written back with "
+                    "that round cut short: %s",
+                    len(result),
+                    ", ".join(f"{name!r} instant {rounds[name][0].isoformat()}" for name in result),
+                )
+            if self._lost:
+                self._restore()
+
+        self._control.run(restore, done)
 
     def _check(self) -> None:
         """Recreate missing lease rows (every job's when the full check is due, else the

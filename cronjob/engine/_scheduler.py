@@ -286,7 +286,6 @@ class Scheduler:
         is_async = any(job.is_async for job in jobs) or any(t.is_async for t in tasks.values())
         engine, store = self._connect(check_dialect=leased > 0 or bool(tasks), async_jobs=is_async)
         clock, flags = self._clock, self._flags
-
         inbox = self._inbox = Inbox(clock)
         control = self._control = Control(clock, inbox)
         from .._version import __version__
@@ -351,6 +350,7 @@ class Scheduler:
             cancel=runner.cancel,
             crash=self._crash,
             on_fatal=self._on_fatal,
+            on_lost=recovery.sweeper.rows.lost,
         )
         if tasks:
             failures.follow(recovery.follow(tasks, meters))

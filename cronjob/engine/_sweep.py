@@ -101,7 +101,7 @@ class Sweeper:
         self._sweeping = False
         self._again = False  # sweep again at once: a backfill's round ended meanwhile
         #: The check of the lease rows and the clock (it rides on the sweep's wake-ups).
-        self._rows = RowCheck(
+        self.rows = RowCheck(
             clock=clock,
             store=store,
             control=control,
@@ -159,7 +159,7 @@ class Sweeper:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
         self._began = True
         self._sweep_at = self._clock.monotonic()
-        self._rows.begin()
+        self.rows.begin()
         if self._listener is not None:
             self._listener.start()
 
@@ -182,7 +182,7 @@ class Sweeper:
         """
         if self._sweeping or self._sweep_at is None or now < self._sweep_at:
             return
-        self._rows.tick(now)
+        self.rows.tick(now)
         names = list(self._names)  # this thread's: the control thread reads the copy
         self._sweeping = True
         given_back = self._given_back
@@ -437,7 +437,7 @@ class Sweeper:
         the process claimed then, nor holds, are; and the check runs at once (at most
         once a minute: it is not on a timer there)."""
         if self._unwatch is None:
-            self._rows.suspect(names)
+            self.rows.suspect(names)
             return
         epoch = int(instant.timestamp())
         with self._lock:
@@ -447,7 +447,7 @@ class Sweeper:
                 if name not in self._held and self._claimed.get(name, -1) < epoch
             ]
         if unexplained:
-            self._rows.suspect(unexplained, at_once=True)
+            self.rows.suspect(unexplained, at_once=True)
 
     def _on_grid(self, mono: float, *, strictly: bool) -> float:
         """The first time at (or, ``strictly``, after) ``mono`` that a sweep every 15 s

@@ -223,6 +223,12 @@ def _write_checked(
     written = new + again
     specs = {row.id: _shown(row) for row in written}
     lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in moved}, unpause=revived)
+    # A window moved, the timing kept: missed instants count from now.
+    moved_ids = {row.id for row in moved}
+    windows = {row.id: (before[row.id].start, before[row.id].end) for row in again}
+    lease.retime_schedule_leases(
+        conn, [r.id for r in again if r.id not in moved_ids and windows[r.id] != (r.start, r.end)]
+    )
     lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
     lease.schedule_lease_rows(
         conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
@@ -382,6 +388,8 @@ def update(
         values, before = lease.schedule_values(row), lease.schedule_values(current)
         if any(values[column] != before[column] for column in timing):
             lease.redeploy_schedule_leases(conn, {id: _shown(row)})
+        elif any(values[column] != before[column] for column in ("start_s", "end_s")):
+            lease.retime_schedule_leases(conn, [id])  # missed instants count from now
         lease.tell_on_commit(conn)
         return True
 
