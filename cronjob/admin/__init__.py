@@ -53,13 +53,13 @@ from ._control import resume_all as resume_all
 from ._forget import ForgetRefused as ForgetRefused
 from ._forget import Forgotten as Forgotten
 from ._forget import forget as forget
+from ._job import Activity as Activity
+from ._job import JobStatus as JobStatus
 from ._outbox import UNSENT_AFTER as UNSENT_AFTER
 from ._outbox import OutboxStatus as OutboxStatus
 from ._rounds import HISTORY_LIMIT as HISTORY_LIMIT
 from ._rounds import history as history
 from ._status import STALE_SLACK_SECONDS as STALE_SLACK_SECONDS
-from ._status import Activity as Activity
-from ._status import JobStatus as JobStatus
 from ._status import ReplicaStatus as ReplicaStatus
 from ._status import Status as Status
 from ._status import status as status

@@ -48,11 +48,11 @@ import lease
 from .._jitter import jitter_delay
 from . import _scheduled
 from ._base import store_on
+from ._job import JobStatus
 from ._spec import schedule_of
 
 if TYPE_CHECKING:
     from .._schedule import Schedule
-    from ._status import JobStatus
 
 __all__ = ["MISSED_GRACE", "MISSED_WINDOW", "missed", "progress", "shown"]
 

@@ -31,7 +31,6 @@ the leases and the replicas' ``last_seen`` are kept on.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -50,6 +49,7 @@ from ._base import at_ms as _at
 from ._base import aware as _aware
 from ._base import store_on as _store
 from ._base import to_ms as _ms
+from ._job import Activity, JobStatus
 from ._outbox import OutboxStatus, read_outbox
 from ._spec import human as _human
 from ._spec import next_instant as _next
@@ -68,93 +68,6 @@ __all__ = [
 #: The slack on top of two periods before a job without a successful end counts as
 #: stale: a sweep (15 s), a lease's time-to-live (15 s), and the re-run's own start.
 STALE_SLACK_SECONDS: Final = 60.0
-
-
-class Activity(enum.StrEnum):
-    """What a job is doing now."""
-
-    IDLE = "idle"
-    RUNNING = "running"
-    #: Paused by an operator (`pause`): no replica starts a round of it.
-    PAUSED = "paused"
-    #: On record, but no live replica registers it while some replica is live (renamed
-    #: or removed from the code): never stale nor failing, no next instant. `forget`
-    #: removes it (see [forget][cronjob.admin.forget]).
-    RETIRED = "retired"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobStatus:
-    """One job, as the replicas left it on record."""
-
-    name: str
-    #: The spec on record (the latest replica to start wrote it); ``None`` if unknown
-    #: (a row written by an older release).
-    spec: str | None
-    #: The IANA zone of a ``CRON_TZ=`` spec, else ``None`` (UTC).
-    zone: str | None
-    #: Run by every replica without a lease; such a job has no state on record.
-    per_instance: bool
-    #: The next instant after "now" per the spec on record; ``None`` while paused (no
-    #: instant runs until it is resumed: see `paused`) and when retired (no replica
-    #: runs it: see `Activity.RETIRED`).
-    next_instant: datetime | None
-    activity: Activity
-    #: The replica running it now, and since when (the claim).
-    running_on: str | None
-    running_since: datetime | None
-    #: The latest instant claimed, and its attempt.
-    instant: datetime | None
-    attempt: int | None
-    last_outcome: Outcome | None
-    last_start: datetime | None
-    last_end: datetime | None
-    last_duration: timedelta | None
-    last_success: datetime | None
-    #: ``"ExceptionType: message"`` of the latest failure, bounded; ``None`` after a
-    #: success.
-    last_error: str | None
-    consecutive_failures: int
-    #: The latest round overran its next instants up to here: they stay skipped.
-    skipped_through: datetime | None
-    #: The specs the live replicas registered, when they disagree (a rolling deploy).
-    specs_seen: tuple[str, ...]
-    #: One line each: failing, stale, specs that disagree. Empty when healthy.
-    problems: tuple[str, ...]
-    #: Paused since, by whom, why (`pause`); ``None`` when not paused. A paused
-    #: job with a round running shows `Activity.RUNNING`: the round runs to its end.
-    paused_since: datetime | None = None
-    paused_by: str | None = None
-    pause_reason: str | None = None
-    #: Paused (`pause`): no instant of it runs, so it has no `next_instant`.
-    paused: bool = False
-    #: Requests for a round now (`trigger`) not ended yet: pending, running, or
-    #: cut short and to be taken again; oldest first.
-    requests: tuple[RequestStatus, ...] = ()
-    #: The job's policies as the live replica that started last registered them
-    #: (`cronjob.Policy.describe`: ``timeout``, ``retries``, ``retry_backoff``,
-    #: ``start_deadline`` in seconds, ``pause_after_failures``, ``on_failure`` named);
-    #: empty without options, or when no live replica of this release registers it.
-    policies: Mapping[str, object] = dataclasses.field(default_factory=dict)
-    #: The task that runs it: a schedule's task (see `cronjob.schedules`); a registered
-    #: job's own name for a registered job (the default, given none).
-    task: str = ""
-    #: The instants of the last day that no round ran or accounted for (see
-    #: `cronjob.admin._missed`: overrun, paused, given up, missed deadline are accounted).
-    missed: int = 0
-    #: A backfill's instants queued (see [backfill][cronjob.admin.backfill]), and the one
-    #: running now (``None``: none).
-    backfill_queued: int = 0
-    backfilling: datetime | None = None
-    #: Its backfill's latest cancellation within the last day (see
-    #: [cancel_backfill][cronjob.admin.cancel_backfill]): when, by whom, instants closed.
-    backfill_cancelled: datetime | None = None
-    backfill_cancelled_by: str | None = None
-    backfill_cancelled_instants: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.task:
-            object.__setattr__(self, "task", self.name)  # frozen: this is its constructor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import propagate
 
 import lease
 
 from .._exceptions import RegistrationError
-from ._sender import Sender
+from ._sender import Occurrence, Publisher, Sender
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -62,49 +61,6 @@ RETRY_WITHIN: Final = 10.0
 #: The longest wait for the broker's answer to one send, in seconds (real time, like a
 #: socket timeout), unless the hold is shorter: then half the hold.
 SEND_TIMEOUT: Final = 20.0
-
-
-@dataclass(frozen=True)
-class Occurrence:
-    """One instant of one job, as handed to a task system.
-
-    Attributes:
-        id: `cronjob.occurrence_id` of (name, instant): the message's own id.
-        name: The job's (or data schedule's) name.
-        instant: The scheduled instant, an aware UTC datetime.
-        headers: The round's W3C trace context (``traceparent``, and ``tracestate``
-            when there is one), to be put in the message's headers; empty when no
-            trace context is known (a republish by the sweep carries the recorded one).
-    """
-
-    id: str
-    name: str
-    instant: datetime
-    headers: Mapping[str, str]
-
-
-class Publisher(Protocol):
-    """What a target must do; the outbox does the rest."""
-
-    @property
-    def target(self) -> str:
-        """``"celery"``, ``"rq"`` or ``"dramatiq"``."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """What this publisher sends, as JSON-able data (task name, queue, …), for the
-        outbox row, logs and ``status``. Never secrets (no broker URL password)."""
-        ...
-
-    def publish(self, occurrence: Occurrence) -> None:
-        """Put one message for ``occurrence`` on the broker, with ``occurrence.id`` as
-        its id, the instant (ISO 8601 UTC) in it, and ``occurrence.headers`` in its
-        headers. Return only once the broker has accepted it (publisher confirms on
-        RabbitMQ); raise on any failure. It may be called again with the same
-        occurrence (after a failure, a crash, or on another replica). It is called on a
-        thread of its own (``cronjob-publish``, one per publisher, one call at a time),
-        waited for at most ``send_timeout`` seconds."""
-        ...
 
 
 def _now_ms(when: datetime) -> int:

@@ -1,5 +1,6 @@
 """Sends with a bound: a publisher's ``publish`` run on a thread of its own, waited for
-at most a given number of seconds.
+at most a given number of seconds; what is sent (`Occurrence`) and who sends it
+(`Publisher`), which `cronjob.contrib._handoff` re-exports.
 
 A broker that accepts the connection and never answers would otherwise hold the
 caller (a round's thread, or the ``cronjob-outbox`` thread of every sweep) for as long as
@@ -34,15 +35,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from .._clock import ClockEvent
-    from ._handoff import Occurrence, Publisher
 
-__all__ = ["ANSWER_GRACE", "Sender"]
+__all__ = ["ANSWER_GRACE", "Occurrence", "Publisher", "Sender"]
 
 log = logging.getLogger("cronjob")
 
@@ -52,6 +53,49 @@ log = logging.getLogger("cronjob")
 #: cancellation every `_POLL` seconds; past them, it waits on the round's clock event.
 ANSWER_GRACE: Final = 5.0
 _POLL: Final = 0.05
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One instant of one job, as handed to a task system.
+
+    Attributes:
+        id: `cronjob.occurrence_id` of (name, instant): the message's own id.
+        name: The job's (or data schedule's) name.
+        instant: The scheduled instant, an aware UTC datetime.
+        headers: The round's W3C trace context (``traceparent``, and ``tracestate``
+            when there is one), to be put in the message's headers; empty when no
+            trace context is known (a republish by the sweep carries the recorded one).
+    """
+
+    id: str
+    name: str
+    instant: datetime
+    headers: Mapping[str, str]
+
+
+class Publisher(Protocol):
+    """What a target must do; the outbox does the rest."""
+
+    @property
+    def target(self) -> str:
+        """``"celery"``, ``"rq"`` or ``"dramatiq"``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What this publisher sends, as JSON-able data (task name, queue, …), for the
+        outbox row, logs and ``status``. Never secrets (no broker URL password)."""
+        ...
+
+    def publish(self, occurrence: Occurrence) -> None:
+        """Put one message for ``occurrence`` on the broker, with ``occurrence.id`` as
+        its id, the instant (ISO 8601 UTC) in it, and ``occurrence.headers`` in its
+        headers. Return only once the broker has accepted it (publisher confirms on
+        RabbitMQ); raise on any failure. It may be called again with the same
+        occurrence (after a failure, a crash, or on another replica). It is called on a
+        thread of its own (``cronjob-publish``, one per publisher, one call at a time),
+        waited for at most ``send_timeout`` seconds."""
+        ...
 
 
 @dataclass(eq=False)

@@ -3,12 +3,17 @@
 Nothing here is public; `cronjob` re-exports [Scheduler][cronjob.Scheduler]. The parts, one
 private module each (the package docstring of `cronjob` draws who owns what):
 
-- ``_scheduler``: [Scheduler][cronjob.Scheduler], the façade: it wires the parts and holds the
-  lifecycle (start, drain, stop).
+- ``_scheduler``: [Scheduler][cronjob.Scheduler], the façade: it holds the lifecycle
+  (start, drain, stop); ``_wiring``: it builds the parts and hands each the narrow
+  interfaces it needs, the ports of ``_ports`` (no part imports the part that calls it);
+  ``_wings``: the one interface through which the core calls the capabilities beside it
+  (``_data``, ``_backfill``, ``_republish``).
 - ``_options``: the façade's options, their defaults and checks (the caller's thread).
-- ``_dispatcher``: the heap of instants, the rounds in flight (the dispatcher thread);
+- ``_dispatcher``: the heap of instants, the drain (the dispatcher thread);
+  ``_inflight``: the rounds in flight, started and ended (the same thread);
   ``_claiming``: the claims of an instant, the rest after the grace, the rounds held
-  until their instant (the same thread); ``_lead``: how early a claim goes out;
+  until their instant (the same thread); ``_giveback``: leases won that will not run
+  here given back; ``_lead``: how early a claim goes out;
   ``_summary``: its per-instant log line.
 - ``_prepare``: a round built, its ``Round`` and ``Run`` (the dispatcher thread);
   ``_runner``: running rounds (a worker thread or the loop); ``_ends``: a round's end
@@ -22,10 +27,12 @@ private module each (the package docstring of `cronjob` draws who owns what):
   heartbeat pings of ``_heartbeat``).
 - ``_overlap``: what follows a round's end (``overlap=``, ``catch_up="all"``) and the
   rounds ``cancel_other`` supersedes (the dispatcher thread).
-- ``_recovery``: reaching the database, catch-up, outages; ``_sweep``: second runs;
+- ``_recovery``: reaching the database, catch-up, outages, the wings' calls; ``_sweep``:
+  second runs (``_reruns``), the requests (``_requests``: run now, resume's catch-up);
   ``_rowcheck``: missing lease rows and the clock; ``_republish``: the outbox's sweep;
   ``_record``: this replica's record; ``_listen``: the database's notices of lease
-  writes; ``_backfill``: a backfill's instants, taken with the sweep.
+  writes; ``_data``: the schedules made of data (a wing); ``_backfill``: a backfill's
+  instants, taken with the sweep (a wing).
 - ``_peers``: the live replicas and each one's share of an instant.
 - ``_control``: the inbox and the control thread; ``_state``: the records the parts share.
 - ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.

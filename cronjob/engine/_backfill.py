@@ -1,14 +1,15 @@
 """Backfills: the instants of the past an operator asked for (``cronjob backfill``), run
 on the replicas that register the job, one at a time, oldest first.
 
-Each sweep hands `BackfillTaker.step` the open backfill requests of each of this
-replica's leased jobs ([lease.Backfills][] says the rule by which one is taken). Per job:
+A wing of the sweep (see ``_wings``): each sweep hands it the open requests it read
+(`BackfillTaker.swept`), and `BackfillTaker.step` takes the backfill requests of each of
+this replica's leased jobs ([lease.Backfills][] says the rule by which one is taken). Per job:
 
 - a request whose round runs (its lease held) leaves the job alone: one at a time;
 - a request whose round was cut short, or died with its replica (running, its lease
   free), is queued again as attempt 2; its second run cut short is given up;
 - else the oldest queued instant is taken: it runs under the job's lease as a manual
-  round does (`Dispatcher.start_manual`), ``ctx.instant`` the instant, ``why``
+  round does (the dispatcher's ``start_manual``), ``ctx.instant`` the instant, ``why``
   ``'backfill'``; or it is closed as on record; or it waits.
 
 A job with instants queued keeps the sweeps going on an in-process clock (`waiting`);
@@ -21,19 +22,17 @@ Dispatcher thread only; the statements run on the control thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import lease
 
 from .._clock import Clock
 from ._control import Control
 from ._keeper import too_late
+from ._ports import Starter, Timetable
 from ._state import JobState
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
+from ._wings import Wing
 
 __all__ = ["BackfillTaker"]
 
@@ -44,8 +43,21 @@ log = logging.getLogger("cronjob")
 PASSED_GRACE = timedelta(seconds=60)
 
 
-class BackfillTaker:
-    """Takes the instants of backfills for the dispatcher's jobs."""
+class BackfillTaker(Wing):
+    """Takes the instants of backfills for the dispatcher's jobs.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Runs the statements.
+        timetable: Told whether a drain began (no instant is taken then).
+        starter: Starts a backfill's round, as a manual round.
+        states: The jobs' states by name (the dispatcher's).
+        replica_id: The holder named when an instant is taken.
+        taking: The ids of requests being taken (shared with the sweep's own requests).
+        give_up: Gives a request up, on record (the sweep's requests').
+        sweep_soon: Asks the sweep to run at once.
+    """
 
     def __init__(
         self,
@@ -53,7 +65,9 @@ class BackfillTaker:
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
-        dispatcher: Dispatcher,
+        timetable: Timetable,
+        starter: Starter,
+        states: Mapping[str, JobState],
         replica_id: str,
         taking: set[int],
         give_up: Callable[[lease.TriggerRow], None],
@@ -61,7 +75,9 @@ class BackfillTaker:
     ) -> None:
         self._clock = clock
         self._control = control
-        self._dispatcher = dispatcher
+        self._timetable = timetable
+        self._starter = starter
+        self._states = states
         self._replica_id = replica_id
         self._backfills = lease.Backfills(store)
         self._triggers = lease.Triggers(store)
@@ -90,19 +106,30 @@ class BackfillTaker:
             elif row.lease_free:
                 self._requeue(row)
             return
-        if not queued or state.busy or state.run is not None or self._dispatcher.draining:
+        if not queued or state.busy or state.run is not None or self._timetable.draining:
             return
         self._take(state, queued[0])
 
-    def ended(self, request: lease.TriggerRow) -> None:
+    def request_ended(self, request: lease.TriggerRow) -> None:
         """A request's round ended on this replica: after a backfill's, sweep at once, so
         its next instant is taken without waiting for the 15 s grid."""
         if request.backfill:
             self._sweep_soon()
 
-    def swept(self) -> None:
-        """A sweep begins: `waiting` is told anew by its steps."""
+    def swept(self, requests: list[lease.TriggerRow]) -> None:
+        """A sweep read the open ``requests``: step each backfill of a leased job of this
+        replica (`waiting` is told anew by the steps)."""
         self.waiting = False
+        if self._timetable.draining:
+            return
+        backfills: dict[str, list[lease.TriggerRow]] = {}
+        for row in requests:
+            if row.backfill and row.id not in self._taking:
+                state = self._states.get(row.name)
+                if state is not None and state.job.leased:
+                    backfills.setdefault(row.name, []).append(row)
+        for name, queue in backfills.items():
+            self.step(self._states[name], queue)
 
     def _requeue(self, row: lease.TriggerRow) -> None:
         backfills = self._backfills
@@ -115,7 +142,7 @@ class BackfillTaker:
         self._control.run(lambda: backfills.requeue(row), done)
 
     def _take(self, state: JobState, row: lease.TriggerRow) -> None:
-        dispatcher, backfills, holder = self._dispatcher, self._backfills, self._replica_id
+        starter, backfills, holder = self._starter, self._backfills, self._replica_id
         triggers = self._triggers
         claimed_at = self._clock.monotonic()
         self._taking.add(row.id)
@@ -127,7 +154,7 @@ class BackfillTaker:
                 return
             if result is None:
                 return  # it waits, or was on record (closed), or another replica took it
-            if dispatcher.draining or too_late(claimed_at, self._clock.monotonic()):
+            if self._timetable.draining or too_late(claimed_at, self._clock.monotonic()):
                 name = row.name
                 self._control.run(
                     lambda: triggers.end(row.id, name, result, leased=True, outcome="cut short"),
@@ -140,7 +167,7 @@ class BackfillTaker:
                 row.instant,
                 row.requested_by,
             )
-            dispatcher.start_manual(state, row, token=result, claimed_at=claimed_at)
+            starter.start_manual(state, row, token=result, claimed_at=claimed_at)
 
         assert row.instant is not None
         following = state.job.schedule.next(row.instant)

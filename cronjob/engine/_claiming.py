@@ -12,7 +12,7 @@ and its result comes back through the inbox; the rounds won are handed to the di
 its heap. Leases won that will not run here (too late, draining, stopped) are given back.
 
 Threads: everything here runs on the dispatcher's thread and is part of its scheduling
-state, except `Claims.give_back`, on the control thread once the dispatcher has gone.
+state (the leases won that will not run here are given back through ``_giveback``).
 """
 
 from __future__ import annotations
@@ -20,22 +20,20 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import lease
 
 from .._clock import Clock
 from ._control import Control
+from ._giveback import GiveBacks
 from ._keeper import too_late
 from ._lead import LEAD_MAX, ClaimLead
 from ._peers import GRACE, Peers
-from ._state import Flags, JobState, Reason
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
+from ._ports import Outage, Starter, Timetable
+from ._state import Flags, JobState, Reason, Run
 
 __all__ = ["SATURATED_AFTER", "Claims"]
 
@@ -45,9 +43,6 @@ __all__ = ["SATURATED_AFTER", "Claims"]
 SATURATED_AFTER = 1.0
 
 log = logging.getLogger("cronjob")
-
-#: The most job names one log line lists.
-_NAMES_PER_LINE = 100
 
 _GRACE = timedelta(seconds=GRACE)
 
@@ -84,19 +79,30 @@ class Claims:
     instants (claimed after the grace) and the rounds won ahead (started at the instant).
 
     Args:
-        dispatcher: Whose jobs are claimed: their heap, the rounds in flight, recovery.
+        timetable: The heap the jobs claimed came off, and go back to when not won.
+        starter: Starts the rounds won.
+        runs: The rounds in flight (read to tell saturated worker threads).
+        max_workers: The worker threads for sync rounds.
+        give_backs: Gives back the leases won that will not run here.
         clock: The scheduler's clock.
         replica_id: This replica's id: the holder of what it claims.
         store: The lease store (the claims, the give-backs).
         control: Runs the statements.
         flags: The scheduler's life flags.
         peers: The live replicas and each one's share of an instant.
+
+    The façade then wires in `outage` (told how the database answered each claim) and
+    `missed` (told the names a claim did not win).
     """
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
         *,
+        timetable: Timetable,
+        starter: Starter,
+        runs: Collection[Run],
+        max_workers: int,
+        give_backs: GiveBacks,
         clock: Clock,
         replica_id: str,
         store: lease.LeaseStore,
@@ -104,7 +110,15 @@ class Claims:
         flags: Flags,
         peers: Peers,
     ) -> None:
-        self._dispatcher = dispatcher
+        self._timetable = timetable
+        self._starter = starter
+        self._runs = runs
+        self._max_workers = max_workers
+        self._give_backs = give_backs
+        #: Told how the database answered each claim (recovery: an outage, its end).
+        self.outage: Outage
+        #: Told the names a claim of an instant did not win (the sweep's row check).
+        self.missed: Callable[[list[str], datetime], None]
         self._clock = clock
         self._replica_id = replica_id
         self._store = store
@@ -215,11 +229,11 @@ class Claims:
 
     def _unhold(self, won: list[JobState], token: int, instant: datetime) -> None:
         """Draining before the instant of rounds won ahead: hand them on, as rounds cut
-        short (another replica's sweep runs them; see `hand_back`)."""
+        short (another replica's sweep runs them; see `GiveBacks.hand_back`)."""
         why = "was won ahead of its instant, then a drain began"
-        self.hand_back(won, token, instant, why, logging.INFO)
+        self._give_backs.hand_back(won, token, instant, why, logging.INFO)
         for state in won:
-            self._dispatcher.schedule_after(state, instant)
+            self._timetable.schedule_after(state, instant)
 
     def start_held(self, now: datetime) -> None:
         """Start the rounds held for an instant that has come."""
@@ -250,7 +264,7 @@ class Claims:
         """Draining: forget the rest of past instants; hand on rounds won ahead."""
         for rest in self._rest:
             for state in rest.states:
-                self._dispatcher.schedule_after(state, rest.instant)
+                self._timetable.schedule_after(state, rest.instant)
         self._rest.clear()
         for held in self._held:
             held.drop()
@@ -269,10 +283,9 @@ class Claims:
         threads) is through within the second, and refusing the next instant while it
         is would skip instants a free pool runs at once.
         """
-        dispatcher = self._dispatcher
         now = self._clock.monotonic()
         held = 0
-        for run in dispatcher.runs:
+        for run in self._runs:
             if run.ended or run.state.job.is_async:
                 continue
             if run.started_at is None:  # waiting for a thread
@@ -280,7 +293,7 @@ class Claims:
                     return True
             elif now - run.started_mono >= SATURATED_AFTER:
                 held += 1
-        return held >= dispatcher.runner.max_workers
+        return held >= self._max_workers
 
     def _refuse_sync(self, instant: datetime, states: list[JobState]) -> list[JobState]:
         """Leave ``instant`` of the sync jobs in ``states`` unclaimed; return the others.
@@ -296,10 +309,10 @@ class Claims:
                 "thread(s) are busy (another replica may run it)",
                 instant.isoformat(),
                 ", ".join(repr(state.job.name) for state in refused),
-                self._dispatcher.runner.max_workers,
+                self._max_workers,
             )
             for state in refused:
-                self._dispatcher.schedule_after(state, instant)
+                self._timetable.schedule_after(state, instant)
         return [state for state in states if state.job.is_async]
 
     # -- claims ---------------------------------------------------------------------------
@@ -330,7 +343,7 @@ class Claims:
         With ``lost_later`` (a share claimed ahead of its instant), jobs not won are
         claimed once more with the rest of the instant (see `_claim_later`).
         """
-        dispatcher = self._dispatcher
+        timetable = self._timetable
         names = [state.job.name for state in states]
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
         catch_up = reason is not Reason.SCHEDULE
@@ -342,14 +355,12 @@ class Claims:
                     "claiming %s for %d job(s) failed: %s", instant.isoformat(), len(names), result
                 )
                 if isinstance(result, lease.DatabaseUnavailable):
-                    dispatcher.recovery.database_lost()
+                    self.outage.database_lost()
             else:
                 won = set(result.names)
-                dispatcher.recovery.database_answered()
+                self.outage.database_answered()
                 if len(won) < len(names):
-                    dispatcher.recovery.sweeper.claims_missed(
-                        [n for n in names if n not in won], instant
-                    )
+                    self.missed([n for n in names if n not in won], instant)
                 if then is not None:
                     then(won)
             late = too_late(claimed_at, self._clock.monotonic())
@@ -358,7 +369,7 @@ class Claims:
             retry = (
                 lost_later
                 and not isinstance(result, BaseException)
-                and not dispatcher.draining
+                and not timetable.draining
                 and not self._flags.stopped
             )
             claimed: list[JobState] = []
@@ -369,15 +380,15 @@ class Claims:
                 elif retry:
                     lost.append(state)
                 else:
-                    dispatcher.schedule_after(state, max(instant, issued) if catch_up else instant)
+                    timetable.schedule_after(state, max(instant, issued) if catch_up else instant)
             batch = None if isinstance(result, BaseException) else result
             if batch is not None and claimed:
-                if late or dispatcher.draining or self._flags.stopped:
+                if late or timetable.draining or self._flags.stopped:
                     # The drain began meanwhile, or the claim came back too late: hand the
                     # instant on.
                     self._hand_on(claimed, batch, claimed_at, late=late)
                     for state in claimed:
-                        dispatcher.schedule_after(
+                        timetable.schedule_after(
                             state, max(instant, issued) if catch_up else instant
                         )
                     claimed = []
@@ -385,13 +396,13 @@ class Claims:
                     self._report_claimed(claimed, batch, reason)
             if lost and not self._claim_later(instant, lost):
                 for state in lost:
-                    dispatcher.schedule_after(state, instant)
+                    timetable.schedule_after(state, instant)
             if not claimed:
                 return
             assert batch is not None
             rounds: list[tuple[JobState, int | None]] = [(state, batch.token) for state in claimed]
             start = functools.partial(
-                dispatcher.start_rounds,
+                self._starter.start_rounds,
                 rounds,
                 instant,
                 attempt=1,
@@ -427,7 +438,7 @@ class Claims:
             def work() -> lease.ClaimBatch:
                 return store.claim_batch(names, instant, holder, due=due)
 
-        self._control.run(work, done, self.give_back)
+        self._control.run(work, done, self._give_backs.give_back)
 
     def _hand_on(
         self, states: list[JobState], batch: lease.ClaimBatch, claimed_at: float, *, late: bool
@@ -435,10 +446,11 @@ class Claims:
         """Give back the leases of rounds just won that will not run here."""
         took = self._clock.monotonic() - claimed_at
         why = f"came back {took:.1f} s after it was sent, when its leases may be lost already"
+        give_backs = self._give_backs
         if late:
-            self.hand_back(states, batch.token, batch.instant, why, logging.WARNING)
+            give_backs.hand_back(states, batch.token, batch.instant, why, logging.WARNING)
         else:
-            self.hand_back(states, batch.token, batch.instant, "met a drain", logging.INFO)
+            give_backs.hand_back(states, batch.token, batch.instant, "met a drain", logging.INFO)
 
     def _report_claimed(
         self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason
@@ -465,36 +477,3 @@ class Claims:
                 instant,
                 " after the database outage" if reason is Reason.OUTAGE else "",
             )
-
-    def hand_back(
-        self, states: list[JobState], token: int, instant: datetime, why: str, level: int
-    ) -> None:
-        """Give back the leases of rounds of ``instant`` won with ``token`` that will not
-        run here (``why``: a drain began, or the claim came back too late), first or
-        second runs, in one statement; left owed as rounds cut short at their first
-        attempt, another replica's sweep runs them (again) as second runs. Logged with
-        every name, a hundred a line (one line of 10,000 would be split by log
-        collectors): the fault suite's check reads them."""
-        names = [state.job.name for state in states]
-        for first in range(0, len(names), _NAMES_PER_LINE):
-            log.log(
-                level,
-                "the claim of %s %s: given back, not run here: %s",
-                instant.isoformat(),
-                why,
-                ", ".join(repr(name) for name in names[first : first + _NAMES_PER_LINE]),
-            )
-        self.give_back_names(names, token)
-
-    def give_back_names(self, names: list[str], token: int) -> None:
-        """Give back the leases of ``names`` won with ``token``, in one statement."""
-        self._control.run(lambda: self._store.give_back_all(names, token), lambda _result: None)
-
-    def give_back(self, claims: lease.ClaimBatch | None) -> None:
-        """Give back leases won after the dispatcher has gone (on the control thread)."""
-        if claims is None or not claims.names:
-            return
-        try:
-            self._store.give_back_all(claims.names, claims.token)
-        except lease.LeaseError as exc:
-            log.warning("giving back %d lease(s) won at stop failed: %s", len(claims.names), exc)

@@ -20,6 +20,9 @@ What a change does, as the dispatcher applies it:
 - **Removed** (or its task is not registered here): no instant of it starts after; a
   round in flight runs to its end, on record.
 
+A wing (see ``_wings``): recovery calls it once the database is reached (`DataSchedules.reached`:
+the load, before start-up's catch-up) and on each wake (`DataSchedules.poll`).
+
 Dispatcher thread only; the reads run on a thread of their own (``cronjob-schedules``,
 one per replica), the writes on the control thread.
 """
@@ -29,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import lease
 
@@ -39,12 +41,11 @@ from .._exceptions import ScheduleError
 from .._policy import CatchUp
 from .._registry import Job, Task
 from ..schedules._policies import with_own
-from ._control import Control
+from ._control import Control, Inbox
 from ._metrics import Meters
+from ._ports import Claimer, Timetable
 from ._state import JobState, Reason
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
+from ._wings import Wing
 
 __all__ = ["POLL_EVERY", "DataSchedules"]
 
@@ -79,8 +80,23 @@ def job_of(row: lease.ScheduleRow, task: Task) -> Job:
     )
 
 
-class DataSchedules:
-    """This replica's schedules made of data: loaded, polled, applied."""
+class DataSchedules(Wing):
+    """This replica's schedules made of data: loaded, polled, applied.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Runs the writes (the lease rows' due).
+        inbox: The dispatcher's: the reads' results come back through it.
+        timetable: The heap the schedules' instants go in.
+        claims: Claims a one-off's instant passed within the day.
+        states: The jobs' states by name (the dispatcher's): the schedules' are added
+            and removed here.
+        tasks: This replica's tasks.
+        meters: Makes each schedule's measurements.
+        changed: Told of the schedules added and the names dropped.
+        late: Catches up schedules loaded after start-up.
+    """
 
     def __init__(
         self,
@@ -88,7 +104,10 @@ class DataSchedules:
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
-        dispatcher: Dispatcher,
+        inbox: Inbox,
+        timetable: Timetable,
+        claims: Claimer,
+        states: dict[str, JobState],
         tasks: Mapping[str, Task],
         meters: Meters,
         changed: Callable[[list[JobState], list[str]], None],
@@ -100,8 +119,11 @@ class DataSchedules:
         # The reads of the counter and the changes go on a thread of their own, so that
         # a long statement of the control thread (a sweep over 100,000 names) never holds
         # a change back; writes (the lease rows' due) stay on the control thread.
-        self._reads = Control(clock, dispatcher.inbox, name="cronjob-schedules")
-        self._dispatcher = dispatcher
+        self._reads = Control(clock, inbox, name="cronjob-schedules")
+        self._inbox = inbox
+        self._timetable = timetable
+        self._claims = claims
+        self._states = states
         self._tasks = tasks
         self._meters = meters
         #: Called (dispatcher thread) with the schedules added and the names dropped: the
@@ -137,12 +159,20 @@ class DataSchedules:
         return None if job is None else job.policy.heartbeat
 
     def _job_of(self, name: str) -> Job | None:
-        state = self._dispatcher.states.get(name)
+        state = self._states.get(name)
         if state is None:
             return self._dropped.get(name)
         return state.job if state.job.task is not None else None
 
     # -- reading ------------------------------------------------------------------------
+
+    def reached(self, then: Callable[[], None]) -> bool:
+        """The database was reached: load the schedules, unless loaded already, then call
+        ``then`` (start-up's catch-up covers them). Returns whether it loads."""
+        if self.rev is not None:
+            return False
+        self.load(then)
+        return True
 
     def load(self, then: Callable[[], None]) -> None:
         """Read every schedule of this replica's tasks and apply them, then call ``then``
@@ -165,11 +195,11 @@ class DataSchedules:
 
         self._reads.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
 
-    def next_wake(self) -> float | None:
-        """When the next poll is due (monotonic), or ``None``."""
-        return None if self._reading else self._poll_at
+    def next_wake(self, *, draining: bool) -> float | None:
+        """When the next poll is due (monotonic), or ``None`` (none while draining)."""
+        return None if self._reading or draining else self._poll_at
 
-    def tick(self, mono: float) -> None:
+    def poll(self, mono: float) -> None:
         """Poll the counter if it is time."""
         if self._poll_at is not None and not self._reading and mono >= self._poll_at:
             self._poll()
@@ -189,7 +219,7 @@ class DataSchedules:
     def _on_write(self, write: lease.LeaseWrite) -> None:
         """A write in this process (any thread): schedules changed, read them."""
         if write.kind is lease.WriteKind.SCHEDULES:
-            self._dispatcher.post(self._told)
+            self._inbox.post(self._told)
 
     def _told(self) -> None:
         if self._reading:
@@ -235,7 +265,7 @@ class DataSchedules:
         self.rev = rev if self.rev is None else max(rev, self.rev)
         if not rows:
             return []
-        dispatcher = self._dispatcher
+        states = self._states
         now = self._clock.now()
         fresh: list[JobState] = []
         added: list[JobState] = []
@@ -251,7 +281,7 @@ class DataSchedules:
                     lease.SCHEDULE_FORMAT,
                 )
                 task = None
-            state = dispatcher.states.get(row.id)
+            state = states.get(row.id)
             if state is not None and state.job.task is None:
                 continue  # a registered job's name: never a schedule's (refused at add)
             if task is None:
@@ -267,7 +297,7 @@ class DataSchedules:
                 continue
             if state is None:
                 state = JobState(job, metrics=self._meters.job(row.id))
-                dispatcher.states[row.id] = state
+                states[row.id] = state
                 self.count += 1
                 self.beating += self._alone(job)
                 added.append(state)
@@ -290,7 +320,7 @@ class DataSchedules:
 
     def _schedule(self, state: JobState, now: datetime) -> None:
         """Schedule a new or changed schedule from now (a round in flight: from its end)."""
-        dispatcher = self._dispatcher
+        timetable = self._timetable
         if state.busy:
             return  # its round's end schedules the new schedule's next instant
         schedule = state.job.schedule
@@ -298,8 +328,8 @@ class DataSchedules:
             # Its one instant passed: owed as any missed instant is, by its catch-up policy.
             policy = state.job.policy
             if policy.catch_up is not CatchUp.NONE and now - schedule.at <= policy.catch_up_window:
-                dispatcher.take(state)
-                dispatcher.claims.claim(schedule.at, [state], reason=Reason.CATCH_UP)
+                timetable.take(state)
+                self._claims.claim(schedule.at, [state], reason=Reason.CATCH_UP)
             else:
                 log.info(
                     "schedule %r: its instant %s passed, not caught up: done",
@@ -307,7 +337,7 @@ class DataSchedules:
                     schedule.at.isoformat(),
                 )
             return
-        dispatcher.schedule_after(state, now)
+        timetable.schedule_after(state, now)
 
     def _drop(self, state: JobState) -> str:
         """No instant of ``state``'s schedule starts any more here; a round in flight ends
@@ -320,7 +350,7 @@ class DataSchedules:
                 del self._dropped[next(iter(self._dropped))]
         state.retired = True
         state.generation += 1  # its heap entry is void
-        del self._dispatcher.states[name]
+        del self._states[name]
         self.count -= 1
         return name
 

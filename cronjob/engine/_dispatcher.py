@@ -8,7 +8,12 @@ for the shares other replicas left, see ``_peers``), lets recovery and the lease
 act, and starts the rounds that were won. It never does I/O: statements go to the
 control thread and their results come back through the inbox, so a slow database cannot
 delay a deadline. Claiming the instants (the shares, the rest after a grace, the rounds
-held until their instant) is the `Claims` part's, on this same thread.
+held until their instant) is the `Claims` part's, on this same thread; starting the
+rounds won and taking their ends back is the `InFlight` part's (``_inflight``).
+
+The façade wires the parts (``_wiring``): each part gets the dispatcher as the
+`Timetable` port (``_ports``), never the dispatcher itself, and the dispatcher gets the
+parts it calls.
 """
 
 from __future__ import annotations
@@ -18,33 +23,25 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-import lease
-
 from .._clock import Clock
-from .._exceptions import Shutdown
-from .._policy import Overlap
-from .._round import Outcome
 from ._claiming import Claims
-from ._control import Control, Inbox
+from ._control import Inbox
+from ._inflight import InFlight
 from ._keeper import LeaseKeeper
 from ._overlap import NextRounds
 from ._peers import Peers
 from ._policies import PolicyTimers
 from ._recovery import Recovery
-from ._runner import RoundRunner, Start
 from ._state import Flags, JobState, Reason, Run
 from ._summary import RoundSummary
 
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger("cronjob")
-
-#: Rounds of one claim handed to the worker threads at a time (see start_rounds).
-START_BATCH = 128
 
 
 class _Due(NamedTuple):
@@ -60,61 +57,50 @@ class _Due(NamedTuple):
 
 
 class Dispatcher:
-    """Owns the jobs' states, the heap of their next instants and the rounds in flight.
+    """Owns the jobs' states, the heap of their next instants and the drain.
 
-    Everything here runs on the dispatcher thread (`serve`), except
-    `post_rounds_ended` (through the inbox) and the ``drained`` and ``decided``
-    events. The parts it calls (runner, keeper, recovery) are wired in by the scheduler
-    before the thread starts; it builds its own (peers, claims, policies, summary).
+    Everything here runs on the dispatcher thread (`serve`), except the ``drained``
+    and ``decided`` events. The parts it calls (peers, claims, the rounds in flight,
+    policies, what follows an end, keeper, recovery) are wired in by the façade before
+    the thread starts (see ``_wiring``).
+
+    Args:
+        clock: The scheduler's clock.
+        states: The jobs' states by name (shared with the parts, on this thread).
+        inbox: The messages other threads post to this one.
+        flags: The scheduler's life flags.
+        summary: The rounds started and ended, logged once a minute.
     """
 
     def __init__(
         self,
         *,
         clock: Clock,
-        replica_id: str,
         states: dict[str, JobState],
-        store: lease.LeaseStore,
         inbox: Inbox,
-        control: Control,
         flags: Flags,
-        tasks: Collection[str] = (),
+        summary: RoundSummary,
     ) -> None:
         self._clock = clock
-        self._replica_id = replica_id
         self.states = states
-        self._store = store
         self._inbox = inbox
-        self._control = control
         self._flags = flags
-        self.request_ended: Callable[[lease.TriggerRow], None] = lambda _: None  # the sweeper's
-        self.runner: RoundRunner
+        #: The live replicas and each one's share of an instant.
+        self.peers: Peers
+        #: The claims of instants (this replica's share, the rest, the rounds held).
+        self.claims: Claims
+        #: Starts the rounds won and takes their ends back.
+        self.inflight: InFlight
+        #: The rounds in flight on this replica (the `InFlight` part's set).
+        self.runs: set[Run]
+        #: The jobs' timeouts and retry backoffs (see ``_policies``).
+        self.policies: PolicyTimers
+        #: What follows a round's end; the rounds ``cancel_other`` supersedes.
+        self.next_rounds: NextRounds
         self.keeper: LeaseKeeper
         self.recovery: Recovery
-        self.peers = Peers(
-            clock=clock,
-            store=store,
-            control=control,
-            replica_id=replica_id,
-            jobs={
-                name: state.job.schedule.spec for name, state in states.items() if state.job.leased
-            }
-            | dict.fromkeys(tasks, ""),
-        )
-        #: The claims of instants (this replica's share, the rest, the rounds held).
-        self.claims = Claims(
-            self,
-            clock=clock,
-            replica_id=replica_id,
-            store=store,
-            control=control,
-            flags=flags,
-            peers=self.peers,
-        )
         self._heap: list[_Due] = []
         self._seq = itertools.count()
-        #: The rounds in flight on this replica.
-        self.runs: set[Run] = set()
         #: A drain began: no new rounds start.
         self.draining = False
         #: Set once draining and no round is in flight (any thread may wait on it).
@@ -127,11 +113,7 @@ class Dispatcher:
         self.decided = threading.Event()
         self._ready = threading.Event()
         #: The rounds started and ended, logged once a minute (their own lines are DEBUG).
-        self.summary = RoundSummary(clock.monotonic())
-        #: The jobs' timeouts and retry backoffs (see ``_policies``).
-        self.policies = PolicyTimers(self, clock=clock, store=store, control=control, flags=flags)
-        #: What follows a round's end; the rounds ``cancel_other`` supersedes.
-        self.next_rounds = NextRounds(self, clock=clock)
+        self.summary = summary
 
     # -- the thread -----------------------------------------------------------------------
 
@@ -253,15 +235,6 @@ class Dispatcher:
         due = _Due(state.starts_at(when), next(self._seq), state, state.generation, when)
         heapq.heappush(self._heap, due)
 
-    @property
-    def inbox(self) -> Inbox:
-        """The dispatcher's inbox (for a part with a statement thread of its own)."""
-        return self._inbox
-
-    def post(self, message: Callable[[], None]) -> None:
-        """Run ``message`` on the dispatcher thread (from any thread)."""
-        self._inbox.post(message)
-
     def take(self, state: JobState) -> None:
         """Mark ``state``'s job busy (claiming or running): its heap entry is void."""
         state.busy = True
@@ -275,7 +248,7 @@ class Dispatcher:
             if state.job.run_at_start and not state.busy:
                 self.take(state)
                 instant = now.replace(microsecond=0)
-                self.start_round(
+                self.inflight.start_round(
                     state, instant, attempt=1, token=None, claimed_at=mono, reason=Reason.START
                 )
 
@@ -300,7 +273,7 @@ class Dispatcher:
                 self.schedule_after(state, entry.when)
             elif not state.job.leased:
                 start = functools.partial(
-                    self.start_round,
+                    self.inflight.start_round,
                     state,
                     entry.when,
                     attempt=1,
@@ -329,172 +302,10 @@ class Dispatcher:
         if due:
             claims.claim_due(due, now, mono, saturated=saturated)
 
-    # -- rounds ---------------------------------------------------------------------------
-
-    def start_round(
-        self,
-        state: JobState,
-        instant: datetime,
-        *,
-        attempt: int,
-        token: int | None,
-        claimed_at: float,
-        reason: Reason,
-    ) -> None:
-        """Start the round of ``state``'s job for ``instant``.
-
-        ``token`` is its lease's (``None`` for a per-instance round), claimed at the
-        monotonic time ``claimed_at``.
-        """
-        self.start_rounds(
-            [(state, token)], instant, attempt=attempt, claimed_at=claimed_at, reason=reason
-        )
-
-    def start_rounds(
-        self,
-        rounds: list[tuple[JobState, int | None]],
-        instant: datetime,
-        *,
-        attempt: int,
-        claimed_at: float,
-        reason: Reason,
-    ) -> None:
-        """`start_round` for each ``(state, token)`` of ``rounds``, handed to the
-        worker threads `START_BATCH` at a time (the rounds one claim won): one lock
-        per batch, and the first rounds run while the next are built.
-
-        A schedule made of data removed since its claim went out (held for its instant,
-        claimed with the rest, caught up) starts nothing: its lease is given back."""
-        if any(state.retired for state, _token in rounds):
-            gone: dict[int, list[str]] = {}
-            for state, token in rounds:
-                if state.retired and token is not None:
-                    gone.setdefault(token, []).append(state.job.name)
-            for token, names in gone.items():
-                log.info("instant %s of removed schedule(s) not started: %s", instant, names)
-                self.claims.give_back_names(names, token)
-            rounds = [(state, token) for state, token in rounds if not state.retired]
-        for first in range(0, len(rounds), START_BATCH):
-            runs: list[Run] = []
-            unstarted: list[Run] = []
-            for state, token in rounds[first : first + START_BATCH]:
-                run = self.runner.prepare(
-                    state,
-                    instant,
-                    attempt=attempt,
-                    token=token,
-                    claimed_at=claimed_at,
-                    reason=reason,
-                )
-                state.busy = True
-                state.run = run
-                self.runs.add(run)
-                if state.job.policy.overlap is Overlap.CANCEL_OTHER:
-                    self.next_rounds.watch(run)
-                if token is not None:
-                    self.keeper.hold(run, claimed_at)
-                runs.append(run)
-            for run, started in zip(runs, self.runner.submit_many(runs), strict=True):
-                if started is Start.STARTED:
-                    self.summary.started()
-                    continue
-                run.ended = True  # it never runs
-                self._forget(run)
-                if started is Start.NO_THREAD:  # it will never run: hand it on
-                    unstarted.append(run)
-            if unstarted:
-                self._not_started(unstarted, instant)
-
-    def _not_started(self, runs: list[Run], instant: datetime) -> None:
-        """Hand on rounds no thread could run: their leases back (one statement per
-        token), their schedule kept."""
-        given: dict[int, list[str]] = {}
-        for run in runs:
-            state = run.state
-            if state.run is run:
-                state.run = None
-            if run.token is not None:
-                given.setdefault(run.token, []).append(state.job.name)
-            self.schedule_after(state, instant)
-        for token, names in given.items():
-            self.claims.give_back_names(names, token)
-
-    def start_manual(
-        self, state: JobState, request: lease.TriggerRow, *, token: int | None, claimed_at: float
-    ) -> None:
-        """Start the manual round ``request`` asked for, taken with ``token`` (``None`` for
-        a per-instance job), or a backfill's instant of the past (its ``ctx.instant``).
-        The job's next instant stays in the heap, and its end schedules nothing."""
-        instant, why = (request.instant, Reason.BACKFILL) if request.backfill else (None, None)
-        run = self.runner.prepare(
-            state,
-            instant or request.requested,
-            attempt=request.attempt + 1,
-            token=token,
-            claimed_at=claimed_at,
-            reason=why or Reason.MANUAL,
-            request=request,
-        )
-        self.runs.add(run)
-        if token is not None:
-            self.keeper.hold(run, claimed_at)
-        if self.runner.submit(run) is not Start.STARTED:
-            run.ended = True  # it never runs: on record as cut short, so it is taken again
-            self._forget(run)
-            triggers, name = lease.Triggers(self._store), state.job.name
-            self._control.run(
-                lambda: triggers.end(
-                    request.id, name, token or 0, leased=token is not None, outcome="cut short"
-                ),
-                lambda _result: None,
-            )
-
-    def post_round_started(self, run: Run) -> None:
-        """Tell the dispatcher thread that ``run``'s round (of a job with a policy) started,
-        from the round's thread: its timeout is timed from then."""
-        self._inbox.post(functools.partial(self.policies.watch, run))
-
-    def post_rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
-        """Tell the dispatcher thread that each ``run`` ended at its ``ended`` (from the
-        round's thread, or the finisher's), in one message."""
-        self._inbox.post(lambda: self.rounds_ended(ends))
-
-    def rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
-        """`round_ended` for each of ``ends``."""
-        for run, ended in ends:
-            self.round_ended(run, ended)
-
-    def round_ended(self, run: Run, ended: datetime) -> None:
-        """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant,
-        or claim the one its policy says follows (see ``_overlap``); not after a manual
-        round: the schedule never moved for it. An attempt that ended ``retrying`` keeps
-        its lease and waits for its retry instead."""
-        if run.outcome is Outcome.RETRYING:
-            self.runs.discard(run)
-            if self.policies.backoff(run, ended):
-                self.summary.ended(run.outcome, self._clock.monotonic())
-                return
-        self._forget(run)
-        if run.request is not None:
-            self.request_ended(run.request)  # a backfill's next instant may be taken now
-            return
-        state = run.state
-        if state.run is run:
-            state.run = None
-        self.summary.ended(run.outcome, self._clock.monotonic())
-        if not self._flags.stopped:
-            self.next_rounds.after(run, ended)
-
-    def _forget(self, run: Run) -> None:
-        self.runs.discard(run)
-        if run.token is not None:
-            self.keeper.release(run)
-
     def begin_drain(self) -> None:
         """Stop starting rounds and cancel the running ones with [Shutdown][cronjob.Shutdown]."""
         if self.draining:
             return
         self.draining = True
         self.policies.drain()
-        for run in list(self.runs):
-            self.runner.cancel(run, Shutdown(f"job {run.ctx.name!r}: the scheduler is draining"))
+        self.inflight.cancel_all()

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .._history import History
     from .._records import RoundRecord
     from .._registry import Job, Registry
-    from ._data import DataSchedules
+    from ._ports import Lookup
     from ._state import Run
 
 __all__ = [
@@ -290,7 +290,7 @@ class Failures:
         self.task_of: Callable[[str], str | None] = _no_task
         #: The heartbeat of a schedule made of data by its id (its own, else its task's).
         self.heartbeat_of: Callable[[str], str | None] = _no_task
-        self._schedules: DataSchedules | None = None
+        self._schedules: Lookup | None = None
         #: Whether any end needs a look: the runner skips the call otherwise.
         self.active = hooks is not None or bool(self._pause_after)
         #: Whether any job has a heartbeat, or may (a schedule's own): the runner tells
@@ -305,7 +305,7 @@ class Failures:
             return TOLD_ALL
         return self._told
 
-    def follow(self, schedules: DataSchedules) -> None:
+    def follow(self, schedules: Lookup) -> None:
         """Take the task and the heartbeat of a schedule made of data from ``schedules``
         (set by the scheduler when it follows any): its rounds take its policies."""
         self.task_of = schedules.task_of

@@ -35,19 +35,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import lease
 
 from .._clock import Clock
-from .._exceptions import Superseded
+from .._exceptions import Cancelled, Superseded
 from .._policy import CatchUp, Overlap
 from .._registry import Job
+from ._ports import Claimer, Starter, Timetable
 from ._state import JobState, Reason, Run
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
 
 __all__ = ["NextRounds", "oldest_owed"]
 
@@ -60,12 +58,29 @@ class NextRounds:
     """Decides what follows a round's end, and supersedes rounds of ``cancel_other`` jobs.
 
     Args:
-        dispatcher: Whose heap, claims and runner it uses.
+        timetable: The heap a job's next instant goes back to.
+        starter: Starts a per-instance job's round that follows at once.
+        claims: Claims a leased job's instant that follows at once.
+        runs: The rounds in flight (a watched round no longer among them has ended).
+        cancel: Cancels a round (the runner's), with the exception it is cancelled with.
         clock: The scheduler's clock.
     """
 
-    def __init__(self, dispatcher: Dispatcher, *, clock: Clock) -> None:
-        self._dispatcher = dispatcher
+    def __init__(
+        self,
+        *,
+        timetable: Timetable,
+        starter: Starter,
+        claims: Claimer,
+        runs: Collection[Run],
+        cancel: Callable[[Run, Cancelled], None],
+        clock: Clock,
+    ) -> None:
+        self._timetable = timetable
+        self._starter = starter
+        self._claims = claims
+        self._runs = runs
+        self._cancel = cancel
         self._clock = clock
         #: Rounds of ``cancel_other`` jobs by the instant that supersedes them.
         self._watched: list[tuple[datetime, int, Run]] = []
@@ -85,12 +100,11 @@ class NextRounds:
     def tick(self, now: datetime) -> None:
         """Cancel, with [Superseded][cronjob.Superseded], each watched round still running
         at an instant of its job that has come."""
-        dispatcher = self._dispatcher
         while self._watched and self._watched[0][0] <= now:
             when, _seq, run = heapq.heappop(self._watched)
-            if run.ended or run not in dispatcher.runs:
+            if run.ended or run not in self._runs:
                 continue
-            dispatcher.runner.cancel(
+            self._cancel(
                 run,
                 Superseded(
                     f"job {run.ctx.name!r}: its instant {when.isoformat()} came while the "
@@ -102,20 +116,20 @@ class NextRounds:
         """``run`` (not a manual round) ended at ``ended``, its end settled, the scheduler
         not stopped: schedule the job's next instant, or claim at once the instant its
         policy says follows (buffered, superseding, or the next one caught up)."""
-        dispatcher = self._dispatcher
+        timetable = self._timetable
         state = run.state
         job = state.job
         schedule = job.schedule
         instant = run.ctx.instant
         policy = job.policy
-        if policy.catch_up is CatchUp.ALL and run.reason in _LATE and not dispatcher.draining:
+        if policy.catch_up is CatchUp.ALL and run.reason in _LATE and not timetable.draining:
             due, now = schedule.next(instant), self._clock.now()
             if due is not None and due <= now and now - due <= policy.catch_up_window:
                 why = Reason.OUTAGE if run.reason is Reason.OUTAGE else Reason.CATCH_UP
                 self._follow(state, due, why)
                 return
         overlap = policy.overlap
-        if run.reason is Reason.RERUN and overlap is Overlap.BUFFER_ONE and not dispatcher.draining:
+        if run.reason is Reason.RERUN and overlap is Overlap.BUFFER_ONE and not timetable.draining:
             # The round's first run died with its replica, or a drain cut it short there:
             # the instant buffered meanwhile was known to that replica alone. The round
             # ran from its first start to this end, so the first instant after its own
@@ -134,11 +148,11 @@ class NextRounds:
         if first is not None and started <= ended < first:
             # The common case, no instant overrun: the first instant after the start
             # is the first after the end too (one schedule step per round, not two).
-            dispatcher.schedule_after(state, ended, when=first)
+            timetable.schedule_after(state, ended, when=first)
             return
-        if first is None or overlap is Overlap.SKIP or dispatcher.draining:
+        if first is None or overlap is Overlap.SKIP or timetable.draining:
             state.metrics.overrun(schedule, started, ended)
-            dispatcher.schedule_after(state, ended)
+            timetable.schedule_after(state, ended)
             return
         if overlap is Overlap.BUFFER_ONE:
             follow = first  # the first that fell while it ran waits; the later are skipped
@@ -150,12 +164,11 @@ class NextRounds:
 
     def _follow(self, state: JobState, instant: datetime, reason: Reason) -> None:
         """Claim ``instant`` of ``state``'s job now (a per-instance job: start it)."""
-        dispatcher = self._dispatcher
-        dispatcher.take(state)
+        self._timetable.take(state)
         if state.job.leased:
-            dispatcher.claims.claim(instant, [state], reason=reason)
+            self._claims.claim(instant, [state], reason=reason)
         else:
-            dispatcher.start_round(
+            self._starter.start_round(
                 state,
                 instant,
                 attempt=1,

@@ -32,20 +32,20 @@ import heapq
 import itertools
 import logging
 import random
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import Final, NamedTuple
 
 import lease
 
 from .._clock import Clock
-from .._exceptions import TimedOut
+from .._exceptions import Cancelled, TimedOut
 from .._policy import RETRY_BACKOFF_CAP
 from ._control import Control
-from ._decided import error_summary
+from ._decided import DecidedEnds, error_summary
+from ._keeper import LeaseKeeper
+from ._ports import Starter, Timetable
 from ._state import Flags, Reason, Run
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
 
 __all__ = ["TIMEOUT_GRACE", "PolicyTimers", "backoff_delay"]
 
@@ -81,8 +81,11 @@ class PolicyTimers:
     """The timeouts and retry backoffs of this replica's rounds (dispatcher thread only).
 
     Args:
-        dispatcher: Starts the retries, reschedules given-up rounds; its runner cancels,
-            its keeper keeps leases and ends the process.
+        timetable: The heap a given-up round's job goes back to.
+        starter: Starts the retries.
+        cancel: Cancels a round that outlived its timeout (the runner's).
+        decided: Records the ends the policies decide (the runner's end recorder's).
+        keeper: Keeps the leases of rounds between attempts; ends the process.
         clock: The scheduler's clock.
         store: The lease store (marks, give-backs, late give-ups; on ``control``).
         control: Where statements run.
@@ -91,14 +94,22 @@ class PolicyTimers:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
         *,
+        timetable: Timetable,
+        starter: Starter,
+        cancel: Callable[[Run, Cancelled], None],
+        decided: DecidedEnds,
+        keeper: LeaseKeeper,
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
         flags: Flags,
     ) -> None:
-        self._dispatcher = dispatcher
+        self._timetable = timetable
+        self._starter = starter
+        self._cancel = cancel
+        self._decided = decided
+        self._keeper = keeper
         self._clock = clock
         self._store = store
         self._control = control
@@ -161,7 +172,7 @@ class PolicyTimers:
             ctx.attempt,
             timeout,
         )
-        self._dispatcher.runner.cancel(run, cause)
+        self._cancel(run, cause)
         token = run.token
         if token is not None and not self._flags.crashed:
             # Never run a second time, even if this process ends before the round does.
@@ -171,7 +182,7 @@ class PolicyTimers:
 
     def _escalate(self, run: Run) -> None:
         """The round ignored its timeout's cancellation for `TIMEOUT_GRACE`."""
-        ctx, dispatcher = run.ctx, self._dispatcher
+        ctx = run.ctx
         if not isinstance(ctx.cause, TimedOut) or self._flags.crashed:
             return
         where = f"job {ctx.name!r} instant {ctx.instant.isoformat()} attempt {ctx.attempt}"
@@ -194,7 +205,7 @@ class PolicyTimers:
             f"({run.state.timeout:g} s) cancelled it; its lease ends with the process, "
             "then the job runs again"
         )
-        ends, keeper = dispatcher.runner.ends.decided, dispatcher.keeper
+        ends, keeper = self._decided, self._keeper
         if run.request is not None:
             # A manual round's end is its request's to record, and its lease row's
             # instant, attempt and state are the schedule's: the exit alone, as before.
@@ -227,10 +238,10 @@ class PolicyTimers:
             here (its lease given back) and the caller ends it as any other. ``True``
             when the round is this part's until its retry starts or it is given up.
         """
-        delay, dispatcher = run.retry_delay, self._dispatcher
-        if delay is None or self._flags.stopped or dispatcher.draining or run.lost_at:
+        delay, timetable = run.retry_delay, self._timetable
+        if delay is None or self._flags.stopped or timetable.draining or run.lost_at:
             why = None
-            if dispatcher.draining:
+            if timetable.draining:
                 why = "the scheduler is draining"
             elif run.lost_at:
                 why = "its lease was lost"
@@ -248,7 +259,7 @@ class PolicyTimers:
     def _retry(self, run: Run) -> None:
         due = self._backoffs.pop(run, None)
         run.backoff = False
-        dispatcher, ctx, state = self._dispatcher, run.ctx, run.state
+        ctx, state = run.ctx, run.state
         if run.lost_at is not None:
             self._give_up(run, "its lease was lost")
             self._end(run)
@@ -257,7 +268,7 @@ class PolicyTimers:
             self._give_up_failed(run, due)
             return
         run.retry_error = None  # the next attempt runs: its failure's frames are not kept
-        dispatcher.start_round(
+        self._starter.start_round(
             state,
             ctx.instant,
             attempt=ctx.attempt + 1,
@@ -266,7 +277,7 @@ class PolicyTimers:
             reason=Reason.RETRY,
         )
         if run.token is not None:
-            dispatcher.keeper.release(run)  # after the next attempt holds the lease
+            self._keeper.release(run)  # after the next attempt holds the lease
 
     def _give_up_failed(self, run: Run, due: datetime) -> None:
         """Give up a retry that would start at or after the job's next instant ``due``:
@@ -285,7 +296,7 @@ class PolicyTimers:
         if run.token is None or self._flags.crashed:
             self._end(run)
             return
-        ends = self._dispatcher.runner.ends.decided
+        ends = self._decided
         error = f"retry given up: the next instant {due.isoformat()} is due"
         if failure is not None:  # what the hook and the history most need to tell
             error = f"{error}; attempt {ctx.attempt}: {error_summary(failure)}"
@@ -325,13 +336,13 @@ class PolicyTimers:
 
     def _end(self, run: Run) -> None:
         """The round is over without another attempt: let go of its lease, schedule on."""
-        dispatcher, state = self._dispatcher, run.state
+        timetable, state = self._timetable, run.state
         if run.token is not None:
-            dispatcher.keeper.release(run)
+            self._keeper.release(run)
         if state.run is run:
             state.run = None
-        if not self._flags.stopped and not dispatcher.draining:
-            dispatcher.schedule_after(state, self._clock.now())
+        if not self._flags.stopped and not timetable.draining:
+            timetable.schedule_after(state, self._clock.now())
 
 
 def _last_failure(run: Run) -> BaseException | None:

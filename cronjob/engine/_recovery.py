@@ -17,6 +17,10 @@ The seed's rules, as this part applies them:
   claim itself decides which replica, so replicas recovering together run it once.
 - **Sweep** and **check**: once the database is ready, `Sweeper`
   (re-runs of rounds cut short, missing rows, clock skew).
+- **Wings** (see ``_wings``): the capabilities beside the core (the schedules made of
+  data, backfills, the outbox) are called here at the same points: once the database is
+  reached (a wing may load what the catch-up covers first), once the catch-up is sent,
+  on each wake, with the sweep, and at stop.
 
 Dispatcher thread only; the statements run on the control thread.
 """
@@ -26,7 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
 import lease
 
@@ -36,16 +39,11 @@ from .._policy import CatchUp
 from ._control import Control
 from ._metrics import missed_before
 from ._overlap import oldest_owed
-from ._record import replica_record
-from ._republish import Republisher
+from ._peers import Peers
+from ._ports import Claimer, Timetable
 from ._state import JobState, Reason
 from ._sweep import Sweeper
-
-if TYPE_CHECKING:
-    from .._registry import Task
-    from ._data import DataSchedules
-    from ._dispatcher import Dispatcher
-    from ._metrics import Meters
+from ._wings import Wing
 
 __all__ = ["Recovery"]
 
@@ -68,13 +66,17 @@ class Recovery:
         clock: The scheduler's clock.
         store: The lease store.
         control: Where the statements run.
-        dispatcher: Claims and starts the rounds recovery finds owed.
+        timetable: The heap the jobs owed are taken off (or put back on, not due yet).
+        claims: Claims the instants owed.
+        peers: Told how many leased jobs there are (schedules made of data come and go).
+        states: The jobs' states by name (the dispatcher's).
+        sweeper: The sweep for rounds cut short (begun once the catch-up is sent).
+        wings: The capabilities beside the core, called at the same points (the list is
+            the façade's, filled before the dispatcher starts).
         replica_id: The holder named in claims.
         migrate: Brings the tables to head (raises [lease.DatabaseUnavailable][]
             while the database is down).
         describe_database: The database's URL, password hidden, for logs.
-        tasks: The tasks this replica registers, each with its policy described (on its
-            record, for the status).
     """
 
     def __init__(
@@ -83,23 +85,29 @@ class Recovery:
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
-        dispatcher: Dispatcher,
+        timetable: Timetable,
+        claims: Claimer,
+        peers: Peers,
+        states: Mapping[str, JobState],
+        sweeper: Sweeper,
+        wings: Sequence[Wing],
         replica_id: str,
         migrate: Callable[[], None],
         describe_database: Callable[[], str],
-        post: Callable[[Callable[[], None]], object],
-        tasks: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._clock = clock
         self._store = store
         self._control = control
-        self._dispatcher = dispatcher
+        self._timetable = timetable
+        self._claims = claims
+        self._peers = peers
+        self._wings = wings
         self._replica_id = replica_id
         self._migrate = migrate
         self._describe_database = describe_database
         # The leased jobs (and schedules made of data, see `leased_changed`): the sweep
         # and catch-up read their rows.
-        self._leased = {s.job.name: s for s in dispatcher.states.values() if s.job.leased}
+        self._leased = {s.job.name: s for s in states.values() if s.job.leased}
         #: The tables are at head and the database answered (read from any thread).
         self.db_ready = False
         #: Start-up's catch-up is being decided (its read of the rows is in flight): no
@@ -112,23 +120,7 @@ class Recovery:
         self._db_retry_at: float | None = None
         self._db_retry_pause = RETRY_FIRST
         #: The sweep for rounds cut short, and the check of rows and clocks.
-        self.sweeper = Sweeper(
-            clock=clock,
-            store=store,
-            control=control,
-            dispatcher=dispatcher,
-            replica_id=replica_id,
-            names=list(self._leased),
-            post=post,
-            replica=replica_record(replica_id, clock, dispatcher.states, tasks),
-        )
-        #: Sends again what the rounds of jobs that hand their instants on could not.
-        self.republisher = Republisher(
-            clock=clock, store=store, control=control, states=dispatcher.states
-        )
-        #: The schedules made of data this replica follows (set by the scheduler when it
-        #: registers tasks).
-        self.data: DataSchedules | None = None
+        self.sweeper = sweeper
         # A database lost after start: when to probe it next (None: not lost).
         self._probe_at: float | None = None
         self._probe_pause = PROBE_FIRST
@@ -198,36 +190,28 @@ class Recovery:
         self._control.run(self._migrate, done)
 
     def on_database_ready(self) -> None:
-        """Load the schedules made of data (if this replica registers tasks), catch up what
-        start-up owes, then start sweeping (statements run in order).
+        """Let the wings load what start-up's catch-up covers (the schedules made of
+        data, if this replica registers tasks), catch up what start-up owes, then start
+        sweeping (statements run in order).
 
         A replica of per-instance jobs only sweeps too: the sweep puts it on record and
         takes the requests and pauses of its jobs."""
-        data = self.data
-        if data is not None and data.rev is None:
-            # Nothing is claimed before the schedules are in: the catch-up covers them.
-            self.catch_up_pending = True
-            data.load(then=self._caught_up_after_load)
+        loading = 1  # the wings still loading, and this call's own share
+
+        def loaded() -> None:
+            nonlocal loading
+            loading -= 1
+            if loading == 0:
+                self._caught_up_after_load()
+
+        for wing in self._wings:
+            loading += wing.reached(then=loaded)
+        if loading == 1:
+            self._start_catch_up()
             return
-        self._start_catch_up()
-
-    def follow(self, tasks: Mapping[str, Task], meters: Meters) -> DataSchedules:
-        """Follow the schedules made of data of ``tasks`` (see `DataSchedules`); returns
-        them (the failure policies look up a schedule's task and heartbeat there)."""
-        from ._data import DataSchedules
-
-        self.republisher.follow_tasks(tasks)
-        self.data = DataSchedules(
-            clock=self._clock,
-            store=self._store,
-            control=self._control,
-            dispatcher=self._dispatcher,
-            tasks=tasks,
-            meters=meters,
-            changed=self.leased_changed,
-            late=self.catch_up_loaded,
-        )
-        return self.data
+        # Nothing is claimed before the wings' loads are in: the catch-up covers them.
+        self.catch_up_pending = True
+        loaded()
 
     def catch_up_loaded(self, states: list[JobState]) -> None:
         """Catch up ``states`` as start-up would have: schedules made of data whose load
@@ -256,13 +240,13 @@ class Recovery:
         for name in dropped:
             self._leased.pop(name, None)
         self.sweeper.names_changed([state.job.name for state in added], dropped)
-        self.republisher.notice(added)
-        self._dispatcher.peers.set_count(len(self._leased))
+        for wing in self._wings:
+            wing.names_changed(added, dropped)
+        self._peers.set_count(len(self._leased))
 
     def _start_catch_up(self) -> None:
         if not self._leased:
-            self.sweeper.begin()
-            self.republisher.begin()
+            self._begin()
             return
         leased = list(self._leased.values())  # this thread's, for the control thread
         now = self._clock.now()
@@ -279,10 +263,15 @@ class Recovery:
                 log.error("reading the lease table for catch-up failed: %s", result)
             else:
                 self._catch_up(leased, result, now, reason=Reason.CATCH_UP)
-            self.sweeper.begin()
-            self.republisher.begin()
+            self._begin()
 
         self._control.run(lambda: self._read_rows(leased), done)
+
+    def _begin(self) -> None:
+        """Start-up's catch-up is sent: the sweep and the wings begin."""
+        self.sweeper.begin()
+        for wing in self._wings:
+            wing.begin()
 
     def _read_rows(self, leased: list[JobState]) -> dict[str, lease.LeaseRow]:
         # The specs go on record for tools that read the table (cronjob status).
@@ -415,44 +404,47 @@ class Recovery:
                 instant = oldest_owed(state.job, row, instant, now)
             else:  # the instants before the latest are not run: count them missed
                 state.missed = missed_before(state.job.schedule, row, instant, now)
-            self._dispatcher.take(state)
+            self._timetable.take(state)
             if state.starts_at(instant) > now:
                 # Its jitter's delay has not passed (a replica started within it): the
                 # instant is not missed, it starts on time, as on the other replicas.
-                self._dispatcher.schedule_after(state, instant, when=instant)
+                self._timetable.schedule_after(state, instant, when=instant)
                 continue
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():
-            self._dispatcher.claims.claim(instant, states, reason=reason)
+            self._claims.claim(instant, states, reason=reason)
 
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""
         candidates: list[float] = []
-        if self.data is not None and self.db_ready and not draining:
-            polled = self.data.next_wake()
-            if polled is not None:
-                candidates.append(polled)
+        if self.db_ready:
+            for wing in self._wings:
+                at = wing.next_wake(draining=draining)
+                if at is not None:
+                    candidates.append(at)
         if self._db_retry_at is not None:
             candidates.append(self._db_retry_at)
         if self._probe_at is not None and not self._probing:
             candidates.append(self._probe_at)
-        for part in (self.sweeper, self.republisher):
-            sweep_at = part.next_wake(draining=draining)
-            if sweep_at is not None:
-                candidates.append(sweep_at)
+        sweep_at = self.sweeper.next_wake(draining=draining)
+        if sweep_at is not None:
+            candidates.append(sweep_at)
         return min(candidates, default=None)
 
     def sweep(self, now: float) -> None:
-        """Sweep for rounds cut short if it is time (see `Sweeper`)."""
+        """Sweep for rounds cut short if it is time (see `Sweeper`); then the wings'."""
         if self.db_ready:
             self.sweeper.sweep(now)
-            self.republisher.sweep(now)
+            for wing in self._wings:
+                wing.sweep(now)
 
     def poll(self, now: float) -> None:
-        """Read the schedules' changes if it is time: also while start-up's catch-up runs
-        (over 100,000 rows it takes a while), never during a drain."""
-        if self.db_ready and self.data is not None:
-            self.data.tick(now)
+        """Let the wings act if it is time (the schedules' changes read): also while
+        start-up's catch-up runs (over 100,000 rows it takes a while), never during a
+        drain."""
+        if self.db_ready:
+            for wing in self._wings:
+                wing.poll(now)
 
     def close(self, *, leave: bool = False) -> None:
         """Stop watching the lease writes (the scheduler stopped); with ``leave`` (a clean
@@ -466,7 +458,6 @@ class Recovery:
                 "table, listed as live until a minute after its last sweep",
                 self._replica_id,
             )
-        if self.data is not None:
-            self.data.close()
+        for wing in self._wings:
+            wing.close()
         self.sweeper.close(leave=leave and reachable)
-        self.republisher.close()

@@ -41,6 +41,7 @@ import lease
 from .._clock import Clock
 from ._control import Control
 from ._sweep import SWEEP_EVERY
+from ._wings import Wing
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -93,8 +94,9 @@ def is_resender(fn: object) -> bool:
     return isinstance(fn, Resender)
 
 
-class Republisher:
-    """Sweeps the outbox of the jobs in ``states`` that hand their instants on.
+class Republisher(Wing):
+    """Sweeps the outbox of the jobs in ``states`` that hand their instants on (a wing,
+    see ``_wings``).
 
     Args:
         clock: The scheduler's clock.
@@ -151,6 +153,10 @@ class Republisher:
             self._thread = self._control.sibling("cronjob-outbox")
             if self._begun:
                 self._sweep_at = self._clock.monotonic()
+
+    def names_changed(self, added: list[JobState], dropped: list[str]) -> None:
+        """Leased jobs came or went: see `notice`."""
+        self.notice(added)
 
     def next_wake(self, *, draining: bool) -> float | None:
         """When the next sweep of the outbox is due (monotonic), or ``None``."""

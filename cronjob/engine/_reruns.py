@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import lease
 
 from .._clock import Clock
 from ._control import Control
+from ._giveback import GiveBacks
 from ._keeper import too_late
+from ._ports import Claimer, Starter, Timetable
 from ._state import JobState, Reason
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
 
 __all__ = ["Reruns"]
 
@@ -42,7 +40,19 @@ _Cut = tuple[lease.CutShort, JobState]
 
 
 class Reruns:
-    """Claims and starts the second runs of rounds cut short, for the dispatcher."""
+    """Claims and starts the second runs of rounds cut short, for the dispatcher.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Runs the claims.
+        timetable: The heap the jobs are taken off, and put back on when not won.
+        starter: Starts the second runs won.
+        claims: Holds second runs won ahead of their instant until it comes.
+        give_backs: Gives back the second runs won that will not run here.
+        states: The jobs' states by name (the dispatcher's).
+        replica_id: The holder named in the claims.
+    """
 
     def __init__(
         self,
@@ -50,33 +60,40 @@ class Reruns:
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
-        dispatcher: Dispatcher,
+        timetable: Timetable,
+        starter: Starter,
+        claims: Claimer,
+        give_backs: GiveBacks,
+        states: Mapping[str, JobState],
         replica_id: str,
     ) -> None:
         self._clock = clock
         self._store = store
         self._control = control
-        self._dispatcher = dispatcher
+        self._timetable = timetable
+        self._starter = starter
+        self._claims = claims
+        self._give_backs = give_backs
+        self._states = states
         self._replica_id = replica_id
 
     def claim(self, found: Sequence[lease.CutShort]) -> None:
         """Claim the second run of each round ``found`` whose job is idle here (none while
         draining), one statement per instant, and start the rounds won."""
-        dispatcher = self._dispatcher
-        if dispatcher.draining:
+        if self._timetable.draining:
             return
         by_instant: dict[datetime, list[_Cut]] = {}
         for cut in found:
-            state = dispatcher.states.get(cut.name)
+            state = self._states.get(cut.name)
             if state is not None and not state.busy:
                 by_instant.setdefault(cut.instant, []).append((cut, state))
         for instant, cuts in by_instant.items():
             self._claim_instant(instant, cuts)
 
     def _claim_instant(self, instant: datetime, cuts: list[_Cut]) -> None:
-        dispatcher = self._dispatcher
+        timetable = self._timetable
         for _cut, state in cuts:
-            dispatcher.take(state)
+            timetable.take(state)
         issued, claimed_at = self._clock.now(), self._clock.monotonic()
 
         def done(result: lease.ClaimBatch | BaseException) -> None:
@@ -84,7 +101,7 @@ class Reruns:
             rounds: list[tuple[JobState, int | None]] = []
             for cut, state in cuts:
                 if cut.name not in won:
-                    dispatcher.schedule_after(state, issued)
+                    timetable.schedule_after(state, issued)
                     continue
                 log.info(
                     "job %r: running the round of %s a second time (%s)",
@@ -100,7 +117,7 @@ class Reruns:
             if not rounds:
                 return
             start = functools.partial(
-                dispatcher.start_rounds,
+                self._starter.start_rounds,
                 rounds,
                 instant,
                 attempt=2,
@@ -114,14 +131,14 @@ class Reruns:
                 token = rounds[0][1]
                 assert token is not None
                 drop = functools.partial(self._unhold, states, token, instant)
-                dispatcher.claims.hold(instant, start, drop)
+                self._claims.hold(instant, start, drop)
             else:
                 start()
 
         names = [cut.name for cut, _state in cuts]
         store, holder = self._store, self._replica_id
         self._control.run(
-            lambda: store.claim_reruns(names, instant, holder), done, dispatcher.claims.give_back
+            lambda: store.claim_reruns(names, instant, holder), done, self._give_backs.give_back
         )
 
     def _kept(
@@ -130,7 +147,6 @@ class Reruns:
         """The second runs to start, by name, with their token: those ``result`` won,
         unless the claim failed, came back too late (their leases given back), or a drain
         began meanwhile."""
-        dispatcher = self._dispatcher
         if isinstance(result, BaseException):
             log.error("claiming second runs of %s failed: %s", instant.isoformat(), result)
             return {}
@@ -138,7 +154,7 @@ class Reruns:
             return {}
         now = self._clock.monotonic()
         late = too_late(claimed_at, now)
-        if dispatcher.draining or late:
+        if self._timetable.draining or late:
             # Handed back unrun, and so still owed: a later sweep claims it again.
             took = now - claimed_at
             why = (
@@ -147,10 +163,10 @@ class Reruns:
                 if late
                 else "(a second run) met a drain"
             )
-            found = (dispatcher.states.get(name) for name in result.names)
+            found = (self._states.get(name) for name in result.names)
             states = [state for state in found if state is not None]
             level = logging.WARNING if late else logging.INFO
-            dispatcher.claims.hand_back(states, result.token, instant, why, level)
+            self._give_backs.hand_back(states, result.token, instant, why, level)
             return {}
         return dict.fromkeys(result.names, result.token)
 
@@ -158,6 +174,6 @@ class Reruns:
         """A drain began before the instant of second runs won ahead of it: hand them
         back unrun (still owed), their jobs scheduled on."""
         why = "(a second run) was won ahead of its instant, then a drain began"
-        self._dispatcher.claims.hand_back(states, token, instant, why, logging.INFO)
+        self._give_backs.hand_back(states, token, instant, why, logging.INFO)
         for state in states:
-            self._dispatcher.schedule_after(state, instant)
+            self._timetable.schedule_after(state, instant)

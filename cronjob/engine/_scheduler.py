@@ -1,11 +1,12 @@
 """The scheduler: the façade that wires the parts and holds the lifecycle.
 
-``Scheduler`` checks the database, builds the parts (see the package docstring,
-"Threads", and docs/architecture.md), starts the dispatcher thread, and drains and stops
-them. The rules themselves live in the parts: `_dispatcher` (instants, rounds in
-flight), `_claiming` (claims), `_runner` (rounds), `_ends` (their ends),
-`_keeper` (renewal, loss, forced exit), `_recovery` (database retry, catch-up,
-the sweep). The options' defaults and checks are `_options`'.
+``Scheduler`` checks the database, has the parts built and wired (``_wiring``; see the
+package docstring, "Threads", and docs/architecture.md), starts the dispatcher thread,
+and drains and stops them. The rules themselves live in the parts: `_dispatcher`
+(instants), `_inflight` (rounds in flight), `_claiming` (claims), `_runner` (rounds),
+`_ends` (their ends), `_keeper` (renewal, loss, forced exit), `_recovery` (database
+retry, catch-up, the sweep, the wings). The options' defaults and checks are
+`_options`'.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from .._registry import Job, Registry, Task, default_registry
 from ._control import Control, Inbox
 from ._database import connect, resolve_database, warn_if_embedded
 from ._dispatcher import Dispatcher
-from ._failures import Failures, Hooks, check_history, hooked
-from ._keeper import LeaseKeeper, exit_process
-from ._metrics import Meters
+from ._failures import Hooks, check_history
+from ._keeper import exit_process
 from ._options import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HISTORY,
@@ -39,7 +39,8 @@ from ._options import (
 )
 from ._recovery import Recovery
 from ._runner import RoundRunner
-from ._state import Flags, JobState
+from ._state import Flags
+from ._wiring import wire_core, wire_rounds
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -285,52 +286,29 @@ class Scheduler:
         tasks = self._tasks
         is_async = any(job.is_async for job in jobs) or any(t.is_async for t in tasks.values())
         engine, store = self._connect(check_dialect=leased > 0 or bool(tasks), async_jobs=is_async)
-        clock, flags = self._clock, self._flags
-        inbox = self._inbox = Inbox(clock)
-        control = self._control = Control(clock, inbox)
-        from .._version import __version__
-
-        meters = Meters(self._meter_provider, version=__version__)
-        states = {job.name: JobState(job, metrics=meters.job(job.name)) for job in jobs}
-        dispatcher = Dispatcher(
+        clock = self._clock
+        core = wire_core(
             clock=clock,
             replica_id=self.replica_id,
-            states=states,
-            store=store,
-            inbox=inbox,
-            control=control,
-            flags=flags,
+            jobs=jobs,
             tasks=tasks,
-        )
-        dispatcher.recovery = recovery = Recovery(
-            clock=clock,
             store=store,
-            control=control,
-            dispatcher=dispatcher,
-            replica_id=self.replica_id,
+            flags=self._flags,
+            max_workers=self._max_workers,
+            meter_provider=self._meter_provider,
             migrate=self._migrate,
             describe_database=self._describe_database,
-            post=inbox.post,
-            tasks={name: task.policy.describe() for name, task in tasks.items()},
         )
+        inbox, self._inbox, self._control = core.inbox, core.inbox, core.control
+        dispatcher, recovery = core.dispatcher, core.recovery
         self._recovery = recovery
         recovery.first_migration()
-        # The failure hooks' thread, only when some job has a hook (started on first use).
-        hooks = self._hooks = Hooks() if hooked(self._registry) else None
-        failures = Failures(
-            store=store,
+        self._runner, self._hooks = wire_rounds(
+            core,
+            replica_id=self.replica_id,
             registry=self._registry,
-            replica_id=self.replica_id,
-            hooks=hooks,
-            history=self._history,
-        )
-        dispatcher.runner = runner = self._runner = RoundRunner(
-            clock=clock,
-            replica_id=self.replica_id,
             engine=engine,
-            store=store,
-            flags=flags,
-            ended=dispatcher.post_rounds_ended,
+            tasks=tasks,
             max_workers=self._max_workers,
             loop=self._given_loop,
             needs_loop=is_async,
@@ -338,24 +316,12 @@ class Scheduler:
             async_engine=self._async_engine,
             owns_async_engine=self._owns_async_engine,
             history=self._history,
-            started=dispatcher.post_round_started,
-            failures=failures,
-        )
-        dispatcher.keeper = LeaseKeeper(
-            clock=clock,
-            store=store,
-            control=control,
-            replica_id=self.replica_id,
-            flags=flags,
-            cancel=runner.cancel,
             crash=self._crash,
             on_fatal=self._on_fatal,
             on_lost=recovery.sweeper.rows.lost,
         )
-        if tasks:
-            failures.follow(recovery.follow(tasks, meters))
         now = clock.now()
-        for state in states.values():
+        for state in core.states.values():
             dispatcher.schedule_after(state, now)
         if any(job.run_at_start for job in jobs):
             inbox.post(dispatcher.run_at_start)  # the dispatcher's first message

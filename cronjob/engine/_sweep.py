@@ -10,11 +10,10 @@
 - **Per-instance pauses**: read with each sweep (a lease row ``cronjob pause`` wrote);
   their instants skipped while paused.
 - **Requests** (``cronjob trigger``, ``resume --catch-up``): each sweep reads the open
-  requests ([lease.Triggers][]) and takes those of this replica's jobs: a manual round
-  under the job's lease (refused if held), its second run if cut short, a per-instance
-  job's round asked of this replica, or the catch-up of an instant skipped while paused.
-  Requests older than `lease.REQUEST_TTL` expire. On PostgreSQL a request's ``NOTIFY``
-  wakes the sweep at once (see `cronjob.engine._listen`).
+  requests ([lease.Triggers][]) and hands them to `cronjob.engine._requests` (which
+  takes those of this replica's jobs), then to the wings (a backfill's instants, see
+  ``_wings``). On PostgreSQL a request's ``NOTIFY`` wakes the sweep at once (see
+  `cronjob.engine._listen`).
 - **Check** (`cronjob.engine._rowcheck`): a job whose lease row has gone gets it back,
   logged: every job's row every hour, and every minute the rows of the jobs a claim of
   this replica missed since (a missing row is never won: a claim tells). Every minute, a
@@ -37,23 +36,19 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 import lease
 
 from .._clock import Clock
-from ._backfill import BackfillTaker
 from ._control import Control
-from ._keeper import too_late
 from ._listen import Listener
+from ._requests import Requests
 from ._reruns import Reruns
 from ._rowcheck import RowCheck
-from ._state import JobState, Reason
-
-if TYPE_CHECKING:
-    from ._dispatcher import Dispatcher
+from ._state import JobState
+from ._wings import Wing
 
 __all__ = ["Sweeper"]
 
@@ -71,7 +66,22 @@ def _earliest(*times: datetime | None) -> datetime | None:
 
 class Sweeper:
     """Sweeps for rounds cut short, and checks rows and clocks, for ``names``; keeps
-    ``replica`` on record with each sweep."""
+    ``replica`` on record with each sweep.
+
+    Args:
+        clock: The scheduler's clock.
+        store: The lease store.
+        control: Runs the statements.
+        states: The jobs' states by name (the dispatcher's).
+        reruns: Claims and starts the second runs of the rounds a sweep found cut short.
+        requests: Takes the requests a sweep read.
+        wings: Told of the requests each sweep read, after ``requests`` (the list is
+            the façade's, filled before the dispatcher starts).
+        replica_id: This replica's id.
+        names: The leased jobs swept.
+        post: Runs a callable on the dispatcher thread (from any thread).
+        replica: This replica as put on record by each sweep.
+    """
 
     def __init__(
         self,
@@ -79,7 +89,10 @@ class Sweeper:
         clock: Clock,
         store: lease.LeaseStore,
         control: Control,
-        dispatcher: Dispatcher,
+        states: Mapping[str, JobState],
+        reruns: Reruns,
+        requests: Requests,
+        wings: Sequence[Wing],
         replica_id: str,
         names: list[str],
         post: Callable[[Callable[[], None]], object],
@@ -93,7 +106,7 @@ class Sweeper:
         self._began = False
         self._store = store
         self._control = control
-        self._dispatcher = dispatcher
+        self._states = states
         self._replica_id = replica_id
         self._names = dict.fromkeys(names)  # ordered; snapshot per sweep (names_changed)
         # Local timers, on the clock's monotonic time; none until the database is ready.
@@ -106,7 +119,7 @@ class Sweeper:
             store=store,
             control=control,
             names=self._names,
-            states=dispatcher.states,
+            states=states,
             salt=replica_id,
         )
         # Idle sweeps skipped on an in-process clock: the leases of these names told held
@@ -124,28 +137,9 @@ class Sweeper:
         self._last_sweep: float | None = None
         self._unwatch = store.watch(self._on_write) if clock.in_process else None
         self._triggers = lease.Triggers(store)
-        #: Requests being taken (ids), so a sweep that overlaps does not take them twice.
-        self._taking: set[int] = set()
-        #: Takes the instants of backfills, one at a time per job.
-        self._backfill = BackfillTaker(
-            clock=clock,
-            store=store,
-            control=control,
-            dispatcher=dispatcher,
-            replica_id=replica_id,
-            taking=self._taking,
-            give_up=self._give_up,
-            sweep_soon=self._sweep_soon,
-        )
-        dispatcher.request_ended = self._backfill.ended
-        #: Claims and starts the second runs of the rounds a sweep found cut short.
-        self._reruns = Reruns(
-            clock=clock,
-            store=store,
-            control=control,
-            dispatcher=dispatcher,
-            replica_id=replica_id,
-        )
+        self._requests = requests
+        self._wings = wings
+        self._reruns = reruns
         # PostgreSQL tells of a request at once (NOTIFY): sweep then, not 15 s later.
         self._listener = (
             Listener(store.engine, lambda: post(self.sweep_now))
@@ -153,7 +147,7 @@ class Sweeper:
             else None
         )
         #: The per-instance jobs: a pause of theirs is read with each sweep.
-        self._local = [name for name, state in dispatcher.states.items() if not state.job.leased]
+        self._local = [name for name, state in states.items() if not state.job.leased]
 
     def begin(self) -> None:
         """The database is ready (and start-up's catch-up sent): sweep and check now."""
@@ -196,12 +190,18 @@ class Sweeper:
                 return
             self._recorded = True
             result, requests = found
-            self._take_requests(requests)
+            self._requests.take(requests)
+            for wing in self._wings:
+                wing.swept(requests)
             self._reruns.claim(result.cut_short)
             if self._again:  # a backfill's round ended while this sweep read
                 self._again = False
                 self._sweep_at = mono
-            elif self._unwatch is not None and not result.cut_short and not self._backfill.waiting:
+            elif (
+                self._unwatch is not None
+                and not result.cut_short
+                and not any(wing.waiting for wing in self._wings)
+            ):
                 self._read_expiry = _earliest(result.next_expiry, self._manual_expiry(requests))
                 self._suspend(given_back)
 
@@ -217,7 +217,7 @@ class Sweeper:
 
         self._control.run(read, done)
 
-    def _sweep_soon(self) -> None:
+    def sweep_soon(self) -> None:
         """Sweep at once (after the one in flight, if one is)."""
         if self._sweep_at is None:
             return
@@ -238,7 +238,7 @@ class Sweeper:
     def _set_paused(self, paused: set[str]) -> None:
         """Per-instance jobs paused (``paused``) or not, as a sweep read them."""
         for name in self._local:
-            state = self._dispatcher.states[name]
+            state = self._states[name]
             if state.paused != (name in paused):
                 state.paused = name in paused
                 log.info(
@@ -258,114 +258,6 @@ class Sweeper:
             if row.name in self._wanted and row.open and row.lease_expires_ms is not None
         ]
         return None if not held else _EPOCH + timedelta(milliseconds=min(held))
-
-    def _take_requests(self, rows: list[lease.TriggerRow]) -> None:
-        """Take the open requests a sweep read that this replica may run."""
-        dispatcher = self._dispatcher
-        self._backfill.swept()
-        if dispatcher.draining:
-            return
-        now = self._clock.now()
-        expired: list[int] = []
-        backfills: dict[str, list[lease.TriggerRow]] = {}
-        for row in rows:
-            state = dispatcher.states.get(row.name)
-            if row.backfill:
-                if state is not None and state.job.leased and row.id not in self._taking:
-                    backfills.setdefault(row.name, []).append(row)
-                continue
-            pending = row.state is lease.TriggerState.PENDING
-            if pending and (now - row.requested).total_seconds() > lease.REQUEST_TTL:
-                expired.append(row.id)
-                continue
-            if state is None or row.id in self._taking:
-                continue
-            leased = state.job.leased
-            if row.replica is not None:  # a per-instance job's round, asked of one replica
-                if pending and not leased and row.replica == self._replica_id:
-                    self._take(state, row, leased=False)
-            elif not leased:
-                continue
-            elif row.instant is not None:
-                if pending:
-                    self._catch_up(state, row)
-            elif pending:
-                self._take(state, row, leased=True)
-            elif row.lease_free and (row.attempt >= 2 or row.lease_token != row.token):
-                self._give_up(row)  # its second run died, or a later claim took the lease
-            elif row.lease_free and row.attempt == 1:
-                self._take(state, row, leased=True)  # cut short, or died: attempt 2
-        if expired:
-            triggers = self._triggers
-            self._control.run(lambda: triggers.close(expired, expired=True), lambda _result: None)
-        for name, queue in backfills.items():
-            self._backfill.step(dispatcher.states[name], queue)
-
-    def _take(self, state: JobState, row: lease.TriggerRow, *, leased: bool) -> None:
-        dispatcher, triggers, holder = self._dispatcher, self._triggers, self._replica_id
-        claimed_at = self._clock.monotonic()
-        self._taking.add(row.id)
-
-        def done(result: int | BaseException | None) -> None:
-            self._taking.discard(row.id)
-            if isinstance(result, BaseException):
-                log.error("job %r: taking the request for a round now failed: %s", row.name, result)
-                return
-            if result is None:
-                log.info(
-                    "job %r: the request for a round now (asked by %s) was not run here: "
-                    "another replica took it, or a round held the lease, or the job is paused",
-                    row.name,
-                    row.requested_by,
-                )
-                return
-            token = result if leased else None
-            late = too_late(claimed_at, self._clock.monotonic())
-            if dispatcher.draining or late:
-                name = row.name
-                self._control.run(
-                    lambda: triggers.end(row.id, name, result, leased=leased, outcome="cut short"),
-                    lambda _result: None,
-                )
-                return
-            log.info(
-                "job %r: running a round now%s, asked by %s at %s",
-                row.name,
-                " a second time (the first was cut short)" if row.attempt else "",
-                row.requested_by,
-                row.requested.isoformat(),
-            )
-            dispatcher.start_manual(state, row, token=token, claimed_at=claimed_at)
-
-        self._control.run(lambda: triggers.take(row, holder, leased=leased), done)
-
-    def _give_up(self, row: lease.TriggerRow) -> None:
-        triggers, token = self._triggers, row.token or 0
-        self._taking.add(row.id)
-
-        def done(_result: object) -> None:
-            self._taking.discard(row.id)
-
-        self._control.run(
-            lambda: triggers.end(row.id, row.name, token, leased=True, outcome="given up"), done
-        )
-
-    def _catch_up(self, state: JobState, row: lease.TriggerRow) -> None:
-        """Claim the instant ``row`` asks to catch up (skipped while paused), as any
-        catch-up: at most once, never after a later instant started."""
-        dispatcher, triggers = self._dispatcher, self._triggers
-        assert row.instant is not None
-        if state.busy:
-            return  # a round of it is being claimed or runs: a later sweep tries again
-        instant = row.instant
-        self._taking.add(row.id)
-
-        def done(_result: object) -> None:
-            self._taking.discard(row.id)
-
-        self._control.run(lambda: triggers.close([row.id], expired=False), done)
-        dispatcher.take(state)
-        dispatcher.claims.claim(instant, [state], reason=Reason.CATCH_UP)
 
     # -- idle sweeps on an in-process clock ------------------------------------------------
 
