@@ -235,9 +235,10 @@ class Dispatcher:
         self, state: JobState, after: datetime, *, when: datetime | None = None
     ) -> None:
         """Put ``state``'s job back in the heap at its first instant after ``after``
-        (``when``, if the caller knows it already)."""
+        (``when``, if the caller knows it already); ``state.due`` says which."""
         state.busy = False
         state.generation += 1
+        state.due = None
         if state.retired:
             return  # a schedule made of data, removed
         if when is None:
@@ -250,6 +251,7 @@ class Dispatcher:
                 "job %r has no instant after %s: it will not run again", state.job.name, after
             )
             return
+        state.due = when
         due = _Due(state.starts_at(when), next(self._seq), state, state.generation, when)
         heapq.heappush(self._heap, due)
 
@@ -341,11 +343,8 @@ class Dispatcher:
         claimed_at: float,
         reason: Reason,
     ) -> None:
-        """Start the round of ``state``'s job for ``instant``.
-
-        ``token`` is its lease's (``None`` for a per-instance round), claimed at the
-        monotonic time ``claimed_at``.
-        """
+        """Start the round of ``state``'s job for ``instant``: ``token`` is its lease's
+        (``None`` for a per-instance round), claimed at the monotonic time ``claimed_at``."""
         self.start_rounds(
             [(state, token)], instant, attempt=attempt, claimed_at=claimed_at, reason=reason
         )
@@ -363,9 +362,9 @@ class Dispatcher:
         worker threads `START_BATCH` at a time (the rounds one claim won): one lock
         per batch, and the first rounds run while the next are built.
 
-        A schedule made of data removed since its claim went out (held for its instant,
-        claimed with the rest, caught up) starts nothing: its lease is given back."""
-        if any(state.retired for state, _token in rounds):
+        A schedule made of data removed since its claim went out (held, claimed with the
+        rest, caught up) starts nothing, its lease given back; a retry runs as claimed."""
+        if reason is not Reason.RETRY and any(state.retired for state, _token in rounds):
             gone: dict[int, list[str]] = {}
             for state, token in rounds:
                 if state.retired and token is not None:
@@ -389,7 +388,7 @@ class Dispatcher:
                 state.busy = True
                 state.run = run
                 self.runs.add(run)
-                if state.job.policy.overlap is Overlap.CANCEL_OTHER:
+                if run.pinned.policy.overlap is Overlap.CANCEL_OTHER:
                     self.next_rounds.watch(run)
                 if token is not None:
                     self.keeper.hold(run, claimed_at)

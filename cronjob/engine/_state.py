@@ -19,6 +19,7 @@ from .._jitter import jitter_delay
 from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
+from ._pinned import Pinned
 
 __all__ = ["Flags", "JobState", "Killable", "Reason", "Run"]
 
@@ -106,6 +107,13 @@ class JobState:
     #: The instants before the one a catch-up claims that no replica ran (counted in
     #: ``cronjob.instants.missed`` by the replica whose claim wins).
     missed: int = 0
+    #: The instant its heap entry is for, while it has one (see ``Dispatcher.schedule_after``).
+    due: datetime | None = None
+    #: A descriptor pinned for a round of it still to be made (see `cronjob.engine._pinned`).
+    pinned: Pinned | None = None
+    #: A schedule made of data: when this replica saw its timing change last; a round
+    #: claimed before runs as claimed, the instants after are the new timing's.
+    changed: datetime | None = None
 
     def __post_init__(self) -> None:
         self.refresh()
@@ -144,6 +152,8 @@ class Run:
 
     state: JobState
     ctx: Round
+    #: What the round runs, fixed at its claim: every path reads it, never ``state.job``.
+    pinned: Pinned
     #: The fencing token of the round's lease; ``None`` for a per-instance round.
     token: int | None
     #: Why the round runs.

@@ -1,0 +1,135 @@
+"""The pinned round: what a claimed round runs, fixed as it is made from its claim.
+
+A schedule made of data can change or go while its round runs (see
+`cronjob.engine._data`, which replaces ``JobState.job``). A round already claimed never
+follows: its `Pinned` descriptor — its name, task, args, instant, job (function or
+publisher, schedule, policy) — is taken once, and its run, its retries, its second run
+after it was cut short here, the instant buffered or superseding after it and a jittered
+start read that descriptor, never the live ``JobState.job``. A change governs the
+instants not yet claimed only.
+
+`pin` is the one place a round's descriptor is chosen: a descriptor pinned before for that
+very instant (a retry, a second run of a round cut short here, a jittered instant that came
+before a change) if there is one, else the job as it is now.
+
+Dispatcher thread only (a round's thread reads its own descriptor, which never changes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .._jitter import jitter_delay
+from .._policy import Policy
+from .._registry import Job
+from .._schedule import Schedule
+
+if TYPE_CHECKING:
+    from ._state import JobState
+
+__all__ = ["Pinned", "pin"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pinned:
+    """One claimed round's execution descriptor (immutable, one per round).
+
+    Attributes:
+        job: The job as the round was claimed: its function (for a hand-off, the
+            publisher), schedule and policy.
+        instant: The round's instant.
+        timeout: Its policy's timeout in seconds; ``None``: none.
+        start_deadline: Its policy's start deadline; ``None``: none.
+        policed: Its policy times, retries or checks rounds (see
+            [Policy.acts_on_rounds][cronjob.Policy.acts_on_rounds]).
+        isolated: Its rounds run in a child process (``isolation="process"``).
+    """
+
+    job: Job
+    instant: datetime
+    timeout: float | None
+    start_deadline: timedelta | None
+    policed: bool
+    isolated: bool
+
+    @classmethod
+    def of(cls, job: Job, instant: datetime) -> Pinned:
+        """The descriptor of ``job``'s round of ``instant``, its policy read now."""
+        policy = job.policy
+        return cls(
+            job=job,
+            instant=instant,
+            timeout=None if policy.timeout is None else policy.timeout.total_seconds(),
+            start_deadline=policy.start_deadline,
+            policed=policy.acts_on_rounds,
+            isolated=policy.isolated,
+        )
+
+    @property
+    def name(self) -> str:
+        """The job's name or the schedule's id."""
+        return self.job.name
+
+    @property
+    def task(self) -> str | None:
+        """A schedule's task; ``None`` for a registered job."""
+        return self.job.task
+
+    @property
+    def args(self) -> str | None:
+        """A schedule's arguments (JSON text); ``None`` for a registered job."""
+        return self.job.args
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """What runs: the job's function, or its publisher for a hand-off."""
+        return self.job.fn
+
+    @property
+    def policy(self) -> Policy:
+        """The policy every decision about the round reads."""
+        return self.job.policy
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule the round was claimed under."""
+        return self.job.schedule
+
+    def starts_at(self) -> datetime:
+        """When the round starts: its instant, or later by its jitter (see
+        `cronjob.engine._state.JobState.starts_at`)."""
+        jitter = self.job.policy.jitter
+        if jitter is None:
+            return self.instant
+        following = self.job.schedule.next(self.instant)
+        return self.instant + jitter_delay(self.job.name, self.instant, jitter, following)
+
+
+def pin(state: JobState, instant: datetime, *, requested: bool = False) -> Pinned:
+    """The descriptor of ``state``'s round of ``instant``, as the round is made.
+
+    A descriptor pinned on ``state`` for that instant (a retry of it, its second run
+    after it was cut short here, a jittered instant that came before its schedule
+    changed) is taken, once; one for an earlier instant is dropped (a later round's
+    claim leaves it nothing to do). Else the job as it is now. A manual round or a
+    backfill (``requested``) always runs the job as it is now and leaves the pinned one.
+    """
+    held = state.pinned
+    if held is not None and not requested:
+        if held.instant == instant:
+            state.pinned = None
+            return held
+        if held.instant < instant:
+            state.pinned = None
+    # The policy's values as the state keeps them (read once per change, not per round).
+    return Pinned(
+        job=state.job,
+        instant=instant,
+        timeout=state.timeout,
+        start_deadline=state.start_deadline,
+        policed=state.policed,
+        isolated=state.isolated,
+    )

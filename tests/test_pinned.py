@@ -1,0 +1,124 @@
+"""Rounds pinned at their claim: a schedule made of data changed or removed while its
+round is claimed never changes what that round runs — its run, its retry, its second run,
+the instant buffered or superseding after it, a jittered start — nor cuts it short; the
+change governs only the instants not yet claimed.
+
+Replicas on a fake clock, on each database; nothing sleeps in real time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+import cronjob
+import lease
+from cronjob import Trigger, admin, schedules
+from cronjob._jitter import jitter_delay
+from cronjob.testing import FakeClock
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+MINUTELY = "0 * * * * *"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    engine = lease.create_engine(db_url)
+    lease.migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def at(minute: int, second: int = 0) -> datetime:
+    return START + timedelta(minutes=minute, seconds=second)
+
+
+class Seen:
+    """What the task's rounds saw: (instant, attempt, args, replica, trigger)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rounds: list[tuple[datetime, int, dict[str, object], str, Trigger]] = []
+
+    def note(self, ctx: cronjob.Round) -> None:
+        with self.lock:
+            self.rounds.append((ctx.instant, ctx.attempt, ctx.args, ctx.replica, ctx.trigger))
+
+    def runs(self) -> list[tuple[datetime, int, dict[str, object]]]:
+        """(instant, attempt, args) of each round begun, in order."""
+        return [(instant, attempt, args) for instant, attempt, args, *_ in self.rounds]
+
+    def instants(self) -> list[datetime]:
+        return [instant for instant, *_ in self.rounds]
+
+
+def registry_with(body: Callable[[cronjob.Round], object], **policy: object) -> cronjob.Registry:
+    registry = cronjob.Registry()
+    registry.register_task(body, "report", **policy)  # type: ignore[arg-type]
+    return registry
+
+
+def outcomes(url: str, name: str = "r") -> list[tuple[datetime, int, str]]:
+    """(instant, attempt, outcome) of the schedule's rounds on record, oldest first."""
+    return sorted((r.instant, r.attempt, str(r.outcome)) for r in admin.history(url, name))
+
+
+class TestRun:
+    def test_a_round_runs_the_task_and_args_it_was_claimed_with_to_its_end(
+        self, engine, replicas, clock, db_url
+    ):
+        seen, other = Seen(), Seen()
+        registry = registry_with(lambda ctx: (seen.note(ctx), ctx.wait(30), seen.note(ctx)))
+        registry.register_task(other.note, "other")
+        replicas(registry, "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY, args={"v": 1})
+        clock.advance(65)  # 09:01 runs until 09:01:30
+        schedules.update(engine, "r", task="other", args={"v": 2})
+        clock.advance(60)
+        assert seen.runs() == [(at(1), 1, {"v": 1}), (at(1), 1, {"v": 1})]
+        assert other.runs() == [(at(2), 1, {"v": 2})]
+        assert outcomes(db_url)[0] == (at(1), 1, "succeeded")
+
+
+class TestRetry:
+    def test_a_retry_runs_the_args_its_round_was_claimed_with(self, engine, replicas, clock):
+        seen = Seen()
+
+        def flaky(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.attempt == 1 and ctx.instant == at(1):
+                raise cronjob.Retry(delay=20)
+
+        replicas(registry_with(flaky, retries=1), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY, args={"v": 1})
+        clock.advance(65)  # 09:01 failed; its retry waits until 09:01:20
+        schedules.update(engine, "r", args={"v": 2})
+        clock.advance(60)
+        assert seen.runs() == [(at(1), 1, {"v": 1}), (at(1), 2, {"v": 1}), (at(2), 1, {"v": 2})]
+
+    def test_a_schedule_removed_during_the_backoff_still_retries_and_ends_on_record(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+
+        def flaky(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.attempt == 1 and ctx.instant == at(1):
+                raise cronjob.Retry(delay=20)
+
+        replicas(registry_with(flaky, retries=1), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY, args={"v": 1})
+        clock.advance(65)  # 09:01 failed; its retry waits until 09:01:20
+        assert schedules.remove(engine, "r")
+        clock.advance(120)
+        assert seen.runs() == [(at(1), 1, {"v": 1}), (at(1), 2, {"v": 1})]
+        assert outcomes(db_url) == [(at(1), 1, "retrying"), (at(1), 2, "succeeded")]
