@@ -122,3 +122,99 @@ class TestRetry:
         clock.advance(120)
         assert seen.runs() == [(at(1), 1, {"v": 1}), (at(1), 2, {"v": 1})]
         assert outcomes(db_url) == [(at(1), 1, "retrying"), (at(1), 2, "succeeded")]
+
+
+class TestSecondRun:
+    def test_a_second_run_here_runs_the_args_its_round_was_claimed_with(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+
+        def cut(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.attempt == 1 and ctx.instant == at(1):
+                ctx.wait(10)
+                raise cronjob.Cancelled("cut short by the job itself")
+
+        replicas(registry_with(cut), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY, args={"v": 1})
+        clock.advance(65)  # 09:01 runs until 09:01:10, then is cut short
+        schedules.update(engine, "r", args={"v": 2})
+        clock.advance(50)  # the sweep runs it a second time, before 09:02
+        assert seen.runs()[:2] == [(at(1), 1, {"v": 1}), (at(1), 2, {"v": 1})]
+        assert (at(1), 2, "succeeded") in outcomes(db_url)
+
+
+class TestCancelOther:
+    def test_a_removed_schedules_round_is_never_superseded(self, engine, replicas, clock, db_url):
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.wait(90):
+                ctx.check()
+
+        replicas(registry_with(slow, overlap="cancel_other"), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(70)  # 09:01 runs until 09:02:30
+        assert schedules.remove(engine, "r")
+        clock.advance(180)
+        assert seen.instants() == [at(1)]
+        assert outcomes(db_url) == [(at(1), 1, "succeeded")]
+
+    def test_a_respecced_schedules_round_is_superseded_only_by_an_instant_it_has(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.instant == at(1) and ctx.wait(90):
+                ctx.check()
+
+        replicas(registry_with(slow, overlap="cancel_other"), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(70)  # 09:01 runs until 09:02:30
+        schedules.update(engine, "r", spec="0 */5 * * * *")  # no 09:02 any more
+        clock.advance(300)
+        assert seen.instants() == [at(1), at(5)]
+        assert outcomes(db_url) == [(at(1), 1, "succeeded"), (at(5), 1, "succeeded")]
+
+    def test_the_new_timings_first_instant_after_the_change_supersedes_it(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.instant == at(1) and ctx.wait(90):
+                ctx.check()
+
+        replicas(registry_with(slow, overlap="cancel_other"), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(70)  # 09:01 runs until 09:02:30
+        schedules.update(engine, "r", spec="30 * * * * *")  # 09:01:30 first after it
+        clock.advance(60)
+        assert seen.instants()[:2] == [at(1), at(1, 30)]
+        assert outcomes(db_url)[:2] == [(at(1), 1, "superseded"), (at(1, 30), 1, "succeeded")]
+
+
+class TestBufferOne:
+    def test_after_a_spec_change_the_first_instant_after_it_waits(
+        self, engine, replicas, clock, db_url
+    ):
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.instant == at(1):
+                ctx.wait(100)
+
+        replicas(registry_with(slow, overlap="buffer_one"), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(90)  # 09:01 runs until 09:02:40
+        schedules.update(engine, "r", spec="*/20 * * * * *")  # 09:01:20 came before it
+        clock.advance(80)
+        assert seen.instants() == [at(1), at(1, 40)]  # buffered, started as 09:01 ended
+        clock.advance(20)
+        assert seen.instants() == [at(1), at(1, 40), at(3)]

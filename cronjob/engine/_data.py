@@ -14,10 +14,11 @@ What a change does, as the dispatcher applies it:
 - **Added**: scheduled from the first instant after it is seen (a one-off whose instant
   passed within the day is claimed at once, as catch-up).
 - **Changed**: the new schedule governs from the first instant after it is seen; the old
-  one's instants are not caught up. A round in flight ends as it began; its end schedules
+  one's instants are not caught up. A round claimed before runs as it was claimed (its
+  descriptor is pinned, see `cronjob.engine._pinned`), retries and all; its end schedules
   the new schedule's next instant.
 - **Removed** (or its task is not registered here): no instant of it starts after; a
-  round in flight runs to its end, on record.
+  round claimed before runs to its end, on record, never cut short nor superseded.
 
 Dispatcher thread only; the reads run on a thread of their own (``cronjob-schedules``,
 one per replica), the writes on the control thread.
@@ -237,7 +238,7 @@ class DataSchedules:
             return []
         dispatcher = self._dispatcher
         now = self._clock.now()
-        fresh: list[JobState] = []
+        fresh: list[tuple[JobState, Job | None]] = []  # with the job it replaced
         added: list[JobState] = []
         dropped: list[str] = []
         for row in rows:
@@ -265,31 +266,35 @@ class DataSchedules:
                 if state is not None:
                     dropped.append(self._drop(state))
                 continue
+            old = None if state is None else state.job
             if state is None:
                 state = JobState(job, metrics=self._meters.job(row.id))
                 dispatcher.states[row.id] = state
                 self.count += 1
                 self.beating += self._alone(job)
                 added.append(state)
-            elif _same(state.job, job):
+            if old is not None and _same(old, job):
                 continue
-            else:
-                self.beating += self._alone(job) - self._alone(state.job)
+            if old is not None:
+                self.beating += self._alone(job) - self._alone(old)
                 state.job = job
                 state.refresh()
-            fresh.append(state)
-        for state in fresh:
-            self._schedule(state, now)
+                if old.schedule != job.schedule or type(old.schedule) is not type(job.schedule):
+                    state.changed = now
+            fresh.append((state, old))
+        for state, old in fresh:
+            self._schedule(state, now, old)
         if added or dropped:
             self._changed(added, dropped)
         if fresh or dropped:
             log.debug("schedules: %d added or changed, %d dropped", len(fresh), len(dropped))
         if ensure and fresh:
-            self._ensure(fresh, now)
+            self._ensure([state for state, _old in fresh], now)
         return added
 
-    def _schedule(self, state: JobState, now: datetime) -> None:
-        """Schedule a new or changed schedule from now (a round in flight: from its end)."""
+    def _schedule(self, state: JobState, now: datetime, old: Job | None) -> None:
+        """Schedule a new or changed schedule from now (a round in flight: from its end).
+        ``old``: the job it replaced (``None``: a new schedule)."""
         dispatcher = self._dispatcher
         if state.busy:
             return  # its round's end schedules the new schedule's next instant
