@@ -218,3 +218,25 @@ class TestBufferOne:
         assert seen.instants() == [at(1), at(1, 40)]  # buffered, started as 09:01 ended
         clock.advance(20)
         assert seen.instants() == [at(1), at(1, 40), at(3)]
+
+
+class TestJitter:
+    def test_an_instant_come_before_an_args_update_starts_at_its_jittered_start(
+        self, engine, replicas, clock
+    ):
+        jitter = timedelta(seconds=40)
+        # A schedule whose 09:01 round starts late enough to change it before.
+        name = next(
+            f"r{i}" for i in range(100) if jitter_delay(f"r{i}", at(1), jitter, at(2)).seconds > 5
+        )
+        delay = jitter_delay(name, at(1), jitter, at(2))
+        seen = Seen()
+        replicas(registry_with(seen.note, jitter=40), "a")
+        replicas(registry_with(seen.note, jitter=40), "b")
+        schedules.add(engine, name, task="report", spec=MINUTELY, args={"v": 1})
+        clock.advance(61)  # 09:01 came; its round starts at 09:01 + delay
+        schedules.update(engine, name, args={"v": 2})
+        clock.advance(delay.total_seconds())
+        assert seen.runs() == [(at(1), 1, {"v": 1})]
+        clock.advance(60)
+        assert [(i, args) for i, _a, args in seen.runs()] == [(at(1), {"v": 1}), (at(2), {"v": 2})]

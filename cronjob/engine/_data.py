@@ -16,7 +16,8 @@ What a change does, as the dispatcher applies it:
 - **Changed**: the new schedule governs from the first instant after it is seen; the old
   one's instants are not caught up. A round claimed before runs as it was claimed (its
   descriptor is pinned, see `cronjob.engine._pinned`), retries and all; its end schedules
-  the new schedule's next instant.
+  the new schedule's next instant. An instant that came before the change and waits for
+  its jittered start is pinned too: it starts as it would have.
 - **Removed** (or its task is not registered here): no instant of it starts after; a
   round claimed before runs to its end, on record, never cut short nor superseded.
 
@@ -40,6 +41,7 @@ from .._registry import Job, Task
 from ..schedules._policies import with_own
 from ._control import Control
 from ._metrics import Meters
+from ._pinned import Pinned
 from ._state import JobState, Reason
 
 if TYPE_CHECKING:
@@ -298,6 +300,15 @@ class DataSchedules:
         dispatcher = self._dispatcher
         if state.busy:
             return  # its round's end schedules the new schedule's next instant
+        came = state.due
+        if old is not None and came is not None and came <= now:
+            # Its instant came before the change, its jittered start has not: it starts
+            # then as it would have, pinned (the heap entry stays); the new schedule
+            # follows from its end.
+            pinned = Pinned.of(old, came)
+            if pinned.starts_at() > now:
+                state.pinned = pinned
+                return
         schedule = state.job.schedule
         if isinstance(schedule, OneOff) and schedule.at <= now:
             if now - schedule.at <= ONE_OFF_HORIZON:
