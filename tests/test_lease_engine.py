@@ -275,6 +275,7 @@ class TestSurface:
             "defer_publications",
             "due_publications",
             "finish_once",
+            "forgo_former_rounds",
             "head_revision",
             "insert_schedules",
             "is_async_url",

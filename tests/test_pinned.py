@@ -145,6 +145,36 @@ class TestSecondRun:
         assert (at(1), 2, "succeeded") in outcomes(db_url)
 
 
+class TestAddedAgain:
+    def test_a_schedule_added_again_is_owed_no_second_run_of_its_former_life(
+        self, engine, replicas, clock, db_url
+    ):
+        """Removed while its round ran, that round cut short by a drain, then added
+        again: the old instant is not run a second time."""
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.wait(30):
+                ctx.check()
+
+        first = replicas(registry_with(slow), "a")
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        clock.advance(65)  # 09:01 runs until 09:01:30
+        assert schedules.remove(engine, "r")
+        clock.advance(1)
+        first.stop()  # the drain cuts 09:01 short
+        assert outcomes(db_url) == [(at(1), 1, "cut short")]
+        schedules.add(engine, "r", task="report", spec=MINUTELY)
+        replicas(registry_with(slow), "b")  # its first sweep finds 09:01 cut short
+        clock.advance(120)
+        assert [(instant, attempt) for instant, attempt, _ in seen.runs()] == [
+            (at(1), 1),
+            (at(2), 1),
+            (at(3), 1),
+        ]
+
+
 class TestCancelOther:
     def test_a_removed_schedules_round_is_never_superseded(self, engine, replicas, clock, db_url):
         seen = Seen()

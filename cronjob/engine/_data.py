@@ -20,6 +20,8 @@ What a change does, as the dispatcher applies it:
   its jittered start is pinned too: it starts as it would have.
 - **Removed** (or its task is not registered here): no instant of it starts after; a
   round claimed before runs to its end, on record, never cut short nor superseded.
+- **Added again** after a removal: owed nothing from before (the write marks a round of
+  its former life cut short as run twice, see `lease.forgo_former_rounds`).
 
 Dispatcher thread only; the reads run on a thread of their own (``cronjob-schedules``,
 one per replica), the writes on the control thread.

@@ -211,6 +211,7 @@ def _write(
     written = new + again
     specs = {row.id: _shown(row) for row in written}
     lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in moved}, unpause=revived)
+    lease.forgo_former_rounds(conn, revived)  # added again: owed nothing from before
     lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
     lease.schedule_lease_rows(
         conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
