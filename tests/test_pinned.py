@@ -270,3 +270,33 @@ class TestJitter:
         assert seen.runs() == [(at(1), 1, {"v": 1})]
         clock.advance(60)
         assert [(i, args) for i, _a, args in seen.runs()] == [(at(1), {"v": 1}), (at(2), {"v": 2})]
+
+
+class TestBackfillCancel:
+    def test_a_cancel_leaves_the_second_run_a_drain_made_owed(self, db_url, replicas, clock):
+        seen = Seen()
+
+        def slow(ctx: cronjob.Round) -> None:
+            seen.note(ctx)
+            if ctx.wait(30):
+                ctx.check()
+
+        registry = cronjob.Registry()
+        registry.register(slow, "0 0 * * * *", "report")
+        first = replicas(registry, "a")
+        clock.advance(3600 + 45)  # 10:00 ran until 10:00:30
+        admin.backfill(
+            db_url, "report", start=START - timedelta(hours=2), end=START, now=clock.now()
+        )
+        clock.advance(15)  # a took 07:00
+        replicas(registry, "b")
+        admin.pause(db_url, "report", now=clock.now())  # b waits to take anything
+        first.stop()  # the drain cuts 07:00 short; b queues it again, owed its second run
+        clock.advance(30)
+        done = admin.cancel_backfill(db_url, "report", by="ops@laptop", now=clock.now())
+        assert done.cancelled == (START - timedelta(hours=1),)
+        admin.resume(db_url, "report", now=clock.now())
+        clock.advance(120)
+        backfills = [(i, r) for i, _a, _args, r, t in seen.rounds if t is Trigger.BACKFILL]
+        seven = START - timedelta(hours=2)
+        assert backfills == [(seven, "a"), (seven, "b")]
