@@ -224,7 +224,9 @@ class TestCancelOther:
         schedules.add(engine, "r", task="report", spec=MINUTELY)
         clock.advance(70)  # 09:01 runs until 09:02:30
         schedules.update(engine, "r", spec="30 * * * * *")  # 09:01:30 first after it
-        clock.advance(60)
+        clock.advance(21)
+        assert seen.instants() == [at(1), at(1, 30)]  # superseded at 09:01:30, not 09:02
+        clock.advance(40)
         assert seen.instants()[:2] == [at(1), at(1, 30)]
         assert outcomes(db_url)[:2] == [(at(1), 1, "superseded"), (at(1, 30), 1, "succeeded")]
 

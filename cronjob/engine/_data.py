@@ -300,8 +300,10 @@ class DataSchedules:
         """Schedule a new or changed schedule from now (a round in flight: from its end).
         ``old``: the job it replaced (``None``: a new schedule)."""
         dispatcher = self._dispatcher
-        if state.busy:
-            return  # its round's end schedules the new schedule's next instant
+        if state.busy:  # its round's end schedules the new schedule's next instant
+            if old is not None and state.run is not None and state.changed == now:
+                dispatcher.next_rounds.retimed(state.run)
+            return
         came = state.due
         if old is not None and came is not None and came <= now:
             # Its instant came before the change, its jittered start has not: it starts

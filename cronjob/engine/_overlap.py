@@ -85,6 +85,15 @@ class NextRounds:
         if when is not None:
             heapq.heappush(self._watched, (when, next(self._seq), run))
 
+    def retimed(self, run: Run) -> None:
+        """The timing of ``run``'s schedule changed while it runs: a ``cancel_other``
+        round is superseded at the new timing's first instant after the change too, not
+        only when the instant it was watched for comes (see `tick`)."""
+        if run.pinned.policy.overlap is Overlap.CANCEL_OTHER and not run.ended:
+            when = run.state.job.schedule.next(self._clock.now())
+            if when is not None:
+                heapq.heappush(self._watched, (when, next(self._seq), run))
+
     def next_wake(self) -> datetime | None:
         """When a watched round is due to be superseded (wall clock); ``None``: none."""
         return self._watched[0][0] if self._watched else None
