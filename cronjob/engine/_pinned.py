@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .._jitter import jitter_delay
 from .._policy import Policy
@@ -30,43 +30,82 @@ from .._schedule import Schedule
 if TYPE_CHECKING:
     from ._state import JobState
 
-__all__ = ["Pinned", "pin"]
+__all__ = ["NO_LIMITS", "Limits", "Pinned", "pin"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Pinned:
-    """One claimed round's execution descriptor (immutable, one per round).
+class Limits:
+    """What a job's policy asks of each of its rounds, read once per change of the job
+    (`JobState.refresh`) and shared by the descriptors of its rounds.
 
     Attributes:
-        job: The job as the round was claimed: its function (for a hand-off, the
-            publisher), schedule and policy.
-        instant: The round's instant.
-        timeout: Its policy's timeout in seconds; ``None``: none.
-        start_deadline: Its policy's start deadline; ``None``: none.
-        policed: Its policy times, retries or checks rounds (see
-            [Policy.acts_on_rounds][cronjob.Policy.acts_on_rounds]).
-        isolated: Its rounds run in a child process (``isolation="process"``).
+        timeout: The policy's timeout in seconds; ``None``: none.
+        start_deadline: The policy's start deadline; ``None``: none.
+        policed: The policy times, retries or checks rounds (a timeout, retries or a
+            start deadline): the one test a round of a job without options pays.
+        isolated: The rounds run in a child process (``isolation="process"``).
     """
 
-    job: Job
-    instant: datetime
-    timeout: float | None
-    start_deadline: timedelta | None
-    policed: bool
-    isolated: bool
+    timeout: float | None = None
+    start_deadline: timedelta | None = None
+    policed: bool = False
+    isolated: bool = False
 
     @classmethod
-    def of(cls, job: Job, instant: datetime) -> Pinned:
-        """The descriptor of ``job``'s round of ``instant``, its policy read now."""
-        policy = job.policy
+    def of(cls, policy: Policy) -> Limits:
+        """The limits ``policy`` sets."""
         return cls(
-            job=job,
-            instant=instant,
             timeout=None if policy.timeout is None else policy.timeout.total_seconds(),
             start_deadline=policy.start_deadline,
             policed=policy.acts_on_rounds,
             isolated=policy.isolated,
         )
+
+
+#: A policy's limits when it sets none.
+NO_LIMITS: Final = Limits()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pinned:
+    """One claimed round's execution descriptor (immutable, one per round: three fields,
+    as a round of 100,000 at one instant builds one each on the dispatcher's thread).
+
+    Attributes:
+        job: The job as the round was claimed: its function (for a hand-off, the
+            publisher), schedule, policy, and a schedule's task and args.
+        instant: The round's instant.
+        limits: What the job's policy asks of the round (see `Limits`).
+    """
+
+    job: Job
+    instant: datetime
+    limits: Limits
+
+    @classmethod
+    def of(cls, job: Job, instant: datetime) -> Pinned:
+        """The descriptor of ``job``'s round of ``instant``, its policy read now."""
+        return cls(job=job, instant=instant, limits=Limits.of(job.policy))
+
+    @property
+    def timeout(self) -> float | None:
+        """The round's timeout in seconds; ``None``: none."""
+        return self.limits.timeout
+
+    @property
+    def start_deadline(self) -> timedelta | None:
+        """The round's start deadline; ``None``: none."""
+        return self.limits.start_deadline
+
+    @property
+    def policed(self) -> bool:
+        """The round is timed, retried or checked (see `Limits.policed`)."""
+        return self.limits.policed
+
+    @property
+    def isolated(self) -> bool:
+        """The round runs in a child process."""
+        return self.limits.isolated
 
     @property
     def name(self) -> str:
@@ -124,12 +163,5 @@ def pin(state: JobState, instant: datetime, *, requested: bool = False) -> Pinne
             return held
         if held.instant < instant:
             state.pinned = None
-    # The policy's values as the state keeps them (read once per change, not per round).
-    return Pinned(
-        job=state.job,
-        instant=instant,
-        timeout=state.timeout,
-        start_deadline=state.start_deadline,
-        policed=state.policed,
-        isolated=state.isolated,
-    )
+    # The policy's limits as the state keeps them: read once per change, not per round.
+    return Pinned(job=state.job, instant=instant, limits=state.limits)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol
 
 import lease
@@ -19,7 +19,7 @@ from .._jitter import jitter_delay
 from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
-from ._pinned import Pinned
+from ._pinned import NO_LIMITS, Limits, Pinned
 
 __all__ = ["Flags", "JobState", "Killable", "Reason", "Run"]
 
@@ -92,15 +92,9 @@ class JobState:
     #: A per-instance job paused by an operator, as the latest sweep read it (a leased
     #: job's pause is in its lease row, which the claim itself reads).
     paused: bool = False
-    #: The job has a timeout, retries or a start deadline (its policy is not the
-    #: default): the one test a round of a job without options pays for them.
-    policed: bool = field(init=False, default=False)
-    #: Its policy's timeout in seconds, ``None``: none.
-    timeout: float | None = field(init=False, default=None)
-    #: Its policy's start deadline, ``None``: none.
-    start_deadline: timedelta | None = field(init=False, default=None)
-    #: Its rounds run in a child process (``isolation="process"``).
-    isolated: bool = field(init=False, default=False)
+    #: What its policy asks of each round, read once per change of the job (each round's
+    #: descriptor shares it, see `cronjob.engine._pinned`).
+    limits: Limits = field(init=False, default=NO_LIMITS)
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
@@ -120,11 +114,7 @@ class JobState:
 
     def refresh(self) -> None:
         """Take the job's policy anew (a schedule made of data whose row changed)."""
-        policy = self.job.policy
-        self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
-        self.start_deadline = policy.start_deadline
-        self.policed = policy.acts_on_rounds
-        self.isolated = policy.isolated
+        self.limits = Limits.of(self.job.policy)
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The job's first instant strictly after ``instant`` (``None``: none): the claim
