@@ -82,6 +82,7 @@ from ._records import Ending as Ending
 from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
 from ._restore import CutRound as CutRound
+from ._revived import forgo_former_rounds as forgo_former_rounds
 from ._schedules import POLICIES_FORMAT as POLICIES_FORMAT
 from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
@@ -196,6 +197,7 @@ __all__ = [
     "defer_publications",
     "due_publications",
     "finish_once",
+    "forgo_former_rounds",
     "head_revision",
     "insert_schedules",
     "is_async_url",

@@ -239,9 +239,10 @@ class Backfills:
         """Cancel the backfill of ``name``: close each of its instants still queued, state
         ``refused``, outcome `CANCELLED`, the error saying who (``cancelled by BY``), in
         one transaction. The instant whose round is in flight (running, or cut short and
-        owed its second run) is left to end under the usual rules: one at a time, it is
-        the only one. A take racing it either took its instant first (then it is that
-        round) or finds it closed. Returns the instants cancelled, oldest first."""
+        owed its second run, queued again for it or not) is left to end under the usual
+        rules: one at a time, it is the only one. A take racing it either took its instant
+        first (then it is that round) or finds it closed. Returns the instants cancelled,
+        oldest first."""
         check_holder(by)
         store = self._store
         now = store.now_ms() if now_ms is None else now_ms
@@ -249,6 +250,7 @@ class Backfills:
             _q.c.name == name,
             _q.c.forced == BACKFILL_MARK,
             _q.c.state == TriggerState.QUEUED.value,
+            _q.c.attempt == 0,  # never taken: one queued again after a cut is owed its run
         )
         with translate_errors("cancel a backfill"), store._transaction() as conn:
             found = conn.execute(sa.select(_q.c.id, _q.c.instant).where(queued)).all()

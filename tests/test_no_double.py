@@ -23,6 +23,7 @@ import lease
 from cronjob._round import Round
 from cronjob.engine._control import Control, Inbox
 from cronjob.engine._keeper import EXIT_LEASE_LOST, LeaseKeeper
+from cronjob.engine._pinned import Pinned
 from cronjob.engine._state import Flags, JobState, Reason, Run
 from cronjob.testing import crash
 from tests._helpers import JobBodies
@@ -137,6 +138,7 @@ class TestRenewalUntilTheEndIsOnRecord:
             run = Run(
                 state=JobState(job),
                 ctx=ctx,
+                pinned=Pinned.of(job, HOUR),
                 token=claim.token,
                 reason=Reason.SCHEDULE,
                 renewed_at=clock.monotonic(),

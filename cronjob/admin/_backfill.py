@@ -197,7 +197,10 @@ def cancel_backfill(
             raise UnknownJob(f"no job named {name!r} is on record")
         cancelled = lease.Backfills(store).cancel(name, by=who, now_ms=now_ms)
         open_rows = lease.Triggers(store).read(name=name)
-    running = [r.instant for r in open_rows if r.backfill and r.state.value != "queued"]
+    # In flight: taken once (running, cut short, or queued again for its second run).
+    running = [
+        r.instant for r in open_rows if r.backfill and (r.state.value != "queued" or r.attempt)
+    ]
     return BackfillCancelled(
         job=name,
         at=at_ms(now_ms),

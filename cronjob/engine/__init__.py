@@ -34,7 +34,8 @@ private module each (the package docstring of `cronjob` draws who owns what):
   writes; ``_data``: the schedules made of data (a wing); ``_backfill``: a backfill's
   instants, taken with the sweep (a wing).
 - ``_peers``: the live replicas and each one's share of an instant.
-- ``_control``: the inbox and the control thread; ``_state``: the records the parts share.
+- ``_control``: the inbox and the control thread; ``_state``: the records the parts share;
+  ``_pinned``: a claimed round's descriptor, what every path of the round reads.
 - ``_database``: engines from URLs; ``_metrics``: the OpenTelemetry instruments.
 
 The engine imports the public face's building blocks (``cronjob._clock``, ``_round``,

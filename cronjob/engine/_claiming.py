@@ -286,7 +286,7 @@ class Claims:
         now = self._clock.monotonic()
         held = 0
         for run in self._runs:
-            if run.ended or run.state.job.is_async:
+            if run.ended or run.pinned.job.is_async:
                 continue
             if run.started_at is None:  # waiting for a thread
                 if now - run.queued_mono >= SATURATED_AFTER:

@@ -15,10 +15,14 @@ What a change does, as the dispatcher applies it:
   passed is claimed at once, as catch-up, if its policy catches up and its instant lies
   within its ``catch_up_window``; else it is done).
 - **Changed**: the new schedule governs from the first instant after it is seen; the old
-  one's instants are not caught up. A round in flight ends as it began; its end schedules
-  the new schedule's next instant.
+  one's instants are not caught up. A round claimed before runs as it was claimed (its
+  descriptor is pinned, see `cronjob.engine._pinned`), retries and all; its end schedules
+  the new schedule's next instant. An instant that came before the change and waits for
+  its jittered start is pinned too: it starts as it would have.
 - **Removed** (or its task is not registered here): no instant of it starts after; a
-  round in flight runs to its end, on record.
+  round claimed before runs to its end, on record, never cut short nor superseded.
+- **Added again** after a removal: owed nothing from before (the write marks a round of
+  its former life cut short as run twice, see `lease.forgo_former_rounds`).
 
 A wing (see ``_wings``): recovery calls it once the database is reached (`DataSchedules.reached`:
 the load, before start-up's catch-up) and on each wake (`DataSchedules.poll`).
@@ -43,8 +47,9 @@ from .._registry import Job, Task
 from ..schedules._policies import with_own
 from ._control import Control, Inbox
 from ._metrics import Meters
+from ._pinned import Pinned
 from ._ports import Claimer, Timetable
-from ._state import JobState, Reason
+from ._state import JobState, Reason, Run
 from ._wings import Wing
 
 __all__ = ["POLL_EVERY", "DataSchedules"]
@@ -95,6 +100,8 @@ class DataSchedules(Wing):
         tasks: This replica's tasks.
         meters: Makes each schedule's measurements.
         changed: Told of the schedules added and the names dropped.
+        retimed: Told of a round in flight whose schedule's timing changed (the overlap
+            policy may supersede it at the new timing's first instant).
         late: Catches up schedules loaded after start-up.
     """
 
@@ -111,6 +118,7 @@ class DataSchedules(Wing):
         tasks: Mapping[str, Task],
         meters: Meters,
         changed: Callable[[list[JobState], list[str]], None],
+        retimed: Callable[[Run], None] = lambda _run: None,
         late: Callable[[list[JobState]], None] = lambda _states: None,
     ) -> None:
         self._clock = clock
@@ -129,6 +137,7 @@ class DataSchedules(Wing):
         #: Called (dispatcher thread) with the schedules added and the names dropped: the
         #: parts that keep the leased names follow.
         self._changed = changed
+        self._retimed = retimed
         #: Catches up schedules loaded after start-up (its load failed): start-up's rule.
         self._late = late
         #: The job of each schedule dropped lately (its last round's end still reports).
@@ -267,7 +276,7 @@ class DataSchedules(Wing):
             return []
         states = self._states
         now = self._clock.now()
-        fresh: list[JobState] = []
+        fresh: list[tuple[JobState, Job | None]] = []  # with the job it replaced
         added: list[JobState] = []
         dropped: list[str] = []
         for row in rows:
@@ -295,34 +304,49 @@ class DataSchedules(Wing):
                 if state is not None:
                     dropped.append(self._drop(state))
                 continue
+            old = None if state is None else state.job
             if state is None:
                 state = JobState(job, metrics=self._meters.job(row.id))
                 states[row.id] = state
                 self.count += 1
                 self.beating += self._alone(job)
                 added.append(state)
-            elif _same(state.job, job):
+            if old is not None and _same(old, job):
                 continue
-            else:
-                self.beating += self._alone(job) - self._alone(state.job)
+            if old is not None:
+                self.beating += self._alone(job) - self._alone(old)
                 state.job = job
                 state.refresh()
-            fresh.append(state)
-        for state in fresh:
-            self._schedule(state, now)
+                if old.schedule != job.schedule or type(old.schedule) is not type(job.schedule):
+                    state.changed = now
+            fresh.append((state, old))
+        for state, old in fresh:
+            self._schedule(state, now, old)
         if added or dropped:
             self._changed(added, dropped)
         if fresh or dropped:
             log.debug("schedules: %d added or changed, %d dropped", len(fresh), len(dropped))
         if ensure and fresh:
-            self._ensure(fresh, now)
+            self._ensure([state for state, _old in fresh], now)
         return added
 
-    def _schedule(self, state: JobState, now: datetime) -> None:
-        """Schedule a new or changed schedule from now (a round in flight: from its end)."""
+    def _schedule(self, state: JobState, now: datetime, old: Job | None) -> None:
+        """Schedule a new or changed schedule from now (a round in flight: from its end).
+        ``old``: the job it replaced (``None``: a new schedule)."""
         timetable = self._timetable
-        if state.busy:
-            return  # its round's end schedules the new schedule's next instant
+        if state.busy:  # its round's end schedules the new schedule's next instant
+            if old is not None and state.run is not None and state.changed == now:
+                self._retimed(state.run)
+            return
+        came = state.due
+        if old is not None and came is not None and came <= now:
+            # Its instant came before the change, its jittered start has not: it starts
+            # then as it would have, pinned (the heap entry stays); the new schedule
+            # follows from its end.
+            pinned = Pinned.of(old, came)
+            if pinned.starts_at() > now:
+                state.pinned = pinned
+                return
         schedule = state.job.schedule
         if isinstance(schedule, OneOff) and schedule.at <= now:
             # Its one instant passed: owed as any missed instant is, by its catch-up policy.

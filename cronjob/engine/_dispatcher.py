@@ -217,9 +217,10 @@ class Dispatcher:
         self, state: JobState, after: datetime, *, when: datetime | None = None
     ) -> None:
         """Put ``state``'s job back in the heap at its first instant after ``after``
-        (``when``, if the caller knows it already)."""
+        (``when``, if the caller knows it already); ``state.due`` says which."""
         state.busy = False
         state.generation += 1
+        state.due = None
         if state.retired:
             return  # a schedule made of data, removed
         if when is None:
@@ -232,6 +233,7 @@ class Dispatcher:
                 "job %r has no instant after %s: it will not run again", state.job.name, after
             )
             return
+        state.due = when
         due = _Due(state.starts_at(when), next(self._seq), state, state.generation, when)
         heapq.heappush(self._heap, due)
 

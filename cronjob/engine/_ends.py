@@ -128,7 +128,7 @@ class EndRecorder:
         try:
             # A round with a timeout may have had its end recorded before a forced exit
             # (record_outlived): then that end stands, and nothing more is written.
-            if run.state.timeout is None or self.decided.take_end(run):
+            if run.pinned.timeout is None or self.decided.take_end(run):
                 handed = self._settle_end(run, error, scope, ended)
         finally:
             if not handed:
@@ -140,7 +140,7 @@ class EndRecorder:
         """Classify, record and log the end; ``True`` once the finisher took it over."""
         ctx = run.ctx
         outcome = classify(error)
-        if run.state.policed:
+        if run.pinned.policed:
             outcome = self._police(run, outcome, error, ended)
         if outcome is Outcome.CUT_SHORT and isinstance(ctx.cause, Superseded):
             outcome = Outcome.SUPERSEDED  # a newer instant replaces it: never run again
@@ -188,7 +188,7 @@ class EndRecorder:
             log.warning(
                 "round of %s timed out: it ran past its timeout of %g s (%s)",
                 round_where(ctx),
-                run.state.timeout,
+                run.pinned.timeout,
                 "it returned after its cancellation"
                 if error is None
                 else f"it ended with {error_summary(error)}",
@@ -204,7 +204,7 @@ class EndRecorder:
                 ctx.name,
                 ctx.instant.isoformat(),
                 ctx.attempt,
-                1 + run.state.job.policy.retries,
+                1 + run.pinned.policy.retries,
                 error_summary(error) if error is not None else "no error",
                 run.retry_delay,
             )
@@ -252,7 +252,7 @@ class EndRecorder:
             return Outcome.TIMED_OUT
         if outcome is not Outcome.FAILED or cause is not None or run.request is not None:
             return outcome
-        policy = run.state.job.policy
+        policy = run.pinned.policy
         asked = error if isinstance(error, Retry) else None
         if ctx.attempt > policy.retries:  # attempts are 1 + retries, a second run counted
             if asked is not None:
@@ -266,7 +266,7 @@ class EndRecorder:
             delay = asked.delay
         else:
             delay = backoff_delay(policy.retry_backoff, ctx.attempt)
-        due = run.state.job.schedule.next(ended)
+        due = run.pinned.schedule.next(ended)
         if due is not None and ended + timedelta(seconds=delay) >= due:
             log.warning(
                 "round of %s failed; its retry is given up: the job's next instant %s is "
@@ -297,7 +297,7 @@ class EndRecorder:
         if outcome is Outcome.TIMED_OUT and ctx.cause is not None:
             summary = error_summary(ctx.cause)
         elif outcome is Outcome.MISSED_DEADLINE:
-            deadline = run.state.start_deadline
+            deadline = run.pinned.start_deadline
             seconds = 0.0 if deadline is None else deadline.total_seconds()
             summary = f"not started within its start deadline of {seconds:g} s"
         word = _word(outcome, ctx.attempt)

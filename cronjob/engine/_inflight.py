@@ -126,9 +126,9 @@ class InFlight:
         worker threads `START_BATCH` at a time (the rounds one claim won): one lock
         per batch, and the first rounds run while the next are built.
 
-        A schedule made of data removed since its claim went out (held for its instant,
-        claimed with the rest, caught up) starts nothing: its lease is given back."""
-        if any(state.retired for state, _token in rounds):
+        A schedule made of data removed since its claim went out (held, claimed with the
+        rest, caught up) starts nothing, its lease given back; a retry runs as claimed."""
+        if reason is not Reason.RETRY and any(state.retired for state, _token in rounds):
             gone: dict[int, list[str]] = {}
             for state, token in rounds:
                 if state.retired and token is not None:
@@ -152,7 +152,7 @@ class InFlight:
                 state.busy = True
                 state.run = run
                 self.runs.add(run)
-                if state.job.policy.overlap is Overlap.CANCEL_OTHER:
+                if run.pinned.policy.overlap is Overlap.CANCEL_OTHER:
                     self.next_rounds.watch(run)
                 if token is not None:
                     self.keeper.hold(run, claimed_at)

@@ -117,7 +117,7 @@ class ChildRounds:
                 cancellation when the child was ended after it; `ChildProcessError`
                 when the child died on its own (its exit status in the message).
         """
-        ctx, job, clock = run.ctx, run.state.job, self._clock
+        ctx, job, clock = run.ctx, run.pinned.job, self._clock
         unit = execctx.current()
         lease_clock = clock.lease_clock()
         spec = ChildSpec(

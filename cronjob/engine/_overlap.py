@@ -16,6 +16,12 @@ An instant that falls while a round of its job runs (see [Policy][cronjob.Policy
   latest instant that fell while it ran. A round that ignores its cancellation keeps its
   lease: the newer instant waits for its end and never runs beside it.
 
+Each decision reads the round's pinned descriptor (see `cronjob.engine._pinned`): the
+policy it was claimed with. A schedule made of data changed while its round ran governs
+only the instants after the change: one of its new timing from before the change is
+never buffered nor superseding, the old timing's instants are not caught up. One removed
+meanwhile has no instant after: its round is never superseded, nothing follows it.
+
 Only the replica running the round acts: it alone knows when the round ends, and
 every instant that falls meanwhile is refused to the others by the lease. A follow-up
 claim that finds a later instant already claimed (another replica's claim came between
@@ -44,6 +50,7 @@ from .._clock import Clock
 from .._exceptions import Cancelled, Superseded
 from .._policy import CatchUp, Overlap
 from .._registry import Job
+from .._round import Outcome
 from ._ports import Claimer, Starter, Timetable
 from ._state import JobState, Reason, Run
 
@@ -89,9 +96,18 @@ class NextRounds:
     def watch(self, run: Run) -> None:
         """``run`` (of a ``cancel_other`` job) starts: supersede it if it still runs at
         the job's first instant after now."""
-        when = run.state.job.schedule.next(max(run.ctx.instant, self._clock.now()))
+        when = run.pinned.schedule.next(max(run.ctx.instant, self._clock.now()))
         if when is not None:
             heapq.heappush(self._watched, (when, next(self._seq), run))
+
+    def retimed(self, run: Run) -> None:
+        """The timing of ``run``'s schedule changed while it runs: a ``cancel_other``
+        round is superseded at the new timing's first instant after the change too, not
+        only when the instant it was watched for comes (see `tick`)."""
+        if run.pinned.policy.overlap is Overlap.CANCEL_OTHER and not run.ended:
+            when = run.state.job.schedule.next(self._clock.now())
+            if when is not None:
+                heapq.heappush(self._watched, (when, next(self._seq), run))
 
     def next_wake(self) -> datetime | None:
         """When a watched round is due to be superseded (wall clock); ``None``: none."""
@@ -102,8 +118,17 @@ class NextRounds:
         at an instant of its job that has come."""
         while self._watched and self._watched[0][0] <= now:
             when, _seq, run = heapq.heappop(self._watched)
-            if run.ended or run not in self._runs:
-                continue
+            if run.ended or run not in self._runs or run.state.retired:
+                continue  # over, or its schedule removed: no instant of it comes
+            since = _changed_since(run)
+            if since is not None:  # only an instant of its new timing, after the change
+                real = run.state.job.schedule.next(since)
+                if real is None:
+                    continue
+                if real > now:
+                    heapq.heappush(self._watched, (real, next(self._seq), run))
+                    continue
+                when = real
             self._cancel(
                 run,
                 Superseded(
@@ -118,18 +143,27 @@ class NextRounds:
         policy says follows (buffered, superseding, or the next one caught up)."""
         timetable = self._timetable
         state = run.state
-        job = state.job
-        schedule = job.schedule
+        if run.outcome is Outcome.CUT_SHORT and run.token is not None and run.ctx.attempt == 1:
+            state.pinned = run.pinned  # its second run, if this replica wins it, runs as it
+        if state.retired:  # removed: nothing follows
+            timetable.schedule_after(state, ended)
+            return
+        # The round's own policy decides; the instants to come are the schedule's as it is
+        # now, from its change if it changed while the round ran.
+        schedule = state.job.schedule
         instant = run.ctx.instant
-        policy = job.policy
-        if policy.catch_up is CatchUp.ALL and run.reason in _LATE and not timetable.draining:
+        policy = run.pinned.policy
+        since = _changed_since(run)
+        late = run.reason in _LATE and since is None  # the old timing's: not caught up
+        if policy.catch_up is CatchUp.ALL and late and not timetable.draining:
             due, now = schedule.next(instant), self._clock.now()
             if due is not None and due <= now and now - due <= policy.catch_up_window:
                 why = Reason.OUTAGE if run.reason is Reason.OUTAGE else Reason.CATCH_UP
                 self._follow(state, due, why)
                 return
         overlap = policy.overlap
-        if run.reason is Reason.RERUN and overlap is Overlap.BUFFER_ONE and not timetable.draining:
+        rerun = run.reason is Reason.RERUN and since is None
+        if rerun and overlap is Overlap.BUFFER_ONE and not timetable.draining:
             # The round's first run died with its replica, or a drain cut it short there:
             # the instant buffered meanwhile was known to that replica alone. The round
             # ran from its first start to this end, so the first instant after its own
@@ -141,8 +175,11 @@ class NextRounds:
                 self._follow(state, buffered, Reason.OVERLAP)
                 return
         started = run.started_at or instant
-        # The next after the instant, as its claim asked (no instant lies between).
-        first = state.next_after(instant) if started >= instant else schedule.next(started)
+        if since is not None:  # for the new timing, the round began at the change
+            started = max(started, since)
+            first = schedule.next(started)
+        else:  # the next after the instant, as its claim asked (no instant lies between)
+            first = state.next_after(instant) if started >= instant else schedule.next(started)
         if first is not None and started >= first:
             first = schedule.next(started)
         if first is not None and started <= ended < first:
@@ -176,6 +213,15 @@ class NextRounds:
                 claimed_at=self._clock.monotonic(),
                 reason=reason,
             )
+
+
+def _changed_since(run: Run) -> datetime | None:
+    """When this replica saw the timing of ``run``'s schedule change, if it changed since
+    the round was claimed (its descriptor's schedule is not the state's); else ``None``."""
+    state, pinned = run.state, run.pinned
+    if state.job is pinned.job or state.job.schedule == pinned.schedule:
+        return None
+    return state.changed or pinned.instant
 
 
 def oldest_owed(job: Job, row: lease.LeaseRow, latest: datetime, now: datetime) -> datetime:

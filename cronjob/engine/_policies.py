@@ -154,12 +154,12 @@ class PolicyTimers:
     def watch(self, run: Run) -> None:
         """``run``'s round started (at ``run.started_mono``): time it out if its job has a
         timeout (the runner posts this for every round of a job with a policy)."""
-        timeout = run.state.timeout
+        timeout = run.pinned.timeout
         if timeout is not None and not run.ended:
             self._push(run.started_mono + timeout, run, _TIMEOUT)
 
     def _time_out(self, run: Run, mono: float) -> None:
-        ctx, timeout = run.ctx, run.state.timeout
+        ctx, timeout = run.ctx, run.pinned.timeout
         assert timeout is not None
         cause = TimedOut(f"job {ctx.name!r}: the round ran past its timeout of {timeout:g} s")
         if ctx.cause is not None:
@@ -202,7 +202,7 @@ class PolicyTimers:
             return
         message = (
             f"{where}: the round is still running {TIMEOUT_GRACE:g} s after its timeout "
-            f"({run.state.timeout:g} s) cancelled it; its lease ends with the process, "
+            f"({run.pinned.timeout:g} s) cancelled it; its lease ends with the process, "
             "then the job runs again"
         )
         ends, keeper = self._decided, self._keeper
@@ -247,7 +247,7 @@ class PolicyTimers:
                 why = "its lease was lost"
             self._give_up(run, why)
             return False
-        due = run.state.job.schedule.next(ended)
+        due = run.pinned.schedule.next(ended)
         if due is not None and self._clock.now() + timedelta(seconds=delay) >= due:
             self._give_up_failed(run, due)
             return True
@@ -268,6 +268,9 @@ class PolicyTimers:
             self._give_up_failed(run, due)
             return
         run.retry_error = None  # the next attempt runs: its failure's frames are not kept
+        # It runs as the round was claimed, whatever became of its schedule since (changed,
+        # removed): its descriptor goes on to the next attempt.
+        state.pinned = run.pinned
         self._starter.start_round(
             state,
             ctx.instant,

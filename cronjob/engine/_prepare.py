@@ -22,7 +22,7 @@ import lease
 from .._clock import Clock
 from .._round import Round, Trigger, lease_lost
 from ._fencing import Fencing
-from ._state import JobState, Reason, Run
+from ._state import JobState, Reason, Run, pin
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
@@ -75,9 +75,11 @@ class RoundMaker:
         request: lease.TriggerRow | None = None,
     ) -> Run:
         """Build the round of ``state``'s job for ``instant`` (not started yet); a manual
-        round carries its ``request``."""
+        round carries its ``request``. The round runs its descriptor, pinned now (see
+        `cronjob.engine._pinned.pin`), whatever becomes of ``state.job`` after."""
+        pinned = pin(state, instant, requested=request is not None)
         ctx = Round(
-            name=state.job.name,
+            name=pinned.name,
             instant=instant,
             attempt=attempt,
             replica=self._replica_id,
@@ -94,12 +96,13 @@ class RoundMaker:
                 else Trigger.MANUAL
             ),
             requested_by=None if request is None else request.requested_by,
-            task=state.job.task,
-            args=state.job.args,
+            task=pinned.task,
+            args=pinned.args,
         )
         run = Run(
             state=state,
             ctx=ctx,
+            pinned=pinned,
             token=token,
             reason=reason,
             renewed_at=claimed_at,

@@ -192,7 +192,7 @@ class RoundRunner:
             self._spans = _NO_SPANS if _tracing_off() else None
         for run in runs:
             self._clock._work_started()
-            if not run.state.job.is_async or run.state.isolated:  # a child's: a thread waits
+            if not run.pinned.job.is_async or run.pinned.isolated:  # a child's: a thread waits
                 sync.append(run)
                 starts.append(Start.STARTED)
                 continue
@@ -268,7 +268,7 @@ class RoundRunner:
         run.started_mono = clock.monotonic()
         reason = run.reason.text
         run.state.metrics.started(ctx.instant, run.started_at, reason)
-        if run.state.policed:
+        if run.pinned.policed:
             self._started(run)
         if self._beats is not None:
             self._beats.started(run)
@@ -302,7 +302,7 @@ class RoundRunner:
         try:
             with self._clock._tracked():
                 try:
-                    if run.state.policed and self._missed(run):
+                    if run.pinned.policed and self._missed(run):
                         try:
                             self._end_round(run, None, None)
                         finally:
@@ -314,10 +314,10 @@ class RoundRunner:
                             error: BaseException | None = None
                             try:
                                 run.ctx.check()  # cancelled before it could start: cut short
-                                if run.state.isolated:  # in a child process of its own
+                                if run.pinned.isolated:  # in a child process of its own
                                     self._child_rounds().run(run)
                                 else:
-                                    _not_awaitable(run.ctx.name, run.state.job.fn(run.ctx))
+                                    _not_awaitable(run.ctx.name, run.pinned.fn(run.ctx))
                             except BaseException as exc:  # the worker's top: every outcome
                                 error = exc
                             self._end_round(run, error, scope)
@@ -337,7 +337,7 @@ class RoundRunner:
         try:
             with self._clock._tracked():
                 try:
-                    if run.state.policed and self._missed(run):
+                    if run.pinned.policed and self._missed(run):
                         await asyncio.to_thread(self._end_round, run, None, None)
                         return
                     with self._scope(run) as scope:
@@ -345,7 +345,7 @@ class RoundRunner:
                         error: BaseException | None = None
                         try:
                             run.ctx.check()  # cancelled before it could start: cut short
-                            await run.state.job.fn(run.ctx)
+                            await run.pinned.fn(run.ctx)
                         except BaseException as exc:  # includes the task's own cancellation
                             error = exc
                         await asyncio.to_thread(self._end_round, run, error, scope)
@@ -392,11 +392,11 @@ class RoundRunner:
         makes it. With a ``jitter``, the deadline runs from the round's delayed start:
         the delay is the job's own choice, not lateness.
         """
-        deadline = run.state.start_deadline
+        deadline = run.pinned.start_deadline
         if deadline is None or run.reason is Reason.RETRY or run.request is not None:
             return False
         ctx = run.ctx
-        late = self._clock.now() - run.state.starts_at(ctx.instant)
+        late = self._clock.now() - run.pinned.starts_at()
         if late <= deadline:
             return False
         run.outcome = Outcome.MISSED_DEADLINE

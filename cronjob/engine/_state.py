@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol
 
 import lease
@@ -19,8 +19,9 @@ from .._jitter import jitter_delay
 from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
+from ._pinned import NO_LIMITS, Limits, Pinned
 
-__all__ = ["Flags", "JobState", "Killable", "Reason", "Run"]
+__all__ = ["Flags", "JobState", "Killable", "Reason", "Run", "pin"]
 
 
 class Killable(Protocol):
@@ -91,32 +92,29 @@ class JobState:
     #: A per-instance job paused by an operator, as the latest sweep read it (a leased
     #: job's pause is in its lease row, which the claim itself reads).
     paused: bool = False
-    #: The job has a timeout, retries or a start deadline (its policy is not the
-    #: default): the one test a round of a job without options pays for them.
-    policed: bool = field(init=False, default=False)
-    #: Its policy's timeout in seconds, ``None``: none.
-    timeout: float | None = field(init=False, default=None)
-    #: Its policy's start deadline, ``None``: none.
-    start_deadline: timedelta | None = field(init=False, default=None)
-    #: Its rounds run in a child process (``isolation="process"``).
-    isolated: bool = field(init=False, default=False)
+    #: What its policy asks of each round, read once per change of the job (each round's
+    #: descriptor shares it, see `cronjob.engine._pinned`).
+    limits: Limits = field(init=False, default=NO_LIMITS)
     #: A schedule made of data that was removed (or whose task left): never scheduled
     #: again; a round in flight ends as it runs.
     retired: bool = False
     #: The instants before the one a catch-up claims that no replica ran (counted in
     #: ``cronjob.instants.missed`` by the replica whose claim wins).
     missed: int = 0
+    #: The instant its heap entry is for, while it has one (see ``Dispatcher.schedule_after``).
+    due: datetime | None = None
+    #: A descriptor pinned for a round of it still to be made (see `cronjob.engine._pinned`).
+    pinned: Pinned | None = None
+    #: A schedule made of data: when this replica saw its timing change last; a round
+    #: claimed before runs as claimed, the instants after are the new timing's.
+    changed: datetime | None = None
 
     def __post_init__(self) -> None:
         self.refresh()
 
     def refresh(self) -> None:
         """Take the job's policy anew (a schedule made of data whose row changed)."""
-        policy = self.job.policy
-        self.timeout = None if policy.timeout is None else policy.timeout.total_seconds()
-        self.start_deadline = policy.start_deadline
-        self.policed = policy.acts_on_rounds
-        self.isolated = policy.isolated
+        self.limits = Limits.of(self.job.policy)
 
     def next_after(self, instant: datetime) -> datetime | None:
         """The job's first instant strictly after ``instant`` (``None``: none): the claim
@@ -144,6 +142,8 @@ class Run:
 
     state: JobState
     ctx: Round
+    #: What the round runs, fixed at its claim: every path reads it, never ``state.job``.
+    pinned: Pinned
     #: The fencing token of the round's lease; ``None`` for a per-instance round.
     token: int | None
     #: Why the round runs.
@@ -199,3 +199,23 @@ class Flags:
     stopped: bool = False
     #: Stopped as a killed process would be: nothing more is written to the lease table.
     crashed: bool = False
+
+
+def pin(state: JobState, instant: datetime, *, requested: bool = False) -> Pinned:
+    """The descriptor of ``state``'s round of ``instant``, as the round is made.
+
+    A descriptor pinned on ``state`` for that instant (a retry of it, its second run
+    after it was cut short here, a jittered instant that came before its schedule
+    changed) is taken, once; one for an earlier instant is dropped (a later round's
+    claim leaves it nothing to do). Else the job as it is now. A manual round or a
+    backfill (``requested``) always runs the job as it is now and leaves the pinned one.
+    """
+    held = state.pinned
+    if held is not None and not requested:
+        if held.instant == instant:
+            state.pinned = None
+            return held
+        if held.instant < instant:
+            state.pinned = None
+    # The policy's limits as the state keeps them: read once per change, not per round.
+    return Pinned(job=state.job, instant=instant, limits=state.limits)

@@ -329,6 +329,7 @@ def wire_rounds(
             tasks=tasks,
             meters=core.meters,
             changed=recovery.leased_changed,
+            retimed=next_rounds.retimed,
             late=recovery.catch_up_loaded,
         )
         # First: it loads before start-up's catch-up, and its polls come first each wake.

@@ -223,6 +223,7 @@ def _write_checked(
     written = new + again
     specs = {row.id: _shown(row) for row in written}
     lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in moved}, unpause=revived)
+    lease.forgo_former_rounds(conn, revived)  # added again: owed nothing from before
     # A window moved, the timing kept: missed instants count from now.
     moved_ids = {row.id for row in moved}
     windows = {row.id: (before[row.id].start, before[row.id].end) for row in again}
