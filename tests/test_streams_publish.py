@@ -41,7 +41,7 @@ def stream(client: redis.Redis) -> Iterator[str]:
     name = f"cronjob-test:{uuid.uuid4().hex[:12]}"
     ids: list[str] = []
     yield name
-    for entry_id, fields in client.xrange(name):
+    for _entry_id, fields in client.xrange(name):
         ids.append(fields.get("occurrence_id", ""))
     client.delete(name, *(streams.DEDUP_PREFIX + i for i in ids if i))
 

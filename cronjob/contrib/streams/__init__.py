@@ -19,19 +19,35 @@ they get), `_worker` (the consumer and its dispositions), `_metrics` (the counte
 (`cronjob.contrib._validation`). See docs/task-queues/streams.md.
 """
 
+from ._handlers import Handler as Handler
+from ._handlers import Handlers as Handlers
+from ._handlers import Occurrence as Occurrence
+from ._handlers import default_handlers as default_handlers
+from ._handlers import handler as handler
 from ._publish import DEDUP_PREFIX as DEDUP_PREFIX
 from ._publish import DEDUP_TTL as DEDUP_TTL
 from ._publish import PUBLISH_IF_NEW as PUBLISH_IF_NEW
 from ._publish import StreamPublisher as StreamPublisher
 from ._publish import entry_fields as entry_fields
 from ._publish import publish as publish
+from ._worker import DEAD_SUFFIX as DEAD_SUFFIX
+from ._worker import Disposition as Disposition
+from ._worker import Worker as Worker
 
 __all__ = [
+    "DEAD_SUFFIX",
     "DEDUP_PREFIX",
     "DEDUP_TTL",
     "PUBLISH_IF_NEW",
+    "Disposition",
+    "Handler",
+    "Handlers",
+    "Occurrence",
     "StreamPublisher",
+    "Worker",
+    "default_handlers",
     "entry_fields",
+    "handler",
     "publish",
 ]
 
