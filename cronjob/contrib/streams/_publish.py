@@ -1,6 +1,6 @@
 """The publishing side: each instant added to a Redis Stream once, through the outbox.
 
-`publish` returns a [Handoff][cronjob.contrib.Handoff] (the outbox, its retries and its
+`publish` returns a ``cronjob.contrib.Handoff`` (the outbox, its retries and its
 sweep, as for Celery, RQ and Dramatiq) whose publisher runs `PUBLISH_IF_NEW`: one Lua
 script that, in one step, finds the dedup key ``cronjob:occurrence:<occurrence_id>`` or
 else adds the entry (``XADD ... MAXLEN ~``) and sets the key for `DEDUP_TTL` seconds.
@@ -182,14 +182,16 @@ def publish(
     Register it as any job (``cronjob.register(streams.publish(url, stream="jobs"),
     "0 0 3 * * *", "nightly")``) or as a task's function. The round records the
     occurrence in the outbox and publishes it through `PUBLISH_IF_NEW`; the outbox's
-    retries and sweep apply unchanged (see [handoff][cronjob.contrib.handoff]).
+    retries and sweep apply unchanged (see ``cronjob.contrib.handoff``).
 
     Args:
         redis_client_or_url: A ``redis.Redis`` or a ``redis://`` URL.
         stream: The stream's key.
         maxlen: The stream's approximate length cap (``XADD ... MAXLEN ~``).
         args: Arguments every entry carries in ``args`` (a data schedule's own win).
-        retry_within, hold, send_timeout: As for [handoff][cronjob.contrib.handoff].
+        retry_within: As for ``cronjob.contrib.handoff``.
+        hold: As for ``cronjob.contrib.handoff``.
+        send_timeout: As for ``cronjob.contrib.handoff``.
         meter_provider: Where the counters go; ``None``: OpenTelemetry's global provider.
 
     Raises:

@@ -16,7 +16,7 @@ Each entry gets one disposition, checked in this order (see
 4. no handler for it in this worker: left pending (unavailable), for another worker or
    a later XAUTOCLAIM;
 5. admitted (its descriptor pinned at the first claim, adopted by later ones) and run
-   through [run_once][cronjob.contrib.run_once]: acknowledged once it ran or had run; a
+   through ``cronjob.contrib.run_once``: acknowledged once it ran or had run; a
    failure is left pending and retried after `CLAIM_IDLE` (XAUTOCLAIM) until the pinned
    retry budget is spent, then dead-lettered.
 """
