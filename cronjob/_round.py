@@ -115,6 +115,7 @@ class Round:
         "_transaction",
         "_transaction_async",
         "_woken",
+        "app",
         "attempt",
         "instant",
         "name",
@@ -140,8 +141,11 @@ class Round:
         requested_by: str | None = None,
         task: str | None = None,
         args: str | None = None,
+        app: str = "",
     ) -> None:
         self.name = name
+        #: The application's name, in the occurrence id (``Scheduler(app=...)``).
+        self.app = app
         # A schedule's (task, JSON text of its args); None for a registered job's round.
         self._data = None if task is None else (task, args or "{}")
         self.trigger = trigger
@@ -167,9 +171,10 @@ class Round:
     @property
     def occurrence_id(self) -> str:
         """This round's occurrence id: [occurrence_id][cronjob.occurrence_id] of its name and
-        instant, the same on every replica and in a second run or a catch-up of the
-        instant (a manual round's instant is its request's moment)."""
-        return occurrence_id(self.name, self.instant)
+        instant (and its scheduler's ``app``), the same on every replica and in a second
+        run or a catch-up of the instant (a manual round's instant is its request's
+        moment)."""
+        return occurrence_id(self.name, self.instant, app=self.app)
 
     @property
     def task(self) -> str:

@@ -27,6 +27,7 @@ outcomes — nothing about what the holder runs.
 #                (a row gone under its round written back), _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
+#   _admission   the descriptors a stream worker pinned at admission; a name's definition
 #   _outbox      publications handed to another system (recorded, retried, marked sent)
 #                and bodies run once per id
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
@@ -40,6 +41,12 @@ outcomes — nothing about what the holder runs.
 
 from __future__ import annotations
 
+from ._admission import Admission as Admission
+from ._admission import Definition as Definition
+from ._admission import admit as admit
+from ._admission import count_failure as count_failure
+from ._admission import definition as definition
+from ._admission import read_admission as read_admission
 from ._backfill import BackfillCancellation as BackfillCancellation
 from ._backfill import Backfills as Backfills
 from ._engine import async_url as async_url
@@ -135,6 +142,7 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "Admission",
     "BackfillCancellation",
     "Backfills",
     "CLAIM_AHEAD_LIMIT",
@@ -150,6 +158,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseRefused",
     "DatabaseUnavailable",
+    "Definition",
     "Ending",
     "HOLDER_LENGTH",
     "LeaseError",
@@ -184,6 +193,7 @@ __all__ = [
     "UnsupportedDatabase",
     "VERSION_TABLE",
     "WriteKind",
+    "admit",
     "async_url",
     "begin_once",
     "behind_transaction_pooler",
@@ -191,10 +201,12 @@ __all__ = [
     "check_dialect",
     "check_holder",
     "claim_publication",
+    "count_failure",
     "create_async_engine",
     "create_engine",
     "current_revision",
     "defer_publications",
+    "definition",
     "due_publications",
     "finish_once",
     "forgo_former_rounds",
@@ -209,6 +221,7 @@ __all__ = [
     "outbox_summary",
     "prune_outbox",
     "prune_schedules",
+    "read_admission",
     "read_schedule_rev",
     "read_schedules",
     "record_publication",

@@ -28,6 +28,8 @@
   obsolete when no live replica registers that task.
 - revision 0014 adds ``spec_ms`` to ``cronjob_lease``: when the row's timing last
   changed, the start of the instants a missed count looks at.
+- revision 0015 adds ``cronjob_admission``: the descriptor a stream worker pinned at an
+  occurrence's first claim (``cronjob.contrib.streams``).
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -43,6 +45,7 @@ from sqlalchemy.dialects import mysql
 from ._text import HOLDER_LENGTH
 
 __all__ = [
+    "ADMISSION_TABLE",
     "ERROR_LENGTH",
     "NAME_LENGTH",
     "NEVER",
@@ -56,6 +59,7 @@ __all__ = [
     "TABLE_NAME",
     "TRIGGER_TABLE",
     "VERSION_TABLE",
+    "admission_table",
     "lease_table",
     "metadata",
     "once_table",
@@ -86,6 +90,9 @@ SCHEDULE_REV_TABLE = "cronjob_schedule_rev"
 OUTBOX_TABLE = "cronjob_outbox"
 #: The table of bodies run once per id (revision 0010).
 ONCE_TABLE = "cronjob_once"
+#: The table of occurrences admitted by a stream worker, each with its pinned descriptor
+#: (revision 0015).
+ADMISSION_TABLE = "cronjob_admission"
 #: The longest error summary kept, in characters (longer ones are cut, marked so).
 ERROR_LENGTH = 1000
 #: The longest name a lease can have, in characters.
@@ -382,6 +389,26 @@ once_table = sa.Table(
     sa.Column("started_ms", sa.BigInteger(), nullable=False),
     sa.Column("ended_ms", sa.BigInteger(), nullable=True),
     sa.Index("ix_cronjob_once_state_ended", "state", "ended_ms"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+admission_table = sa.Table(
+    ADMISSION_TABLE,
+    metadata,
+    # Revision 0015. The occurrence id a stream worker admitted (its first claim).
+    sa.Column("id", sa.String(_ID_LENGTH), primary_key=True),
+    # The schedule (a job's or a data schedule's name) and the handler admitted for it:
+    # the name the handler is registered under, which every later delivery adopts.
+    sa.Column("schedule", _Name, nullable=False),
+    sa.Column("handler", _Name, nullable=False),
+    # The pinned contract: the capped timeout (milliseconds) and the retry budget.
+    sa.Column("timeout_ms", sa.BigInteger(), nullable=False),
+    sa.Column("retries", sa.Integer(), nullable=False),
+    # Runs that failed so far; past ``retries`` the occurrence goes to the dead stream.
+    sa.Column("failures", sa.Integer(), nullable=False),
+    # Epoch milliseconds on the admitting worker's clock.
+    sa.Column("admitted_ms", sa.BigInteger(), nullable=False),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

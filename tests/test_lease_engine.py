@@ -214,6 +214,7 @@ class TestSurface:
     def test_the_public_names_are_pinned(self):
         assert lease.__all__ == sorted(lease.__all__)
         assert lease.__all__ == [
+            "Admission",
             "BackfillCancellation",
             "Backfills",
             "CLAIM_AHEAD_LIMIT",
@@ -229,6 +230,7 @@ class TestSurface:
             "DatabaseError",
             "DatabaseRefused",
             "DatabaseUnavailable",
+            "Definition",
             "Ending",
             "HOLDER_LENGTH",
             "LeaseError",
@@ -263,6 +265,7 @@ class TestSurface:
             "UnsupportedDatabase",
             "VERSION_TABLE",
             "WriteKind",
+            "admit",
             "async_url",
             "begin_once",
             "behind_transaction_pooler",
@@ -270,10 +273,12 @@ class TestSurface:
             "check_dialect",
             "check_holder",
             "claim_publication",
+            "count_failure",
             "create_async_engine",
             "create_engine",
             "current_revision",
             "defer_publications",
+            "definition",
             "due_publications",
             "finish_once",
             "forgo_former_rounds",
@@ -288,6 +293,7 @@ class TestSurface:
             "outbox_summary",
             "prune_outbox",
             "prune_schedules",
+            "read_admission",
             "read_schedule_rev",
             "read_schedules",
             "record_publication",
@@ -307,7 +313,7 @@ class TestSurface:
             "tell_schedules_changed",
             "unstorable",
             "update_schedule",
-        ]
+]
 
     def test_public_objects_carry_the_public_module(self):
         for name in lease.__all__:

@@ -159,6 +159,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
         help="a module to import",
     )
     _add_beat_command(commands)
+    _add_stream_worker_command(commands)
     add_commands(commands, _DATABASE_HELP)
     add_schedules_command(commands, _DATABASE_HELP)
     add_control_commands(commands, _DATABASE_HELP)
@@ -196,6 +197,43 @@ def _add_beat_command(commands: argparse._SubParsersAction[_Parser]) -> None:
     beat.add_argument(
         "modules", metavar="MODULE", nargs="*", help="more modules that register jobs"
     )
+
+
+def _add_stream_worker_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """``cronjob stream-worker MODULE...``: argparse only; redis is imported when it runs."""
+    worker = commands.add_parser(
+        "stream-worker",
+        help="run the handlers of a Redis Stream's occurrences (cronjob.contrib.streams)",
+        description=(
+            "Import the modules (they register the handlers and the jobs), then read the "
+            "stream in the consumer group, check each entry and run its handler once per "
+            "occurrence id, until SIGTERM (needs the redis extra)."
+        ),
+    )
+    worker.add_argument("--redis", required=True, metavar="URL", help="redis://host:port/db")
+    worker.add_argument("--stream", required=True, metavar="KEY", help="the stream's key")
+    worker.add_argument("--group", required=True, metavar="NAME", help="the consumer group")
+    worker.add_argument("--consumer", metavar="NAME", default=None, help="this consumer's name")
+    worker.add_argument(
+        "--claim-idle",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="take over an entry pending this long with another consumer (default: 60)",
+    )
+    worker.add_argument("--database-url", metavar="URL", default=None, help=_DATABASE_HELP)
+    worker.add_argument("modules", metavar="MODULE", nargs="+", help="a module to import")
+
+
+def _run_stream_worker(args: argparse.Namespace) -> int:
+    try:
+        # Deferred: `import cronjob` and every other command never import redis.
+        from ..contrib.streams._cli import run_stream_worker
+    except ImportError as exc:
+        raise _UsageError(
+            f"cronjob stream-worker needs redis ({exc}): pip install 'cronjob-lease[redis]'"
+        ) from None
+    return run_stream_worker(args)
 
 
 def _run_beat(args: argparse.Namespace) -> int:
@@ -255,6 +293,8 @@ def main(
             return run_command(args)
         if args.command == "beat":
             return _run_beat(args)
+        if args.command == "stream-worker":
+            return _run_stream_worker(args)
         commands: dict[str, Callable[[argparse.Namespace], int]] = {
             "status": run_status,
             "history": run_history,

@@ -168,7 +168,12 @@ class Handoff:
         headers: dict[str, str] = {}
         propagate.inject(headers)  # the round's span is current on its thread
         occurrence = Occurrence(
-            id=ctx.occurrence_id, name=ctx.name, instant=ctx.instant, headers=headers
+            id=ctx.occurrence_id,
+            name=ctx.name,
+            instant=ctx.instant,
+            headers=headers,
+            app=ctx.app,
+            args="{}" if ctx._data is None else ctx._data[1],
         )
         clock = ctx._clock
         hold = round(self.hold * 1000)
@@ -181,7 +186,12 @@ class Handoff:
                 name=occurrence.name,
                 instant=occurrence.instant,
                 target=self.publisher.target,
-                payload={"headers": headers, "publisher": self.publisher.describe()},
+                payload={
+                    "headers": headers,
+                    "publisher": self.publisher.describe(),
+                    **({"app": ctx.app} if ctx.app else {}),
+                    **({"args": occurrence.args} if occurrence.args != "{}" else {}),
+                },
                 now_ms=now,
                 hold_ms=hold,
                 # A schedule's task: its publisher sends the row once the schedule is gone.
@@ -386,6 +396,9 @@ def _occurrence(row: lease.OutboxRow) -> Occurrence:
         name=row.name,
         instant=row.instant.astimezone(UTC),
         headers={str(k): str(v) for k, v in headers.items()},
+        app=str(row.payload.get("app") or ""),
+        again=True,
+        args=str(row.payload.get("args") or "{}"),
     )
 
 

@@ -66,12 +66,20 @@ class Occurrence:
         headers: The round's W3C trace context (``traceparent``, and ``tracestate``
             when there is one), to be put in the message's headers; empty when no
             trace context is known (a republish by the sweep carries the recorded one).
+        app: The application's name, part of ``id`` (``Scheduler(app=...)``); ``""``
+            by default.
+        again: ``True`` when it is sent again from its outbox row (a second run of the
+            instant, the sweep): it may have been sent before.
+        args: A data schedule's arguments, as JSON text (``"{}"`` for a registered job).
     """
 
     id: str
     name: str
     instant: datetime
     headers: Mapping[str, str]
+    app: str = ""
+    again: bool = False
+    args: str = "{}"
 
 
 class Publisher(Protocol):

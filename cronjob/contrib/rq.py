@@ -36,7 +36,7 @@ from ._once import STALE_AFTER, run_once
 __all__ = ["JOB_OPTIONS", "META_KEY", "RQPublisher", "enqueue", "once", "trace_context"]
 
 #: The key of ``job.meta`` that holds what cronjob put there: ``name``, ``instant``
-#: (ISO 8601 UTC), ``occurrence_id`` and ``headers`` (the W3C trace context).
+#: (ISO 8601 UTC), ``occurrence_id``, ``app`` and ``headers`` (the W3C trace context).
 META_KEY: Final = "cronjob"
 #: The options of ``Queue.enqueue_call`` that `enqueue` passes on (``job_id`` and
 #: ``meta`` are cronjob's).
@@ -99,6 +99,7 @@ class RQPublisher:
                 "name": occurrence.name,
                 "instant": occurrence.instant.isoformat().replace("+00:00", "Z"),
                 "occurrence_id": occurrence.id,
+                "app": occurrence.app,
                 "headers": dict(occurrence.headers),
             }
         }

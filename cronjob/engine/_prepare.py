@@ -38,10 +38,12 @@ class RoundMaker:
         clock: The scheduler's clock, on each round.
         replica_id: This replica's id, on each round.
         fencing: The fenced transactions' checks (see `cronjob.engine._fencing`).
+        app: The application's name, on each round (its occurrence ids).
     """
 
-    def __init__(self, *, clock: Clock, replica_id: str, fencing: Fencing) -> None:
+    def __init__(self, *, clock: Clock, replica_id: str, fencing: Fencing, app: str = "") -> None:
         self._clock = clock
+        self._app = app
         self._replica_id = replica_id
 
         # A round's fenced transactions and fence check, made once for every round: each
@@ -98,6 +100,7 @@ class RoundMaker:
             requested_by=None if request is None else request.requested_by,
             task=pinned.task,
             args=pinned.args,
+            app=self._app,
         )
         run = Run(
             state=state,

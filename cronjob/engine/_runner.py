@@ -112,6 +112,7 @@ class RoundRunner:
         history: History | None = None,
         started: Callable[[Run], None] = lambda run: None,
         failures: Failures | None = None,
+        app: str = "",
     ) -> None:
         self._clock = clock
         self._started = started
@@ -158,7 +159,7 @@ class RoundRunner:
         self._spans: TracerProvider | None = tracer_provider
         self._own_loop = OwnLoop() if needs_loop and loop is None else None
         self._loop = self._own_loop.loop if self._own_loop is not None else loop
-        self._maker = RoundMaker(clock=clock, replica_id=replica_id, fencing=self._fencing)
+        self._maker = RoundMaker(clock=clock, replica_id=replica_id, fencing=self._fencing, app=app)
         self._engine = engine
         self._children: ChildRounds | None = None  # made for the first isolated round
         #: Build the round of a job for an instant, not started yet (see

@@ -24,6 +24,7 @@ import lease
 from .._clock import Clock, SystemClock
 from .._exceptions import Shutdown
 from .._history import History
+from .._occurrence import resolve_app
 from .._registry import Job, Registry, Task, default_registry
 from ._control import Control, Inbox
 from ._database import connect, resolve_database, warn_if_embedded
@@ -94,6 +95,9 @@ class Scheduler:
         history: How long the round history (``cronjob history NAME``) keeps rounds, see
             [History][cronjob.History]; ``None`` keeps none. Each job's state (last outcome, last
             error, failures in a row, ...) is on record either way.
+        app: The application's name, in every occurrence id its rounds hand on
+            ([occurrence_id][cronjob.occurrence_id]); ``None`` reads ``$CRONJOB_APP``,
+            and without it ``""``, the ids of the releases that had no ``app``.
 
     The scheduler is a context manager: ``with Scheduler(...)`` starts it and drains and
     stops it on exit; ``async with`` does the same from a coroutine (start and stop in a
@@ -119,7 +123,10 @@ class Scheduler:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         history: History | None = DEFAULT_HISTORY,
+        app: str | None = None,
     ) -> None:
+        #: The application's name in its rounds' occurrence ids (``$CRONJOB_APP``, "").
+        self.app = resolve_app(app)
         check_options(history=history, max_workers=max_workers, drain_timeout=drain_timeout)
         self._database = resolve_database(database)
         self._registry = registry if registry is not None else default_registry
@@ -316,6 +323,7 @@ class Scheduler:
             async_engine=self._async_engine,
             owns_async_engine=self._owns_async_engine,
             history=self._history,
+            app=self.app,
             crash=self._crash,
             on_fatal=self._on_fatal,
             on_lost=recovery.sweeper.rows.lost,

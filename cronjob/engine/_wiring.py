@@ -255,6 +255,7 @@ def wire_rounds(
     crash: Callable[[], None],
     on_fatal: Callable[[str], None],
     on_lost: Callable[[str, datetime, int], None],
+    app: str = "",
 ) -> tuple[RoundRunner, Hooks | None]:
     """Build what runs the rounds (the failure policies, the runner, the keeper, the
     policies' timers, what follows an end) and the wing of the schedules made of data;
@@ -282,6 +283,7 @@ def wire_rounds(
         history=history,
         started=inflight.post_round_started,
         failures=failures,
+        app=app,
     )
     keeper = LeaseKeeper(
         clock=clock,

@@ -41,6 +41,8 @@ OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires"})
 INSTANT_HEADER = "cronjob_instant"
 #: The header that carries the job's name.
 NAME_HEADER = "cronjob_name"
+#: The header that carries the application's name (``Scheduler(app=...)``), when set.
+APP_HEADER = "cronjob_app"
 
 
 class OptionError(ValueError):
@@ -126,6 +128,8 @@ class CeleryPublisher:
             INSTANT_HEADER: occurrence.instant.astimezone(UTC).isoformat(),
             NAME_HEADER: occurrence.name,
         }
+        if occurrence.app:
+            headers[APP_HEADER] = occurrence.app
         options = dict(self.options)
         expires = options.pop("expires", None)
         if expires is not None:

@@ -26,12 +26,14 @@ from dramatiq.broker import Broker
 from ..._exceptions import RegistrationError
 from .._handoff import Occurrence
 
-__all__ = ["INSTANT_OPTION", "NAME_OPTION", "TRACE_OPTION", "DramatiqPublisher"]
+__all__ = ["APP_OPTION", "INSTANT_OPTION", "NAME_OPTION", "TRACE_OPTION", "DramatiqPublisher"]
 
 #: The message option that holds the scheduled instant (ISO 8601, UTC).
 INSTANT_OPTION: Final = "cronjob_instant"
 #: The message option that holds the job's name.
 NAME_OPTION: Final = "cronjob_name"
+#: The message option that holds the application's name (``Scheduler(app=...)``), when set.
+APP_OPTION: Final = "cronjob_app"
 #: The message option that holds the round's W3C trace context (a dict of headers).
 TRACE_OPTION: Final = "trace_ctx"
 
@@ -147,6 +149,8 @@ class DramatiqPublisher:
             INSTANT_OPTION: occurrence.instant.astimezone(UTC).isoformat(),
             NAME_OPTION: occurrence.name,
         }
+        if occurrence.app:
+            options[APP_OPTION] = occurrence.app
         if occurrence.headers:
             options[TRACE_OPTION] = dict(occurrence.headers)
         return Message(
