@@ -5,15 +5,15 @@ works, and gives back or finishes; a fencing token, new on every claim, makes a 
 holder's late writes do nothing. The package knows names, instants, holders, tokens and
 outcomes — nothing about what the holder runs.
 
-::
-
-    engine = lease.create_engine("postgresql+psycopg://app@db/app")
-    lease.migrate(engine)
-    store = lease.LeaseStore(engine)
-    store.ensure(["nightly-report"])
-    for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
-        ...
-        store.finish(claim.name, claim.token, ended=end)
+```python
+engine = lease.create_engine("postgresql+psycopg://app@db/app")
+lease.migrate(engine)
+store = lease.LeaseStore(engine)
+store.ensure(["nightly-report"])
+for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
+    ...
+    store.finish(claim.name, claim.token, ended=end)
+```
 """
 
 # The layout: one private module per concern, re-exported here.
