@@ -75,6 +75,7 @@ from ._outbox import prune_outbox as prune_outbox
 from ._outbox import record_publication as record_publication
 from ._outbox import release_once as release_once
 from ._outbox import resolve_obsolete as resolve_obsolete
+from ._pause import paused_names as paused_names
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
@@ -205,6 +206,7 @@ __all__ = [
     "migrate",
     "orphaned_publications",
     "outbox_summary",
+    "paused_names",
     "prune_outbox",
     "prune_schedules",
     "read_schedule_rev",

@@ -73,6 +73,9 @@ class ScheduleRecord:
         catch_up_window: Its own ``catch_up_window``.
         jitter: Its own ``jitter``.
         heartbeat: Its own ``heartbeat`` URL, whole.
+        paused: Whether it is paused: added with ``paused=True``, or by ``cronjob pause``
+            (`cronjob.admin.pause`), and not resumed since (as ``cronjob schedules``
+            shows it).
     """
 
     id: str
@@ -89,6 +92,7 @@ class ScheduleRecord:
     catch_up_window: timedelta | None = None
     jitter: timedelta | None = None
     heartbeat: str | None = None
+    paused: bool = False
 
     @property
     def shown_spec(self) -> str:
@@ -98,7 +102,7 @@ class ScheduleRecord:
         return self.spec or ""
 
 
-def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
+def record_of(row: lease.ScheduleRow, *, paused: bool = False) -> ScheduleRecord:
     """``row`` as the public record."""
     return ScheduleRecord(
         id=row.id,
@@ -110,6 +114,7 @@ def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
         end=row.end,
         created=row.created,
         updated=row.updated,
+        paused=paused,
         **own_of(row.id, row.policies),
     )
 
@@ -429,7 +434,8 @@ def get(db: Database, id: str) -> ScheduleRecord | None:
         return None
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, ids=[id])
-    return record_of(rows[0]) if rows else None
+        paused = lease.paused_names(conn, [id]) if rows else set()
+    return record_of(rows[0], paused=id in paused) if rows else None
 
 
 def list(
@@ -439,4 +445,5 @@ def list(
     ``prefix``, when given."""
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, task=task, prefix=prefix)
-    return [record_of(row) for row in rows]
+        paused = lease.paused_names(conn, [row.id for row in rows]) if rows else set()
+    return [record_of(row, paused=row.id in paused) for row in rows]
