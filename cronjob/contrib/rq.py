@@ -13,7 +13,7 @@ cronjob.register(enqueue(queue, "app.tasks.export", kwargs={"full": True}),
 ```
 
 Each instant's job has the occurrence id as its RQ ``job_id``, and in its ``meta``
-(under `META_KEY`) the job's name, the instant (ISO 8601 UTC) and the round's W3C trace
+(under `META_KEY`) the job's name, the instant (RFC 3339 UTC with ``Z``) and the round's W3C trace
 context (`trace_context` reads it back on the worker). On the worker, `once` makes a task
 run once per occurrence id.
 """
@@ -31,12 +31,13 @@ from rq.job import Job
 
 from .._exceptions import RegistrationError
 from ._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
+from ._instant import format_instant
 from ._once import STALE_AFTER, run_once
 
 __all__ = ["JOB_OPTIONS", "META_KEY", "RQPublisher", "enqueue", "once", "trace_context"]
 
 #: The key of ``job.meta`` that holds what cronjob put there: ``name``, ``instant``
-#: (ISO 8601 UTC), ``occurrence_id`` and ``headers`` (the W3C trace context).
+#: (RFC 3339 UTC with ``Z``), ``occurrence_id`` and ``headers`` (the W3C trace context).
 META_KEY: Final = "cronjob"
 #: The options of ``Queue.enqueue_call`` that `enqueue` passes on (``job_id`` and
 #: ``meta`` are cronjob's).
@@ -97,7 +98,7 @@ class RQPublisher:
         meta = {
             META_KEY: {
                 "name": occurrence.name,
-                "instant": occurrence.instant.isoformat().replace("+00:00", "Z"),
+                "instant": format_instant(occurrence.instant),
                 "occurrence_id": occurrence.id,
                 "headers": dict(occurrence.headers),
             }
