@@ -69,3 +69,58 @@ class TestPaused:
                 await async_engine.dispose()
 
         assert asyncio.run(read()) == (True, [True])
+
+
+class TestBeforeAnyReplica:
+    """No replica has started and ``lease.migrate`` has not run: the call says what to run."""
+
+    def expected(self, engine: sa.Engine) -> str:
+        where = lease.redact(engine.url.render_as_string(hide_password=True))
+        return (
+            f"no cronjob tables in {where} (no cronjob_schedule): start a replica first (it "
+            "creates them as it starts), or run lease.migrate(engine) as a deploy step; "
+            "nothing was written"
+        )
+
+    def test_add_is_refused_naming_what_to_run_and_writes_nothing(self, db_engine):
+        with pytest.raises(lease.MigrationRequired) as raised:
+            schedules.add(db_engine, "a", task="t", spec=DAILY)
+        assert str(raised.value) == self.expected(db_engine)
+        assert not sa.inspect(db_engine).has_table("cronjob_schedule")
+
+    def test_the_callers_transaction_stays_usable(self, db_engine):
+        """The check reads the catalogue: a failed statement would abort PostgreSQL's."""
+        with db_engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE tenants (id INTEGER PRIMARY KEY)"))
+        with db_engine.begin() as conn:
+            with pytest.raises(lease.MigrationRequired):
+                schedules.add(conn, "a", task="t", spec=DAILY)
+            conn.execute(sa.text("INSERT INTO tenants (id) VALUES (42)"))
+        with db_engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT id FROM tenants")).scalars().all() == [42]
+
+    def test_reads_say_so_too(self, db_engine):
+        for call in [lambda: schedules.get(db_engine, "a"), lambda: schedules.list(db_engine)]:
+            with pytest.raises(lease.MigrationRequired, match=r"^no cronjob tables in "):
+                call()
+
+    def test_once_migrated_the_same_call_goes_through(self, db_engine):
+        with pytest.raises(lease.MigrationRequired):
+            schedules.add(db_engine, "a", task="t", spec=DAILY)
+        lease.migrate(db_engine)
+        assert schedules.add(db_engine, "a", task="t", spec=DAILY)
+        assert schedules.get(db_engine, "a").task == "t"
+
+    def test_by_url_and_async_alike(self, db_engine, db_url):
+        with pytest.raises(lease.MigrationRequired, match=r"^no cronjob tables in "):
+            schedules.add(db_url, "a", task="t", spec=DAILY)
+        async_engine = create_async_engine(as_async(db_url))
+
+        async def add() -> None:
+            try:
+                await schedules.add_async(async_engine, "a", task="t", spec=DAILY)
+            finally:
+                await async_engine.dispose()
+
+        with pytest.raises(lease.MigrationRequired, match=r"^no cronjob tables in "):
+            asyncio.run(add())

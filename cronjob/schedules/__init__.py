@@ -16,8 +16,11 @@ with engine.begin() as conn:                 # the application's own transaction
 
 Each call takes the database as a SQLAlchemy `Connection` (it joins that transaction), an
 `Engine` or a URL (a transaction of its own); each async form (`add_async` and so on)
-takes an `AsyncConnection`. A refused call raises a `ValueError` and writes nothing: see
-each function for which one.
+takes an `AsyncConnection`. A refused call writes nothing and raises a `ValueError`
+that is also a [cronjob.CronjobError][]: [cronjob.ScheduleError][] for when the schedule
+fires (its spec, `at`, `start`, `end`), as registration raises for a spec, and
+[cronjob.RegistrationError][] for the rest (its id, task, args, policies). Catch
+`ValueError` to refuse a form's input whatever the field; each function says which.
 """
 
 # The layout: _check (every value checked before anything is written), _api (the sync

@@ -23,6 +23,7 @@ from .._registry import Registry, _check_name, default_registry
 from ._check import New, checked
 from ._conflict import refusing_overtaken
 from ._policies import OWN_POLICIES, own_of
+from ._tables import require_tables
 
 __all__ = [
     "Database",
@@ -122,18 +123,22 @@ def record_of(row: lease.ScheduleRow, *, paused: bool = False) -> ScheduleRecord
 @contextlib.contextmanager
 def _begin(db: Database) -> Iterator[Connection]:
     """``db`` as a connection in a transaction: the caller's, or one of the call's own
-    (committed when the call returns)."""
+    (committed when the call returns); the schedule tables checked there first
+    (`lease.MigrationRequired` when they are missing)."""
     if isinstance(db, Connection):
+        require_tables(db)
         yield db
         return
     if isinstance(db, Engine):
         with db.begin() as conn:
+            require_tables(conn)
             yield conn
         return
     if isinstance(db, str | sa.URL):
         engine = lease.create_engine(db)
         try:
             with engine.begin() as conn:
+                require_tables(conn)
                 yield conn
         finally:
             engine.dispose()
@@ -299,7 +304,12 @@ def add(
             refuse (its message, naming the schedule).
         ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
             ``start``, neither or both of ``spec`` and ``at``.
+        lease.MigrationRequired: the lease tables are missing (no replica has started on
+            this database): start one, or run ``lease.migrate``.
         lease.LeaseError: the database failed.
+
+    Both refusals are `ValueError`s (and `cronjob.CronjobError`s): catch `ValueError`
+    to refuse a form's input whatever the field.
     """
     new = New(
         id,
@@ -328,7 +338,13 @@ def add_many(
 ) -> int:
     """Add every schedule of ``schedules`` in one transaction: all, or none if one is
     refused (each checked as [add][cronjob.schedules.add] checks it, before anything is
-    written). Returns how many were written."""
+    written). Returns how many were written.
+
+    Raises:
+        RegistrationError: as for `add`, naming the first refused schedule's id.
+        ScheduleError: as for `add`, naming the first refused schedule's id.
+        lease.MigrationRequired: the lease tables are missing.
+    """
     news = builtins.list(schedules)
     rows = [checked(new, registry=registry) for new in news]
     paused = {new.id for new in news if new.paused}
@@ -361,6 +377,11 @@ def update(
 
     Returns:
         Whether the schedule was on record (``False``: nothing written).
+
+    Raises:
+        RegistrationError: a bad task name, args or policy (as for `add`).
+        ScheduleError: a bad spec, ``at``, ``start`` or ``end`` (as for `add`).
+        lease.MigrationRequired: the lease tables are missing.
     """
     if not _storable(id):
         return False
@@ -415,7 +436,11 @@ def _own_after(current: lease.ScheduleRow, *given: object) -> dict[str, Any]:
 def remove(db: Database, id: str) -> bool:
     """Remove the schedule ``id``: no instant of it starts after a replica sees the
     removal; a round in flight runs to its end, on record. Its history stays (pruned as
-    any). Returns whether it was on record."""
+    any). Returns whether it was on record; an id that is not refuses nothing.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     if not _storable(id):
         return False
     with _begin(db) as conn, refusing_overtaken(id):
@@ -429,7 +454,11 @@ def remove(db: Database, id: str) -> bool:
 
 
 def get(db: Database, id: str) -> ScheduleRecord | None:
-    """The schedule ``id`` as on record, or ``None``."""
+    """The schedule ``id`` as on record, or ``None``.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     if not _storable(id):
         return None
     with _begin(db) as conn:
@@ -442,7 +471,11 @@ def list(
     db: Database, *, task: str | None = None, prefix: str | None = None
 ) -> builtins.list[ScheduleRecord]:
     """The schedules on record, by id: of ``task`` only, and whose id starts with
-    ``prefix``, when given."""
+    ``prefix``, when given.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, task=task, prefix=prefix)
         paused = lease.paused_names(conn, [row.id for row in rows]) if rows else set()
