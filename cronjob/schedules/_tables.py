@@ -50,5 +50,6 @@ def require_tables(conn: Connection) -> None:
             "start a replica first (it creates them as it starts), or run "
             "lease.migrate(engine) as a deploy step; nothing was written"
         )
-    with _lock:
-        _found.add(where)
+    if conn.engine.url.database not in (None, "", ":memory:"):  # each in-memory one is new
+        with _lock:
+            _found.add(where)
