@@ -1,15 +1,17 @@
 """The status page, as a WSGI or an ASGI app an application mounts where it chooses.
 
-The public name of `cronjob.admin._web` (the operator's side lives in
-[cronjob.admin][]); see there for the pages and their contract.
+It reads what [cronjob.admin.status][] and [cronjob.admin.history][] read, and never
+writes.
 
-::
+```python
+from cronjob import web
 
-    from cronjob import web
-
-    # Flask / any WSGI:  DispatcherMiddleware(app, {"/cronjob": web.wsgi_app(url)})
-    # Starlette/FastAPI: app.mount("/cronjob", web.asgi_app(url))
+# Flask / any WSGI:  DispatcherMiddleware(app, {"/cronjob": web.wsgi_app(url)})
+# Starlette/FastAPI: app.mount("/cronjob", web.asgi_app(url))
+```
 """
+
+# The public name of cronjob.admin._web, where the pages are made.
 
 from __future__ import annotations
 

@@ -3,15 +3,17 @@
 It knows nothing about cron or leases: whoever runs a piece of work wraps it in
 [work][execctx.work], and everything the work does while it runs can say which unit it belongs to.
 
-Layout, one private module per concern:
-
-- ``_context``: [WorkUnit][execctx.WorkUnit] (the identity, a value) and [current][execctx.current].
-- ``_tracing``: [work][execctx.work] (enter a unit under its root span) and [Work][execctx.Work].
-- ``_logging``: [LogFilter][execctx.LogFilter],
-  [install_log_filter][execctx.install_log_filter], [add_context][execctx.add_context].
-- ``_sql``: [instrument][execctx.instrument] / [uninstrument][execctx.uninstrument]
-  (sqlcommenter comments).
+- [WorkUnit][execctx.WorkUnit] (the identity, a value) and [current][execctx.current].
+- [work][execctx.work] (enter a unit under its root span) and [Work][execctx.Work].
+- [LogFilter][execctx.LogFilter], [install_log_filter][execctx.install_log_filter],
+  [add_context][execctx.add_context]: the identity on log records.
+- [instrument][execctx.instrument] / [uninstrument][execctx.uninstrument]: the identity
+  in SQL statements (sqlcommenter comments).
 """
+
+# The layout, one private module per concern: _context (WorkUnit, current), _tracing (work,
+# Work), _logging (LogFilter, install_log_filter, add_context), _sql (instrument,
+# uninstrument).
 
 from __future__ import annotations
 

@@ -5,15 +5,15 @@ works, and gives back or finishes; a fencing token, new on every claim, makes a 
 holder's late writes do nothing. The package knows names, instants, holders, tokens and
 outcomes — nothing about what the holder runs.
 
-::
-
-    engine = lease.create_engine("postgresql+psycopg://app@db/app")
-    lease.migrate(engine)
-    store = lease.LeaseStore(engine)
-    store.ensure(["nightly-report"])
-    for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
-        ...
-        store.finish(claim.name, claim.token, ended=end)
+```python
+engine = lease.create_engine("postgresql+psycopg://app@db/app")
+lease.migrate(engine)
+store = lease.LeaseStore(engine)
+store.ensure(["nightly-report"])
+for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
+    ...
+    store.finish(claim.name, claim.token, ended=end)
+```
 """
 
 # The layout: one private module per concern, re-exported here.
@@ -82,6 +82,7 @@ from ._outbox import prune_outbox as prune_outbox
 from ._outbox import record_publication as record_publication
 from ._outbox import release_once as release_once
 from ._outbox import resolve_obsolete as resolve_obsolete
+from ._pause import paused_names as paused_names
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
@@ -219,6 +220,7 @@ __all__ = [
     "migrate",
     "orphaned_publications",
     "outbox_summary",
+    "paused_names",
     "prune_outbox",
     "prune_schedules",
     "read_admission",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy import Connection
 
 from ._core import _h, _StoreCore, _t
 from ._exceptions import translate_errors
@@ -16,6 +17,9 @@ from ._records import (
 from ._rows import _EPOCH, _MS, _names
 from ._schema import REASON_LENGTH
 from ._text import check_holder
+
+#: Up to this many names, `paused_names` lists them in its statement.
+_LISTED_AT_MOST: Final = 500
 
 
 class _Pause(_StoreCore):
@@ -102,3 +106,17 @@ class _Pause(_StoreCore):
             ]
             conn.execute(_h.insert(), [round_values(note) for note in notes])
         return found
+
+
+def paused_names(conn: Connection, names: Collection[str] | None = None) -> set[str]:
+    """The names whose lease row is paused (by anyone), of ``names`` when given.
+
+    One statement on ``conn``, in its transaction. Few rows are paused, so a long list of
+    names is intersected with all the paused ones rather than sent as a list.
+    """
+    stmt = sa.select(_t.c.name).where(_t.c.paused_ms.is_not(None))
+    if names is not None and len(names) <= _LISTED_AT_MOST:
+        stmt = stmt.where(_t.c.name.in_(sorted(names)))
+    with translate_errors("read paused leases"):
+        found = set(conn.execute(stmt).scalars())
+    return found if names is None else found & set(names)

@@ -29,9 +29,9 @@ def unstorable(text: str) -> str | None:
     Only the characters are judged, not the length: each column has its own limit.
 
     Returns:
-        A phrase to follow the value in a message, e.g. ``"contains a NUL character at
-        index 3, which PostgreSQL cannot store"``; ``None`` when every database stores
-        ``text`` unchanged.
+        A phrase to follow the value in a message, e.g. "contains a NUL character at
+        index 3, which PostgreSQL cannot store"; `None` when every database stores `text`
+        unchanged.
     """
     nul = text.find("\x00")
     if nul >= 0:

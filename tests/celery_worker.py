@@ -4,7 +4,8 @@ Its broker is ``$CELERY_TEST_BROKER``. The task ``cronjob_test.record`` appends 
 line to ``$CELERY_TEST_LOG`` with what it received: its request id, the headers cronjob
 puts on the message, its args, kwargs, expiry and priority. With ``$CELERY_TEST_SPANS``
 set, the worker is instrumented with the OpenTelemetry SDK: the task extracts the W3C
-trace context from its request (where message headers land) and records its own span,
+trace context from its request (where message headers land) with the documented
+example's ``examples.celery_worker.trace_context`` and records its own span,
 one JSON line per span in that file. ``cronjob_test.once_record`` and
 ``cronjob_test.once_flaky`` are wrapped in ``cronjob.contrib.celery.once`` on the lease
 database ``$CELERY_TEST_DB``; so is ``cronjob_test.once_killed`` (tests/faults), with a
@@ -21,12 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from cronjob.contrib import OccurrenceBusy
 from cronjob.contrib.celery import once
+from examples.celery_worker import trace_context
 from tests import _killed_body as killed
 
 app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
@@ -70,20 +72,9 @@ if os.environ.get("CELERY_TEST_SPANS"):
 _tracer = _provider.get_tracer(__name__)
 
 
-class _RequestGetter:
-    """Read a trace header from a Celery request (headers are its attributes)."""
-
-    def get(self, carrier: Any, key: str) -> list[str] | None:
-        value = getattr(carrier, key, None)
-        return [value] if isinstance(value, str) else None
-
-    def keys(self, carrier: Any) -> list[str]:
-        return []
-
-
 @app.task(name="cronjob_test.record", bind=True)
 def record(self: Any, *args: Any, **kwargs: Any) -> None:
-    parent = propagate.extract(self.request, getter=_RequestGetter())
+    parent = trace_context(self.request)  # the documented example's, so a test runs it
     with _tracer.start_as_current_span(f"run {self.name}", context=parent):
         request = self.request
         _append(

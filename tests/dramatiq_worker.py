@@ -16,10 +16,10 @@ Read from the environment (tests/test_dramatiq.py sets it):
 - ``DRAMATIQ_TEST_FAIL_FIRST``: a file; the ``once`` actor's body, given ``fail_first=True``,
   raises on its first run (when the file does not exist yet, which it then creates).
 
-The broker has the `CurrentMessage` middleware, and a small OpenTelemetry middleware that
-does what a worker's instrumentation does: it extracts the trace context from the
-message's ``trace_ctx`` option and records a consumer span around the actor, with the
-SDK, to the spans file.
+The broker has the `CurrentMessage` middleware, and the documented example's OpenTelemetry
+middleware (examples/dramatiq_tracing.py): it extracts the trace context from the
+message's ``trace_ctx`` option and records a consumer span around the actor, here with
+the SDK, to the spans file.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import os
 from typing import Any
 
 import dramatiq
-from dramatiq.middleware import CurrentMessage, Middleware
-from opentelemetry import context, propagate, trace
+from dramatiq.middleware import CurrentMessage
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
-from cronjob.contrib.dramatiq import TRACE_OPTION, once
+from cronjob.contrib.dramatiq import once
+from examples.dramatiq_tracing import Tracing as DocumentedTracing
 from tests import _killed_body as killed
 
 QUEUE = os.environ["DRAMATIQ_TEST_QUEUE"]
@@ -50,20 +51,9 @@ provider.add_span_processor(
 tracer = provider.get_tracer("tests.dramatiq_worker")
 
 
-class Tracing(Middleware):
-    """A consumer span per message, child of the context in its ``trace_ctx`` option."""
-
-    def __init__(self) -> None:
-        self._open: dict[str, tuple[Any, object]] = {}
-
-    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
-        parent = propagate.extract(message.options.get(TRACE_OPTION) or {})
-        span = tracer.start_span(
-            f"dramatiq {message.actor_name}", context=parent, kind=trace.SpanKind.CONSUMER
-        )
-        span.set_attribute("messaging.message.id", message.message_id)
-        token = context.attach(trace.set_span_in_context(span, parent))
-        self._open[message.message_id] = (span, token)
+class Tracing(DocumentedTracing):
+    """The documented example's middleware (examples/dramatiq_tracing.py), so a test runs
+    it, and a line in the log once each message is done with."""
 
     def after_process_message(
         self,
@@ -73,10 +63,7 @@ class Tracing(Middleware):
         result: object = None,
         exception: BaseException | None = None,
     ) -> None:
-        span, token = self._open.pop(message.message_id, (None, None))
-        if span is not None:
-            context.detach(token)  # type: ignore[arg-type]
-            span.end()
+        super().after_process_message(broker, message, result=result, exception=exception)
         _log(
             {
                 "processed": message.message_id,
@@ -102,7 +89,7 @@ def _broker() -> dramatiq.Broker:
 
 broker = _broker()
 broker.add_middleware(CurrentMessage())
-broker.add_middleware(Tracing())
+broker.add_middleware(Tracing(tracer))
 dramatiq.set_broker(broker)
 
 

@@ -304,6 +304,24 @@ class TestTheCommand:
         )
         assert len(done.stderr.splitlines()) == 1
 
+    def test_a_module_without_the_named_app_says_the_attribute_is_missing(self, tmp_path):
+        """Celery's loader would say "No module named 'proj:nosuch'", blaming the module."""
+        (tmp_path / "proj.py").write_text("app = None\n")
+        done = run_python("-c", BEAT, "beat", "-A", "proj:nosuch", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            "cronjob: error: cannot load the Celery app 'proj:nosuch': "
+            "AttributeError: module 'proj' has no attribute 'nosuch'"
+        ]
+
+    def test_a_missing_module_named_with_its_app_is_the_module(self, tmp_path):
+        done = run_python("-c", BEAT, "beat", "-A", "no_such_module_here:app", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [
+            "cronjob: error: cannot load the Celery app 'no_such_module_here:app': "
+            "ModuleNotFoundError: No module named 'no_such_module_here'"
+        ]
+
 
 class TestTheList:
     def test_list_prints_each_entry_as_a_job_and_exits(self, tmp_path):

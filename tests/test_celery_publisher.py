@@ -64,7 +64,7 @@ class TestTheMessage:
         publisher.close()
         [got] = worker.wait_for(1)
         assert got["id"] == sent.id
-        assert got["instant"] == "2026-03-08T06:00:00+00:00"
+        assert got["instant"] == "2026-03-08T06:00:00Z"
         assert got["name"] == "nightly"
         assert got["args"] == [1, "two"]
         assert got["kwargs"] == {"full": True}

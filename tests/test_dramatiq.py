@@ -189,7 +189,7 @@ class TestMessage:
             "kwargs": {"full": True},
             "options": {
                 "max_retries": 2,
-                "cronjob_instant": "2026-03-02T10:00:00+00:00",
+                "cronjob_instant": "2026-03-02T10:00:00Z",
                 "cronjob_name": NAME,
                 "trace_ctx": {"traceparent": TRACEPARENT},
             },
@@ -235,7 +235,7 @@ class TestPublish:
         assert seen["actor"] == RECORD
         assert seen["args"] == [7, "x"]
         assert seen["kwargs"] == {"full": True}
-        assert seen["options"]["cronjob_instant"] == "2026-03-02T10:00:00+00:00"
+        assert seen["options"]["cronjob_instant"] == "2026-03-02T10:00:00Z"
         assert datetime.fromisoformat(seen["options"]["cronjob_instant"]) == INSTANT
         assert seen["options"]["cronjob_name"] == NAME
 

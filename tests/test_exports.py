@@ -80,7 +80,9 @@ SURFACE = {
         "Occurrence",
         "OccurrenceBusy",
         "Publisher",
+        "format_instant",
         "handoff",
+        "parse_instant",
         "run_once",
     ],
     "cronjob.contrib.rq": [

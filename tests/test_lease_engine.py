@@ -291,6 +291,7 @@ class TestSurface:
             "migrate",
             "orphaned_publications",
             "outbox_summary",
+            "paused_names",
             "prune_outbox",
             "prune_schedules",
             "read_admission",
@@ -313,7 +314,7 @@ class TestSurface:
             "tell_schedules_changed",
             "unstorable",
             "update_schedule",
-]
+        ]
 
     def test_public_objects_carry_the_public_module(self):
         for name in lease.__all__:

@@ -10,6 +10,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import yaml
+
 import cronjob
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,3 +131,32 @@ def test_the_cli_reference_documents_every_command_and_exit_status():
         assert f"## `cronjob {command}`" in text, command
     for status in ["0", "1", "2", "3", "4", "5", "70"]:
         assert f"\n| {status} |" in text, status
+
+
+#: Each capability and the page (and anchor) that tells it.
+CAPABILITIES = {
+    "Celery": "integrations/celery.md",
+    "RQ": "integrations/rq.md",
+    "Dramatiq": "task-queues/dramatiq.md",
+    "cronjob beat": "integrations/celery.md#cronjob-beat-a-proj-a-beat_schedule-without-the-beat",
+    "the outbox": "concepts/outbox.md",
+    "backfill": "operations/backfill.md",
+}
+
+
+def test_each_capability_is_one_click_from_the_readme_and_the_home_page():
+    readme = README.read_text()
+    home = (REPO / "docs" / "index.md").read_text()
+    for name, page in CAPABILITIES.items():
+        assert f"](docs/{page})" in readme, name
+        assert f"]({page})" in home, name
+
+
+def test_the_task_queues_are_one_section_of_the_nav():
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    [queues] = [section["Task queues"] for section in nav if "Task queues" in section]
+    pages = [page for entry in queues for page in entry.values()]
+    others = str([section for section in nav if "Task queues" not in section])
+    for page in ["integrations/celery.md", "integrations/rq.md", "task-queues/dramatiq.md"]:
+        assert page in pages
+        assert f"'{page}'" not in others

@@ -1,28 +1,29 @@
 """The operator's side of cronjob: what an operator reads, changes and runs.
 
-Everything a person (or a script) uses to look at and steer the replicas lives here, apart
-from the engine that runs rounds (`cronjob.engine`):
-
-- This package, [cronjob.admin][] (public): the admin API. ``_status`` reads what the
-  scheduler did ([status][cronjob.admin.status]), ``_rounds`` a job's recent rounds
-  ([history][cronjob.admin.history]);
-  ``_control`` writes the pause ([pause][cronjob.admin.pause],
-  [resume][cronjob.admin.resume]); ``_trigger`` requests a round now
-  ([trigger][cronjob.admin.trigger], [wait][cronjob.admin.wait]); ``_forget`` deletes a
-  retired job's record (`forget`); ``_scheduled`` reads the schedules made of data (see
-  `cronjob.schedules`) that they all take by id; ``_base`` holds what they share (the
-  database, the schema check, the errors).
-- ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
-  ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
-  ``history``; ``_schedules_cli``: ``schedules``; ``_control_cli``: ``pause``,
-  ``resume``, ``trigger``, ``forget``; ``_format``: the cells the tables and the page
-  share.
-- ``_web``: the status page as a WSGI or ASGI app (public as [cronjob.web][]);
-  ``_page`` renders its HTML.
+Everything a person (or a script) uses to look at and steer the replicas: what the
+scheduler did ([status][cronjob.admin.status], a job's recent rounds in
+[history][cronjob.admin.history]), the pause ([pause][cronjob.admin.pause],
+[resume][cronjob.admin.resume]), a round now ([trigger][cronjob.admin.trigger],
+[wait][cronjob.admin.wait]), past instants run again ([backfill][cronjob.admin.backfill]),
+a retired job's record deleted ([forget][cronjob.admin.forget]). Each takes a schedule
+made of data (see [cronjob.schedules][]) by its id as it takes a job by its name. The
+`cronjob` command is built on these functions, and the status page ([cronjob.web][]) reads
+what they read.
 
 The admin API needs no application module and starts no scheduler: it reads and writes
 the tables the replicas share. Importing this package does no I/O.
 """
+
+# The layout. This package (public) is the admin API: _status reads what the scheduler
+# did (status), _rounds a job's recent rounds (history); _control writes the pause (pause,
+# resume); _trigger requests a round now (trigger, wait); _forget deletes a retired job's
+# record (forget); _scheduled reads the schedules made of data that they all take by id;
+# _base holds what they share (the database, the schema check, the errors).
+# _cli: the cronjob command (console script cronjob.admin._cli:main, python -m cronjob);
+# _run: cronjob run; _read_cli: status and history; _schedules_cli: schedules;
+# _control_cli: pause, resume, trigger, forget; _format: the cells the tables and the page
+# share. _web: the status page as a WSGI or ASGI app (public as cronjob.web); _page
+# renders its HTML. The engine that runs rounds is cronjob.engine.
 
 from __future__ import annotations
 

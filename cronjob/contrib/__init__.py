@@ -10,7 +10,8 @@
 - ``cronjob.contrib.rq`` (``[rq]``): each instant handed to an RQ queue, and ``once``.
 
 What every task-queue target shares lives here, needing no extra: `handoff` (a publisher
-made a job function: the outbox), `run_once` (a worker's body once per occurrence id).
+made a job function: the outbox), `run_once` (a worker's body once per occurrence id),
+and the instant as every message carries it (`format_instant`, `parse_instant`).
 
 The pytest plugin (`cronjob.pytest_plugin`) needs no extra. Importing this package
 imports no framework.
@@ -20,10 +21,21 @@ from ._handoff import Handoff as Handoff
 from ._handoff import Occurrence as Occurrence
 from ._handoff import Publisher as Publisher
 from ._handoff import handoff as handoff
+from ._instant import format_instant as format_instant
+from ._instant import parse_instant as parse_instant
 from ._once import OccurrenceBusy as OccurrenceBusy
 from ._once import run_once as run_once
 
-__all__ = ["Handoff", "Occurrence", "OccurrenceBusy", "Publisher", "handoff", "run_once"]
+__all__ = [
+    "Handoff",
+    "Occurrence",
+    "OccurrenceBusy",
+    "Publisher",
+    "format_instant",
+    "handoff",
+    "parse_instant",
+    "run_once",
+]
 
 for _name in __all__:
     _obj = globals()[_name]

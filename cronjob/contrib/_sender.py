@@ -97,12 +97,12 @@ class Publisher(Protocol):
 
     def publish(self, occurrence: Occurrence) -> None:
         """Put one message for ``occurrence`` on the broker, with ``occurrence.id`` as
-        its id, the instant (ISO 8601 UTC) in it, and ``occurrence.headers`` in its
-        headers. Return only once the broker has accepted it (publisher confirms on
-        RabbitMQ); raise on any failure. It may be called again with the same
-        occurrence (after a failure, a crash, or on another replica). It is called on a
-        thread of its own (``cronjob-publish``, one per publisher, one call at a time),
-        waited for at most ``send_timeout`` seconds."""
+        its id, the instant (`cronjob.contrib.format_instant`: RFC 3339 UTC with ``Z``) in
+        it, and ``occurrence.headers`` in its headers. Return only once the broker has
+        accepted it (publisher confirms on RabbitMQ); raise on any failure. It may be
+        called again with the same occurrence (after a failure, a crash, or on another
+        replica). It is called on a thread of its own (``cronjob-publish``, one per
+        publisher, one call at a time), waited for at most ``send_timeout`` seconds."""
         ...
 
 

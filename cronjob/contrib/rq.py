@@ -1,21 +1,21 @@
 """RQ: hand each instant of a job to an RQ queue, and run a worker's task once per
 occurrence (``pip install 'cronjob-lease[rq]'``).
 
-::
+```python
+from redis import Redis
+from rq import Queue
+import cronjob
+from cronjob.contrib.rq import enqueue
 
-    from redis import Redis
-    from rq import Queue
-    import cronjob
-    from cronjob.contrib.rq import enqueue
-
-    queue = Queue("reports", connection=Redis())
-    cronjob.register(enqueue(queue, "app.tasks.export", kwargs={"full": True}),
-                     "0 0 3 * * *", "nightly-export")
+queue = Queue("reports", connection=Redis())
+cronjob.register(enqueue(queue, "app.tasks.export", kwargs={"full": True}),
+                 "0 0 3 * * *", "nightly-export")
+```
 
 Each instant's job has the occurrence id as its RQ ``job_id``, and in its ``meta``
-(under `META_KEY`) the job's name, the instant (ISO 8601 UTC) and the round's W3C trace
+(under `META_KEY`) the job's name, the instant (RFC 3339 UTC with ``Z``) and the round's W3C trace
 context (`trace_context` reads it back on the worker). On the worker, `once` makes a task
-run once per occurrence id. See docs/integrations/rq.md.
+run once per occurrence id.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ from rq.job import Job
 
 from .._exceptions import RegistrationError
 from ._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
+from ._instant import format_instant
 from ._once import STALE_AFTER, run_once
 
 __all__ = ["JOB_OPTIONS", "META_KEY", "RQPublisher", "enqueue", "once", "trace_context"]
 
 #: The key of ``job.meta`` that holds what cronjob put there: ``name``, ``instant``
-#: (ISO 8601 UTC), ``occurrence_id``, ``app`` and ``headers`` (the W3C trace context).
+#: (RFC 3339 UTC with ``Z``), ``occurrence_id``, ``app`` and ``headers`` (the W3C trace context).
 META_KEY: Final = "cronjob"
 #: The options of ``Queue.enqueue_call`` that `enqueue` passes on (``job_id`` and
 #: ``meta`` are cronjob's).
@@ -97,7 +98,7 @@ class RQPublisher:
         meta = {
             META_KEY: {
                 "name": occurrence.name,
-                "instant": occurrence.instant.isoformat().replace("+00:00", "Z"),
+                "instant": format_instant(occurrence.instant),
                 "occurrence_id": occurrence.id,
                 "app": occurrence.app,
                 "headers": dict(occurrence.headers),
@@ -129,7 +130,8 @@ def enqueue(
     Args:
         queue: The RQ queue (its Redis connection is used to publish).
         func: The task: a dotted path (the replica need not import it) or a callable.
-        args, kwargs: Passed to the task.
+        args: Passed to the task, positionally.
+        kwargs: Passed to the task, by keyword.
         retry_within: Seconds the round retries a refused enqueue before it leaves it to
             the sweep (see [handoff][cronjob.contrib.handoff]).
         hold: Seconds an attempt keeps its row from the other retriers (see

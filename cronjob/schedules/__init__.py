@@ -7,16 +7,24 @@ arguments. Every running replica that registers the task sees a committed change
 2 s, without a restart, and runs each schedule as a leased job: once per instant across
 the replicas, under the lease named by the schedule's id.
 
-::
+```python
+with engine.begin() as conn:                 # the application's own transaction
+    conn.execute(tenants.insert().values(id=42))
+    schedules.add(conn, "report:tenant-42", task="tenant-report",
+                  spec="CRON_TZ=America/New_York 0 0 9 * * *", args={"tenant": 42})
+```
 
-    with engine.begin() as conn:                 # the application's own transaction
-        conn.execute(tenants.insert().values(id=42))
-        schedules.add(conn, "report:tenant-42", task="tenant-report",
-                      spec="CRON_TZ=America/New_York 0 0 9 * * *", args={"tenant": 42})
-
-Layout: ``_check`` (every value checked before anything is written), ``_api`` (the sync
-calls), ``_async`` (the same on an ``AsyncConnection``); the statements are `lease`'s.
+Each call takes the database as a SQLAlchemy `Connection` (it joins that transaction), an
+`Engine` or a URL (a transaction of its own); each async form (`add_async` and so on)
+takes an `AsyncConnection`. A refused call writes nothing and raises a `ValueError`
+that is also a [cronjob.CronjobError][]: [cronjob.ScheduleError][] for when the schedule
+fires (its spec, `at`, `start`, `end`), as registration raises for a spec, and
+[cronjob.RegistrationError][] for the rest (its id, task, args, policies). Catch
+`ValueError` to refuse a form's input whatever the field; each function says which.
 """
+
+# The layout: _check (every value checked before anything is written), _api (the sync
+# calls), _async (the same on an AsyncConnection); the statements are lease's.
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from .._registry import Registry, _check_name, default_registry
 from ._check import New, checked
 from ._conflict import refusing_overtaken
 from ._policies import OWN_POLICIES, own_of
+from ._tables import require_tables
 
 __all__ = [
     "Database",
@@ -73,6 +74,9 @@ class ScheduleRecord:
         catch_up_window: Its own ``catch_up_window``.
         jitter: Its own ``jitter``.
         heartbeat: Its own ``heartbeat`` URL, whole.
+        paused: Whether it is paused: added with ``paused=True``, or by ``cronjob pause``
+            (`cronjob.admin.pause`), and not resumed since (as ``cronjob schedules``
+            shows it).
     """
 
     id: str
@@ -89,6 +93,7 @@ class ScheduleRecord:
     catch_up_window: timedelta | None = None
     jitter: timedelta | None = None
     heartbeat: str | None = None
+    paused: bool = False
 
     @property
     def shown_spec(self) -> str:
@@ -98,7 +103,7 @@ class ScheduleRecord:
         return self.spec or ""
 
 
-def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
+def record_of(row: lease.ScheduleRow, *, paused: bool = False) -> ScheduleRecord:
     """``row`` as the public record."""
     return ScheduleRecord(
         id=row.id,
@@ -110,6 +115,7 @@ def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
         end=row.end,
         created=row.created,
         updated=row.updated,
+        paused=paused,
         **own_of(row.id, row.policies),
     )
 
@@ -117,18 +123,22 @@ def record_of(row: lease.ScheduleRow) -> ScheduleRecord:
 @contextlib.contextmanager
 def _begin(db: Database) -> Iterator[Connection]:
     """``db`` as a connection in a transaction: the caller's, or one of the call's own
-    (committed when the call returns)."""
+    (committed when the call returns); the schedule tables checked there first
+    (`lease.MigrationRequired` when they are missing)."""
     if isinstance(db, Connection):
+        require_tables(db)
         yield db
         return
     if isinstance(db, Engine):
         with db.begin() as conn:
+            require_tables(conn)
             yield conn
         return
     if isinstance(db, str | sa.URL):
         engine = lease.create_engine(db)
         try:
             with engine.begin() as conn:
+                require_tables(conn)
                 yield conn
         finally:
             engine.dispose()
@@ -295,7 +305,12 @@ def add(
             refuse (its message, naming the schedule).
         ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
             ``start``, neither or both of ``spec`` and ``at``.
+        lease.MigrationRequired: the lease tables are missing (no replica has started on
+            this database): start one, or run ``lease.migrate``.
         lease.LeaseError: the database failed.
+
+    Both refusals are `ValueError`s (and `cronjob.CronjobError`s): catch `ValueError`
+    to refuse a form's input whatever the field.
     """
     new = New(
         id,
@@ -324,7 +339,13 @@ def add_many(
 ) -> int:
     """Add every schedule of ``schedules`` in one transaction: all, or none if one is
     refused (each checked as [add][cronjob.schedules.add] checks it, before anything is
-    written). Returns how many were written."""
+    written). Returns how many were written.
+
+    Raises:
+        RegistrationError: as for `add`, naming the first refused schedule's id.
+        ScheduleError: as for `add`, naming the first refused schedule's id.
+        lease.MigrationRequired: the lease tables are missing.
+    """
     news = builtins.list(schedules)
     rows = [checked(new, registry=registry) for new in news]
     paused = {new.id for new in news if new.paused}
@@ -357,6 +378,11 @@ def update(
 
     Returns:
         Whether the schedule was on record (``False``: nothing written).
+
+    Raises:
+        RegistrationError: a bad task name, args or policy (as for `add`).
+        ScheduleError: a bad spec, ``at``, ``start`` or ``end`` (as for `add`).
+        lease.MigrationRequired: the lease tables are missing.
     """
     if not _storable(id):
         return False
@@ -411,7 +437,11 @@ def _own_after(current: lease.ScheduleRow, *given: object) -> dict[str, Any]:
 def remove(db: Database, id: str) -> bool:
     """Remove the schedule ``id``: no instant of it starts after a replica sees the
     removal; a round in flight runs to its end, on record. Its history stays (pruned as
-    any). Returns whether it was on record."""
+    any). Returns whether it was on record; an id that is not refuses nothing.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     if not _storable(id):
         return False
     with _begin(db) as conn, refusing_overtaken(id):
@@ -425,19 +455,29 @@ def remove(db: Database, id: str) -> bool:
 
 
 def get(db: Database, id: str) -> ScheduleRecord | None:
-    """The schedule ``id`` as on record, or ``None``."""
+    """The schedule ``id`` as on record, or ``None``.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     if not _storable(id):
         return None
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, ids=[id])
-    return record_of(rows[0]) if rows else None
+        paused = lease.paused_names(conn, [id]) if rows else set()
+    return record_of(rows[0], paused=id in paused) if rows else None
 
 
 def list(
     db: Database, *, task: str | None = None, prefix: str | None = None
 ) -> builtins.list[ScheduleRecord]:
     """The schedules on record, by id: of ``task`` only, and whose id starts with
-    ``prefix``, when given."""
+    ``prefix``, when given.
+
+    Raises:
+        lease.MigrationRequired: the lease tables are missing.
+    """
     with _begin(db) as conn:
         rows = lease.read_schedules(conn, task=task, prefix=prefix)
-    return [record_of(row) for row in rows]
+        paused = lease.paused_names(conn, [row.id for row in rows]) if rows else set()
+    return [record_of(row, paused=row.id in paused) for row in rows]

@@ -7,10 +7,10 @@
 - [once][cronjob.contrib.celery.once] makes a task's body run once per task id;
 - ``cronjob beat -A proj`` runs a Celery app's ``beat_schedule`` on every replica
   (`cronjob.contrib.celery.register_beat_schedule`).
-
-Modules: ``_publisher`` (the message), ``_send`` (the job function), ``_once`` (the
-worker side), ``_beat`` (reading ``beat_schedule``), ``_beat_cli`` (the command).
 """
+
+# Modules: _publisher (the message), _send (the job function), _once (the worker side),
+# _beat (reading beat_schedule), _beat_cli (the command).
 
 from ._beat import BeatScheduleError as BeatScheduleError
 from ._beat_cli import register_beat_schedule as register_beat_schedule

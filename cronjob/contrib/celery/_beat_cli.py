@@ -10,6 +10,7 @@ stops it before it starts: one line on stderr naming the entry, exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any
@@ -71,12 +72,30 @@ def register_beat_schedule(app: Any, registry: Registry | None = None) -> list[s
     return [entry.name for entry in entries]
 
 
+def load_app(name: str) -> Any:
+    """Load a Celery app as ``celery -A`` does (``proj``, ``proj.celery``, ``proj:app``).
+
+    Raises:
+        ImportError: The module cannot be imported (the module's own error).
+        AttributeError: ``MODULE:APP`` names a module that has no attribute ``APP``. (Celery's
+            own loader says "No module named 'MODULE:APP'" then, blaming the module.)
+    """
+    module_name, colon, attribute = name.partition(":")
+    if not colon:
+        return find_app(name)
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise AttributeError(f"module {module_name!r} has no attribute {attribute!r}") from None
+
+
 def run_beat(args: argparse.Namespace) -> int:
     """Run ``cronjob beat``: load the app, register its schedule, then ``cronjob run``;
     with ``--list``, print each entry's job (name, spec, task) and exit."""
     sys.path.insert(0, os.getcwd())  # as `celery -A` and `cronjob run`: here first
     try:
-        app = find_app(args.app)
+        app = load_app(args.app)
     except Exception as exc:
         return _fail(f"cannot load the Celery app {args.app!r}: {type(exc).__name__}: {exc}")
     try:

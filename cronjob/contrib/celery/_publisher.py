@@ -4,8 +4,8 @@ The message is an ordinary Celery task message (protocol 2) for the task name, w
 the user's args and kwargs, and:
 
 - ``task_id`` = the occurrence id, so the worker's ``self.request.id`` is it;
-- the header ``cronjob_instant`` = the scheduled instant, ISO 8601 UTC
-  (``2026-03-08T06:00:00+00:00``), and ``cronjob_name`` = the job's name; a task reads
+- the header ``cronjob_instant`` = the scheduled instant, RFC 3339 UTC
+  (``2026-03-08T06:00:00Z``), and ``cronjob_name`` = the job's name; a task reads
   them as ``self.request.cronjob_instant`` / ``self.request.get("cronjob_instant")``;
 - the round's W3C trace context (``traceparent``, ``tracestate``) as message headers,
   where OpenTelemetry's Celery instrumentation (and any worker that extracts from
@@ -25,10 +25,11 @@ import contextlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._handoff import Occurrence
+from .._instant import format_instant
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -37,7 +38,8 @@ __all__ = ["OPTIONS", "CeleryPublisher", "OptionError"]
 
 #: The options a message may carry (``send(..., queue=...)``, a beat entry's ``options``).
 OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires"})
-#: The header that carries the scheduled instant (ISO 8601, UTC).
+#: The header that carries the scheduled instant (RFC 3339 UTC with ``Z``,
+#: `cronjob.contrib.format_instant`).
 INSTANT_HEADER = "cronjob_instant"
 #: The header that carries the job's name.
 NAME_HEADER = "cronjob_name"
@@ -125,7 +127,7 @@ class CeleryPublisher:
         """
         headers = {
             **occurrence.headers,
-            INSTANT_HEADER: occurrence.instant.astimezone(UTC).isoformat(),
+            INSTANT_HEADER: format_instant(occurrence.instant),
             NAME_HEADER: occurrence.name,
         }
         if occurrence.app:

@@ -12,11 +12,11 @@ Add ``"cronjob.contrib.django"`` to ``INSTALLED_APPS``. Settings (all optional):
 
 Schedules made of data are written on Django's connection, in its atomic blocks, with
 `cronjob.contrib.django.schedules` (``from cronjob.contrib.django import schedules``).
-
-Layout: ``apps`` (the app and its discovery of job modules), ``_database`` (the URL),
-``_fenced`` (`fenced`), ``schedules`` (the schedule calls on Django's connection),
-``management/commands/cronjob`` (the command).
 """
+
+# The layout: apps (the app and its discovery of job modules), _database (the URL),
+# _fenced (fenced), schedules (the schedule calls on Django's connection),
+# management/commands/cronjob (the command).
 
 from __future__ import annotations
 

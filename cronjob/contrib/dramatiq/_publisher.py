@@ -6,7 +6,7 @@ needs the broker, not the worker's actor code. What it carries:
 - ``message_id``: the occurrence id (the same on every send of the occurrence);
 - ``args`` and ``kwargs``: the user's, as given to `send`;
 - ``options``: the user's options, and three of ours: ``cronjob_instant`` (the scheduled
-  instant, ISO 8601 in UTC), ``cronjob_name`` (the job's name) and ``trace_ctx`` (the
+  instant, RFC 3339 UTC with ``Z``), ``cronjob_name`` (the job's name) and ``trace_ctx`` (the
   round's W3C trace context, ``traceparent`` and ``tracestate``, the carrier the
   OpenTelemetry Dramatiq instrumentation reads), absent when no trace context is known.
 """
@@ -17,7 +17,6 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import UTC
 from typing import Any, Final
 
 from dramatiq import Message
@@ -25,10 +24,12 @@ from dramatiq.broker import Broker
 
 from ..._exceptions import RegistrationError
 from .._handoff import Occurrence
+from .._instant import format_instant
 
 __all__ = ["APP_OPTION", "INSTANT_OPTION", "NAME_OPTION", "TRACE_OPTION", "DramatiqPublisher"]
 
-#: The message option that holds the scheduled instant (ISO 8601, UTC).
+#: The message option that holds the scheduled instant (RFC 3339 UTC with ``Z``,
+#: `cronjob.contrib.format_instant`).
 INSTANT_OPTION: Final = "cronjob_instant"
 #: The message option that holds the job's name.
 NAME_OPTION: Final = "cronjob_name"
@@ -146,7 +147,7 @@ class DramatiqPublisher:
         """The message `publish` sends for ``occurrence`` (the same for every send)."""
         options: dict[str, Any] = {
             **self._options,
-            INSTANT_OPTION: occurrence.instant.astimezone(UTC).isoformat(),
+            INSTANT_OPTION: format_instant(occurrence.instant),
             NAME_OPTION: occurrence.name,
         }
         if occurrence.app:

@@ -1,23 +1,25 @@
 """Redis Streams: each instant added to a stream once, and a worker fleet that checks
 what it reads before it runs it (``pip install 'cronjob-lease[redis]'``).
 
-::
+```python
+from cronjob.contrib import streams
 
-    from cronjob.contrib import streams
+cronjob.register(streams.publish("redis://127.0.0.1:6379/0", stream="jobs"),
+                 "0 0 3 * * *", "nightly")
 
-    cronjob.register(streams.publish("redis://127.0.0.1:6379/0", stream="jobs"),
-                     "0 0 3 * * *", "nightly")
+@streams.handler("nightly")            # on the worker side
+def nightly(occ: streams.Occurrence) -> None: ...
 
-    @streams.handler("nightly")            # on the worker side
-    def nightly(occ: streams.Occurrence) -> None: ...
+streams.Worker("redis://127.0.0.1:6379/0", stream="jobs", group="workers").run()
+```
 
-    streams.Worker("redis://127.0.0.1:6379/0", stream="jobs", group="workers").run()
-
-Layout: `_publish` (the publisher and its Lua script), `_handlers` (handlers and what
-they get), `_worker` (the consumer and its dispositions), `_metrics` (the counters),
-`_cli` (``cronjob stream-worker``). The checks are shared with the other targets
-(`cronjob.contrib._validation`). See docs/task-queues/streams.md.
+See [Redis Streams](../../task-queues/streams.md) for the dispositions of what a worker reads.
 """
+
+# Layout: _publish (the publisher and its Lua script), _handlers (handlers and what they
+# get), _worker (the consumer and its dispositions), _metrics (the counters), _cli
+# (cronjob stream-worker). The checks are shared with the other targets
+# (cronjob.contrib._validation).
 
 from ._handlers import Handler as Handler
 from ._handlers import Handlers as Handlers
