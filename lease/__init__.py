@@ -23,7 +23,8 @@ outcomes — nothing about what the holder runs.
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: the façade, the lease rules, the rows; its parts: _claims
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
-#                rerun), _history (history, replicas, prune, survey), _pause, _restore
+#                rerun), _history (history, replicas, prune, survey), _pause, _notes
+#                (skipped and acknowledged instants), _restore
 #                (a row gone under its round written back), _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
@@ -120,6 +121,8 @@ from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
 from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
+from ._notes import ACK_NOTE as ACK_NOTE
+from ._notes import SKIP_NOTE as SKIP_NOTE
 from ._tally import NOT_SCHEDULED as NOT_SCHEDULED
 from ._tally import RoundSpan as RoundSpan
 from ._tally import Tally as Tally
@@ -134,6 +137,7 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "ACK_NOTE",
     "BackfillCancellation",
     "Backfills",
     "CLAIM_AHEAD_LIMIT",
@@ -170,6 +174,7 @@ __all__ = [
     "RoundRow",
     "RoundSpan",
     "SCHEDULE_FORMAT",
+    "SKIP_NOTE",
     "ScheduleRow",
     "Survey",
     "TABLE_NAME",
