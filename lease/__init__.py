@@ -60,6 +60,8 @@ from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
 from ._migrate import current_revision as current_revision
 from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
+from ._notes import ACK_NOTE as ACK_NOTE
+from ._notes import SKIP_NOTE as SKIP_NOTE
 from ._outbox import ONCE_DONE as ONCE_DONE
 from ._outbox import ONCE_RUNNING as ONCE_RUNNING
 from ._outbox import OutboxRow as OutboxRow
@@ -121,8 +123,6 @@ from ._store import LeaseWrite as LeaseWrite
 from ._store import Survey as Survey
 from ._store import WriteKind as WriteKind
 from ._store import check_dialect as check_dialect
-from ._notes import ACK_NOTE as ACK_NOTE
-from ._notes import SKIP_NOTE as SKIP_NOTE
 from ._tally import NOT_SCHEDULED as NOT_SCHEDULED
 from ._tally import RoundSpan as RoundSpan
 from ._tally import Tally as Tally

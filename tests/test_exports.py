@@ -108,6 +108,7 @@ SURFACE = {
         "send",
     ],
     "cronjob.admin": [
+        "Acknowledgement",
         "Activity",
         "Backfill",
         "BackfillCancelled",
@@ -134,6 +135,7 @@ SURFACE = {
         "UNSENT_AFTER",
         "UnknownJob",
         "Why",
+        "acknowledge",
         "backfill",
         "cancel_backfill",
         "forget",

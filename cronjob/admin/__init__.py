@@ -9,14 +9,16 @@ from the engine that runs rounds (`cronjob.engine`):
   ``_control`` writes the pause ([pause][cronjob.admin.pause],
   [resume][cronjob.admin.resume]); ``_trigger`` requests a round now
   ([trigger][cronjob.admin.trigger], [wait][cronjob.admin.wait]); ``_forget`` deletes a
-  retired job's record (`forget`); ``_scheduled`` reads the schedules made of data (see
-  `cronjob.schedules`) that they all take by id; ``_base`` holds what they share (the
+  retired job's record (`forget`); ``_missed`` counts the missed instants of the last
+  day and ``_ack`` acknowledges them ([acknowledge][cronjob.admin.acknowledge]);
+  ``_scheduled`` reads the schedules made of data (see `cronjob.schedules`) that they
+  all take by id; ``_base`` holds what they share (the
   database, the schema check, the errors).
 - ``_cli``: the ``cronjob`` command (console script ``cronjob.admin._cli:main``,
   ``python -m cronjob``); ``_run``: ``cronjob run``; ``_read_cli``: ``status`` and
   ``history``; ``_schedules_cli``: ``schedules``; ``_control_cli``: ``pause``,
-  ``resume``, ``trigger``, ``forget``; ``_format``: the cells the tables and the page
-  share.
+  ``resume``, ``trigger``, ``forget``; ``_ack_cli``: ``missed``; ``_format``: the
+  cells the tables and the page share.
 - ``_web``: the status page as a WSGI or ASGI app (public as [cronjob.web][]);
   ``_page`` renders its HTML.
 
@@ -32,6 +34,7 @@ from .._records import FAILED_OUTCOMES as FAILED_OUTCOMES
 from .._records import Outcome as Outcome
 from .._records import RoundRecord as RoundRecord
 from .._records import Why as Why
+from ._ack import acknowledge as acknowledge
 from ._backfill import BACKFILL_LIMIT as BACKFILL_LIMIT
 from ._backfill import Backfill as Backfill
 from ._backfill import BackfillCancelled as BackfillCancelled
@@ -53,6 +56,7 @@ from ._control import resume_all as resume_all
 from ._forget import ForgetRefused as ForgetRefused
 from ._forget import Forgotten as Forgotten
 from ._forget import forget as forget
+from ._missed import Acknowledgement as Acknowledgement
 from ._outbox import UNSENT_AFTER as UNSENT_AFTER
 from ._outbox import OutboxStatus as OutboxStatus
 from ._rounds import HISTORY_LIMIT as HISTORY_LIMIT
@@ -75,6 +79,7 @@ from ._trigger import wait as wait
 
 __all__ = [
     "FAILED_OUTCOMES",
+    "Acknowledgement",
     "Activity",
     "Backfill",
     "BackfillCancelled",
@@ -100,6 +105,7 @@ __all__ = [
     "UNSENT_AFTER",
     "UnknownJob",
     "Why",
+    "acknowledge",
     "backfill",
     "cancel_backfill",
     "forget",

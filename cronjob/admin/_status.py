@@ -50,6 +50,7 @@ from ._base import at_ms as _at
 from ._base import aware as _aware
 from ._base import store_on as _store
 from ._base import to_ms as _ms
+from ._missed import Acknowledgement
 from ._outbox import OutboxStatus, read_outbox
 from ._spec import human as _human
 from ._spec import next_instant as _next
@@ -139,9 +140,17 @@ class JobStatus:
     #: The task that runs it: a schedule's task (see `cronjob.schedules`); a registered
     #: job's own name for a registered job (the default, given none).
     task: str = ""
-    #: The instants of the last day that no round ran or accounted for (see
-    #: `cronjob.admin._missed`: overrun, paused, given up, missed deadline are accounted).
+    #: The instants of the last day that no round ran or accounted for, nor an operator
+    #: acknowledged (see `cronjob.admin._missed`: overrun, paused, given up, missed
+    #: deadline, skipped by its catch-up policy are accounted): any is a problem.
     missed: int = 0
+    #: The instants of the last day its catch-up policy passed over on purpose
+    #: (``catch_up="latest"``'s older ones, ``"none"``, past ``catch_up_window``).
+    skipped: int = 0
+    #: The missed instants of the last day an operator acknowledged (`acknowledge`), and
+    #: the latest acknowledgement (within the day, or reaching past it); not a problem.
+    missed_acknowledged: int = 0
+    acknowledgement: Acknowledgement | None = None
     #: A backfill's instants queued (see [backfill][cronjob.admin.backfill]), and the one
     #: running now (``None``: none).
     backfill_queued: int = 0
@@ -291,7 +300,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     return Status(
         checked_at=checked_at,
         outbox=outbox,
-        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills, stopped) for job in jobs),
+        jobs=tuple(_missed.shown(job, late.get(job.name), backfills, stopped) for job in jobs),
         replicas=tuple(
             ReplicaStatus(
                 id=r.holder,
