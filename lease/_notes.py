@@ -36,14 +36,26 @@ class _Notes(_StoreCore):
         if not notes:
             return 0
         names = sorted({note.name for note in notes})
+        instants = sorted({int(round_values(note)["instant"]) for note in notes})
         with translate_errors("note skipped instants"), self._transaction() as conn:
+            # The names' lease rows locked (in name order, as claims lock them) make
+            # replicas noting the same instants wait on each other; the locking read
+            # of the notes then sees the one written first.
+            conn.execute(
+                sa.select(_t.c.name)
+                .where(_t.c.name.in_(names))
+                .order_by(_t.c.name)
+                .with_for_update()
+            ).all()
             found = set(
                 conn.execute(
-                    sa.select(_h.c.name, _h.c.instant).where(
+                    sa.select(_h.c.name, _h.c.instant)
+                    .where(
                         _h.c.why == SKIP_NOTE,
                         _h.c.name.in_(names),
-                        _h.c.instant.in_({round_values(note)["instant"] for note in notes}),
+                        _h.c.instant.in_(instants),
                     )
+                    .with_for_update()
                 ).tuples()
             )
             fresh: dict[tuple[str, int], dict[str, object]] = {}
