@@ -14,7 +14,8 @@ the replicas, under the lease named by the schedule's id.
         schedules.add(conn, "report:tenant-42", task="tenant-report",
                       spec="CRON_TZ=America/New_York 0 0 9 * * *", args={"tenant": 42})
 
-Layout: ``_check`` (every value checked before anything is written), ``_api`` (the sync
+Layout: ``_check`` (every value checked before anything is written; public as `check`,
+for a form's validation), ``_api`` (the sync
 calls), ``_async`` (the same on an ``AsyncConnection``); the statements are `lease`'s.
 """
 
@@ -37,6 +38,7 @@ from ._async import remove_async as remove_async
 from ._async import update_async as update_async
 from ._check import MAX_ARGS_BYTES as MAX_ARGS_BYTES
 from ._check import New as New
+from ._check import check as check
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -48,6 +50,7 @@ __all__ = [
     "add_async",
     "add_many",
     "add_many_async",
+    "check",
     "get",
     "get_async",
     "list",
