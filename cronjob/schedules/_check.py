@@ -210,11 +210,9 @@ def check(
     schedule is added or updated.
 
     What needs the database is left to ``add``: an id already taken by a schedule or a
-    job, and the database's own failures.
-
-    Args:
-        id, task, spec, at, args, start, end, registry, overlap, catch_up,
-        catch_up_window, jitter, heartbeat: as for [add][cronjob.schedules.add].
+    job, and the database's own failures. Every argument is as for
+    [add][cronjob.schedules.add] (``id``, ``task``, ``spec`` or ``at``, ``args``,
+    ``start``, ``end``, ``registry``, and the schedule's own policies).
 
     Raises:
         RegistrationError: a bad id, task name or args, a task ``registry`` does not
