@@ -77,6 +77,15 @@ class Why(enum.StrEnum):
     #: An instant of the past that had no round on record, run by a backfill
     #: (`cronjob.admin.backfill`); ``requested_by`` says who asked.
     BACKFILL = "backfill"
+    #: Not a round: a note that a catch-up policy passed over instants no replica ran
+    #: (``catch_up="latest"``'s older ones, ``"none"``, past ``catch_up_window``): from
+    #: ``started`` (the first instant) through ``instant`` (the last); the outcome names
+    #: the policy, ``replica`` the replica that decided.
+    SKIPPED = "skipped"
+    #: Not a round: a note that an operator acknowledged the missed instants up to
+    #: ``instant`` (`cronjob.admin.acknowledge`); ``replica`` is who, outcome
+    #: ``'acknowledged'``.
+    ACK = "ack"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

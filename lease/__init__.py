@@ -23,7 +23,8 @@ for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
 #   _text        which names and holders every database can store
 #   _store       LeaseStore: the façade, the lease rules, the rows; its parts: _claims
 #                (claims, second runs, renewals), _ends (finish, give back, keep from a
-#                rerun), _history (history, replicas, prune, survey), _pause, _restore
+#                rerun), _history (history, replicas, prune, survey), _pause, _notes
+#                (skipped and acknowledged instants), _restore
 #                (a row gone under its round written back), _core
 #                (plumbing, the fence check), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
@@ -66,6 +67,8 @@ from ._exceptions import UnsupportedDatabase as UnsupportedDatabase
 from ._migrate import current_revision as current_revision
 from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
+from ._notes import ACK_NOTE as ACK_NOTE
+from ._notes import SKIP_NOTE as SKIP_NOTE
 from ._outbox import ONCE_DONE as ONCE_DONE
 from ._outbox import ONCE_RUNNING as ONCE_RUNNING
 from ._outbox import OutboxRow as OutboxRow
@@ -143,6 +146,7 @@ from ._trigger import Triggers as Triggers
 from ._trigger import TriggerState as TriggerState
 
 __all__ = [
+    "ACK_NOTE",
     "Admission",
     "BackfillCancellation",
     "Backfills",
@@ -181,6 +185,7 @@ __all__ = [
     "RoundRow",
     "RoundSpan",
     "SCHEDULE_FORMAT",
+    "SKIP_NOTE",
     "ScheduleRow",
     "Survey",
     "TABLE_NAME",

@@ -99,6 +99,13 @@ class LeaseRow:
     #: registered job's spec deployed in place of another, a data schedule's spec,
     #: instant or start/end. ``None`` when no change is on record.
     spec_changed: datetime | None = None
+    #: Missed instants acknowledged by an operator (revision 0016): every instant up to
+    #: ``acked_through`` that no round ran stops counting as missed; when (lease clock),
+    #: by whom, why. ``None`` when none was acknowledged.
+    acked_through: datetime | None = None
+    acked: datetime | None = None
+    acked_by: str | None = None
+    ack_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,6 +290,10 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             deployed=None if deployed_ms is None else _EPOCH + deployed_ms * _MS,
             due=_seconds_or_none(row.get("due_s")),
             spec_changed=_ms_or_none(row.get("spec_ms")),
+            acked_through=_seconds_or_none(row.get("acked_s")),
+            acked=_ms_or_none(row.get("acked_ms")),
+            acked_by=_text_or_none(row.get("acked_by")),
+            ack_reason=_text_or_none(row.get("ack_reason")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None

@@ -30,6 +30,9 @@
   changed, the start of the instants a missed count looks at.
 - revision 0015 adds ``cronjob_admission``: the descriptor a stream worker pinned at an
   occurrence's first claim (``cronjob.contrib.streams``).
+- revision 0016 adds the acknowledgement of missed instants to ``cronjob_lease``
+  (``acked_s``, ``acked_ms``, ``acked_by``, ``ack_reason``): the instants up to
+  ``acked_s`` that no round ran stop counting as missed.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -180,6 +183,13 @@ lease_table = sa.Table(
     # schedule's spec, instant or window); missed instants are counted from it. NULL: no
     # change on record (or one an older release's replica made).
     sa.Column("spec_ms", sa.BigInteger(), nullable=True),
+    # Revision 0016, all nullable: missed instants acknowledged by an operator — every
+    # instant up to ``acked_s`` (epoch seconds) that no round ran stops counting as
+    # missed; when (epoch ms on the lease clock), by whom, why. NULL: none acknowledged.
+    sa.Column("acked_s", sa.BigInteger(), nullable=True),
+    sa.Column("acked_ms", sa.BigInteger(), nullable=True),
+    sa.Column("acked_by", sa.String(HOLDER_LENGTH), nullable=True),
+    sa.Column("ack_reason", sa.String(REASON_LENGTH), nullable=True),
     # Revision 0009: the reads that ran over the whole table per replica reach only the
     # rows they are about. The first rounds not run to their end (the sweep's survey):
     # on PostgreSQL and SQLite an index of those rows alone, so a round's end takes its

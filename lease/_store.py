@@ -48,6 +48,7 @@ from ._dialect import check_dialect as check_dialect
 from ._ends import _Ends
 from ._exceptions import translate_errors
 from ._history import _History
+from ._notes import _Notes
 from ._pause import _Pause
 from ._records import replica_from
 from ._restore import _Restore
@@ -122,7 +123,7 @@ def _lowered(
     )
 
 
-class LeaseStore(_Claims, _Ends, _History, _Pause, _Restore):
+class LeaseStore(_Claims, _Ends, _History, _Notes, _Pause, _Restore):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an

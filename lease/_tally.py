@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from ._core import _IN_LIST_LIMIT
 from ._exceptions import translate_errors
+from ._notes import ACK_NOTE, SKIP_NOTE
 from ._schema import round_table
 from ._store import LeaseStore
 
@@ -32,8 +33,9 @@ __all__ = ["NOT_SCHEDULED", "RoundSpan", "Tally"]
 _h = round_table
 
 #: The ``why`` of history rows that are not a scheduled instant's round: a manual round
-#: (its instant is its request's moment), and the pause and resume notes.
-NOT_SCHEDULED: Final = ("manual", "pause", "resume")
+#: (its instant is its request's moment), the pause and resume notes, and the notes of
+#: instants a catch-up policy skipped and of missed instants acknowledged.
+NOT_SCHEDULED: Final = ("manual", "pause", "resume", SKIP_NOTE, ACK_NOTE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -214,6 +214,7 @@ class TestSurface:
     def test_the_public_names_are_pinned(self):
         assert lease.__all__ == sorted(lease.__all__)
         assert lease.__all__ == [
+            "ACK_NOTE",
             "Admission",
             "BackfillCancellation",
             "Backfills",
@@ -252,6 +253,7 @@ class TestSurface:
             "RoundRow",
             "RoundSpan",
             "SCHEDULE_FORMAT",
+            "SKIP_NOTE",
             "ScheduleRow",
             "Survey",
             "TABLE_NAME",
@@ -314,7 +316,7 @@ class TestSurface:
             "tell_schedules_changed",
             "unstorable",
             "update_schedule",
-        ]
+]
 
     def test_public_objects_carry_the_public_module(self):
         for name in lease.__all__:

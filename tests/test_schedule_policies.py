@@ -150,10 +150,14 @@ class TestCatchUp:
         assert rounds.instants("all") == [at(hours=1), at(hours=4), at(hours=5)]
         rounds.assert_never_overlapping("all")
         assert rounds.instants("plain") == [at(hours=1), at(hours=5)]
-        assert [why for _i, why, _o in outcomes(db_url, "all")] == [
-            "schedule",
-            "catch-up",
-            "catch-up",
+        # 11:00 and 12:00, past the window, are on record as skipped by it.
+        assert [(why, o) for _i, why, o in outcomes(db_url, "all")][:2] == [
+            ("schedule", "succeeded"),
+            ("skipped", "catch_up_window"),
+        ]
+        assert [why for _i, why, _o in outcomes(db_url, "all")][2:] == ["catch-up", "catch-up"]
+        assert [(i, o) for i, why, o in outcomes(db_url, "none") if why == "skipped"] == [
+            (at(hours=5), "catch_up=none")
         ]
         clock.advance(3600)  # 15:00 on time, for each
         for id_ in ("none", "all", "plain"):

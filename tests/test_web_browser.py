@@ -31,8 +31,16 @@ PHONE = (390, 844)
 #: The test's own script: how wide the page laid out, on the body for --dump-dom.
 MEASURE = (
     b"<script>document.body.dataset.widths = [document.documentElement.scrollWidth, "
-    b"document.documentElement.clientWidth].join()</script>"
+    b"document.documentElement.clientWidth].join();"
+    # Each table's laid-out width and its box's, and how far right each header ends.
+    b"document.body.dataset.tables = [...document.querySelectorAll('table')].map("
+    b"t => t.scrollWidth + '/' + t.parentElement.clientWidth).join(' ');"
+    b"document.body.dataset.headers = [...document.querySelectorAll('th')].map("
+    b"h => h.textContent + '@' + Math.ceil(h.getBoundingClientRect().right)).join('|');"
+    b"</script>"
 )
+#: A laptop's screen, in CSS pixels.
+LAPTOP = (1280, 800)
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +180,78 @@ def test_the_page_fits_a_phone_screen(chromium, page_url, tmp_path):
         # still a phone's layout (under 40rem), and nothing may be wider than it.
         assert int(screen) <= 640, path
         assert int(laid_out) <= int(screen), path
+
+
+def tenant_sync(ctx: cronjob.Round) -> None:
+    pass
+
+
+@pytest.fixture
+def busy_page_url(tmp_path: Path) -> Iterator[str]:
+    """A page as an operator of a busy deployment sees it: schedules made of data (a Task
+    column), jobs with several policies (a Policies column), a job running, one paused
+    with a reason, failures and missed instants."""
+    from cronjob import admin, schedules
+
+    url = f"sqlite:///{tmp_path / 'busy.sqlite'}"
+    clock = FakeClock(START)
+    registry = Registry()
+    registry.register(
+        nightly,
+        "0 0 * * * *",
+        "refresh-quarterly-revenue-report",
+        timeout=3600,
+        retries=3,
+        retry_backoff=30,
+        start_deadline=120,
+        overlap="buffer_one",
+        catch_up="all",
+        catch_up_window=6 * 3600,
+        jitter=30,
+    )
+    registry.register(invoices, "0 30 * * * *", "send-invoices", pause_after_failures=5)
+    registry.register_task(tenant_sync, "tenant-sync", timeout=600, retries=2)
+    with (
+        Scheduler(url, registry=registry, clock=clock, replica_id="web-replica-1.example.internal"),
+        Scheduler(url, registry=registry, clock=clock, replica_id="web-replica-2.example.internal"),
+    ):
+        for n in range(3):
+            schedules.add(url, f"tenant-{n:04d}-eu-west", task="tenant-sync", spec="0 */5 * * * *")
+        clock.advance(2 * 3600 + 120)
+        admin.pause(
+            url,
+            "send-invoices",
+            by="oncall@example.com",
+            reason="SMTP provider down",
+            now=clock.now(),
+        )
+    with (
+        Scheduler(url, registry=registry, clock=clock, replica_id="web-replica-1.example.internal"),
+        Scheduler(url, registry=registry, clock=clock, replica_id="web-replica-2.example.internal"),
+    ):
+        clock.advance(0)  # their records written
+        with served(web.wsgi_app(url, clock=clock)) as page:
+            yield page
+
+
+def test_the_jobs_table_fits_a_laptop_screen_with_every_column_in_view(
+    chromium, busy_page_url, tmp_path
+):
+    """At 1280 px the jobs table needs no sideways scroll: its last column (Policies) and
+    the Missed column are on screen, and so is every table's."""
+    shot = tmp_path / "laptop.png"
+    browse(chromium, busy_page_url, f"--screenshot={shot}", size=LAPTOP)
+    header = shot.read_bytes()[:24]
+    assert int.from_bytes(header[16:20], "big") == LAPTOP[0]
+    dom = browse(chromium, busy_page_url + "?measure=1", "--dump-dom", size=LAPTOP)
+    [(laid_out, screen)] = re.findall(r'data-widths="(\d+),(\d+)"', dom)
+    assert int(screen) >= 1200  # the laptop's layout, not a phone's
+    assert int(laid_out) <= int(screen)
+    [tables] = re.findall(r'data-tables="([^"]*)"', dom)
+    for table in tables.split():
+        wide, box = map(int, table.split("/"))
+        assert wide <= box, tables
+    [headers] = re.findall(r'data-headers="([^"]*)"', dom)
+    ends = dict(h.rsplit("@", 1) for h in headers.split("|"))
+    assert {"Task", "Missed", "Policies"} <= set(ends)
+    assert all(int(end) <= int(screen) for end in ends.values()), ends

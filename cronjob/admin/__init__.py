@@ -5,7 +5,8 @@ scheduler did ([status][cronjob.admin.status], a job's recent rounds in
 [history][cronjob.admin.history]), the pause ([pause][cronjob.admin.pause],
 [resume][cronjob.admin.resume]), a round now ([trigger][cronjob.admin.trigger],
 [wait][cronjob.admin.wait]), past instants run again ([backfill][cronjob.admin.backfill]),
-a retired job's record deleted ([forget][cronjob.admin.forget]). Each takes a schedule
+a retired job's record deleted ([forget][cronjob.admin.forget]), missed instants
+acknowledged ([acknowledge][cronjob.admin.acknowledge]). Each takes a schedule
 made of data (see [cronjob.schedules][]) by its id as it takes a job by its name. The
 `cronjob` command is built on these functions, and the status page ([cronjob.web][]) reads
 what they read.
@@ -17,13 +18,15 @@ the tables the replicas share. Importing this package does no I/O.
 # The layout. This package (public) is the admin API: _status reads what the scheduler
 # did (status), _rounds a job's recent rounds (history); _control writes the pause (pause,
 # resume); _trigger requests a round now (trigger, wait); _forget deletes a retired job's
-# record (forget); _scheduled reads the schedules made of data that they all take by id;
-# _base holds what they share (the database, the schema check, the errors).
-# _cli: the cronjob command (console script cronjob.admin._cli:main, python -m cronjob);
-# _run: cronjob run; _read_cli: status and history; _schedules_cli: schedules;
-# _control_cli: pause, resume, trigger, forget; _format: the cells the tables and the page
-# share. _web: the status page as a WSGI or ASGI app (public as cronjob.web); _page
-# renders its HTML. The engine that runs rounds is cronjob.engine.
+# record (forget); _missed counts the missed instants of the last day and _ack
+# acknowledges them (acknowledge); _job is a job as status reads it back; _scheduled
+# reads the schedules made of data that they all take by id; _base holds what they share
+# (the database, the schema check, the errors). _cli: the cronjob command (console script
+# cronjob.admin._cli:main, python -m cronjob); _run: cronjob run; _read_cli: status and
+# history; _schedules_cli: schedules; _control_cli: pause, resume, trigger, forget;
+# _ack_cli: missed; _format: the cells the tables and the page share. _web: the status
+# page as a WSGI or ASGI app (public as cronjob.web); _page renders its HTML. The engine
+# that runs rounds is cronjob.engine.
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from .._records import FAILED_OUTCOMES as FAILED_OUTCOMES
 from .._records import Outcome as Outcome
 from .._records import RoundRecord as RoundRecord
 from .._records import Why as Why
+from ._ack import acknowledge as acknowledge
 from ._backfill import BACKFILL_LIMIT as BACKFILL_LIMIT
 from ._backfill import Backfill as Backfill
 from ._backfill import BackfillCancelled as BackfillCancelled
@@ -54,6 +58,7 @@ from ._control import resume_all as resume_all
 from ._forget import ForgetRefused as ForgetRefused
 from ._forget import Forgotten as Forgotten
 from ._forget import forget as forget
+from ._job import Acknowledgement as Acknowledgement
 from ._job import Activity as Activity
 from ._job import JobStatus as JobStatus
 from ._outbox import UNSENT_AFTER as UNSENT_AFTER
@@ -76,6 +81,7 @@ from ._trigger import wait as wait
 
 __all__ = [
     "FAILED_OUTCOMES",
+    "Acknowledgement",
     "Activity",
     "Backfill",
     "BackfillCancelled",
@@ -101,6 +107,7 @@ __all__ = [
     "UNSENT_AFTER",
     "UnknownJob",
     "Why",
+    "acknowledge",
     "backfill",
     "cancel_backfill",
     "forget",

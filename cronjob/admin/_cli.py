@@ -31,6 +31,7 @@ from .._policy import policy_text
 from .._registry import Job, default_registry
 from .._schedule import DstMark, Schedule, parse
 from ..engine._options import DEFAULT_MAX_WORKERS
+from ._ack_cli import add_missed_command, run_missed
 from ._backfill_cli import add_backfill_command, run_backfill
 from ._control_cli import add_commands as add_control_commands
 from ._control_cli import run_forget, run_pause, run_resume, run_trigger
@@ -164,6 +165,7 @@ def _build_parser(prog: str, jobs_imported: bool) -> _Parser:
     add_schedules_command(commands, _DATABASE_HELP)
     add_control_commands(commands, _DATABASE_HELP)
     add_backfill_command(commands, _DATABASE_HELP, _instant)
+    add_missed_command(commands, _DATABASE_HELP, _instant)
     return parser
 
 
@@ -303,6 +305,7 @@ def main(
             "trigger": run_trigger,
             "forget": run_forget,
             "backfill": run_backfill,
+            "missed": run_missed,
             "schedules": run_schedules,
         }
         if args.command in commands:

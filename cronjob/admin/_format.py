@@ -84,6 +84,32 @@ def _pause_row(job: admin.JobStatus) -> list[str] | None:
     return [_cell(job.name), _cell(job.paused_by or "?"), _time(job.paused_since), reason]
 
 
+def _ack_row(job: admin.JobStatus) -> list[str] | None:
+    """``[JOB, INSTANTS, UP TO, BY, AT, REASON]`` of a job whose missed instants were
+    acknowledged, for the table of acknowledgements; ``None``: none."""
+    ack = job.acknowledgement
+    if ack is None:
+        return None
+    reason = _cell(ack.reason, REASON_WIDTH) if ack.reason else "-"
+    return [
+        _cell(job.name),
+        str(job.missed_acknowledged),
+        _time(ack.through),
+        _cell(ack.by or "?"),
+        _time(ack.at),
+        reason,
+    ]
+
+
+def _acknowledged(ack: admin.Acknowledgement) -> str:
+    """``acknowledged up to T by WHO at T (REASON)``, on one line."""
+    reason = f" ({_cell(ack.reason)})" if ack.reason else ""
+    return (
+        f"acknowledged up to {_time(ack.through)} UTC by {_cell(ack.by or '?')} at "
+        f"{_time(ack.at)}{reason}"
+    )
+
+
 def _last(job: admin.JobStatus) -> str:
     if job.last_outcome is None:
         return "-"

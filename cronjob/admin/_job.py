@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from .._records import Outcome
 from ._trigger import RequestStatus
 
-__all__ = ["Activity", "JobStatus"]
+__all__ = ["Acknowledgement", "Activity", "JobStatus"]
 
 
 class Activity(enum.StrEnum):
@@ -30,6 +30,18 @@ class Activity(enum.StrEnum):
     #: or removed from the code): never stale nor failing, no next instant. `forget`
     #: removes it (see [forget][cronjob.admin.forget]).
     RETIRED = "retired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acknowledgement:
+    """An operator's acknowledgement of a job's missed instants (`acknowledge`)."""
+
+    #: Every instant up to this one that no round ran stops counting as missed.
+    through: datetime
+    #: When it was made (the lease clock), by whom, why.
+    at: datetime | None
+    by: str | None
+    reason: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,9 +100,17 @@ class JobStatus:
     #: The task that runs it: a schedule's task (see `cronjob.schedules`); a registered
     #: job's own name for a registered job (the default, given none).
     task: str = ""
-    #: The instants of the last day that no round ran or accounted for (see
-    #: `cronjob.admin._missed`: overrun, paused, given up, missed deadline are accounted).
+    #: The instants of the last day that no round ran or accounted for, nor an operator
+    #: acknowledged (see `cronjob.admin._missed`: overrun, paused, given up, missed
+    #: deadline, skipped by its catch-up policy are accounted): any is a problem.
     missed: int = 0
+    #: The instants of the last day its catch-up policy passed over on purpose
+    #: (``catch_up="latest"``'s older ones, ``"none"``, past ``catch_up_window``).
+    skipped: int = 0
+    #: The missed instants of the last day an operator acknowledged (`acknowledge`), and
+    #: the latest acknowledgement (within the day, or reaching past it); not a problem.
+    missed_acknowledged: int = 0
+    acknowledgement: Acknowledgement | None = None
     #: A backfill's instants queued (see [backfill][cronjob.admin.backfill]), and the one
     #: running now (``None``: none).
     backfill_queued: int = 0

@@ -21,10 +21,17 @@ accounted for it:
   pause in force);
 - **outside start/end**: a schedule made of data has no instant outside its bounds.
 
-What is left did not run because no replica ran the job then — all down, all restarting,
-or the database unreachable (its instant was not caught up: the catch-up runs the latest
-only). A job whose replicas are all down right now is counted too: that is the alarm's
-purpose. A retired job (removed from the code, while some replica is live), a
+- **skipped by its policy**: a catch-up passed it over on purpose and said so in the
+  history (``catch_up="latest"`` runs the most recent of the instants owed,
+  ``catch_up="none"`` none, an instant past ``catch_up_window`` is not run: see
+  ``cronjob.engine._skipped``): counted apart (`JobStatus.skipped`), no problem.
+
+What is left did not run because no replica ran the job then and no catch-up has decided
+on it yet — all down, all restarting, or the database unreachable. A job whose replicas
+are all down right now is counted too: that is the alarm's purpose. An operator who
+knows why acknowledges them (`acknowledge`, ``cronjob missed NAME --ack``): those up to
+the acknowledged instant stay on record (`JobStatus.missed_acknowledged`) and stop
+counting as missed. A retired job (removed from the code, while some replica is live), a
 per-instance job (no state on record) and a removed schedule are not.
 
 Cost: one statement counts every job's instants on record for the day (`lease.Tally`); a
@@ -38,6 +45,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -48,13 +56,20 @@ import lease
 from .._jitter import jitter_delay
 from . import _scheduled
 from ._base import store_on
-from ._job import JobStatus
+from ._job import Acknowledgement, JobStatus
 from ._spec import schedule_of
 
 if TYPE_CHECKING:
     from .._schedule import Schedule
 
-__all__ = ["MISSED_GRACE", "MISSED_WINDOW", "missed", "progress", "shown"]
+__all__ = [
+    "MISSED_GRACE",
+    "MISSED_WINDOW",
+    "Missed",
+    "missed",
+    "progress",
+    "shown",
+]
 
 #: How far back `status` looks for missed instants.
 MISSED_WINDOW: Final = timedelta(days=1)
@@ -65,7 +80,21 @@ WINDOW_MS: Final = round(MISSED_WINDOW.total_seconds() * 1000)
 #: The most instants of one schedule looked at within the window (a schedule every
 #: second has 86,400 a day).
 INSTANTS_LIMIT: Final = 100_000
-_NOTES: Final = ("pause", "resume")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Missed:
+    """One job's instants of the last day that no round ran, as `missed` tells them."""
+
+    #: Nothing ran or accounted for them, nor acknowledged them: a problem.
+    missed: int = 0
+    #: A catch-up policy passed them over on purpose (a note in the history).
+    skipped: int = 0
+    #: An operator acknowledged them.
+    acknowledged: int = 0
+    #: The job's latest acknowledgement, if one was made within the last day or reaches
+    #: past it.
+    acknowledgement: Acknowledgement | None = None
 
 
 def progress(
@@ -90,14 +119,17 @@ def progress(
 
 def shown(
     job: JobStatus,
-    missed: int,
+    found: Missed | None,
     backfills: Mapping[str, tuple[int, datetime | None]],
     cancelled: Mapping[str, lease.BackfillCancellation],
 ) -> JobStatus:
-    """``job`` with its missed instants (a problem: `status` exits non-zero), its
-    backfill's progress and its latest cancellation (not a problem)."""
-    if not missed and job.name not in backfills and job.name not in cancelled:
+    """``job`` with its missed instants (a problem: `status` exits non-zero), those
+    skipped by its policy and those acknowledged (not a problem), its backfill's
+    progress and its latest cancellation (not a problem)."""
+    if found is None and job.name not in backfills and job.name not in cancelled:
         return job  # the common case: no copy (100,000 jobs in a status)
+    found = found or Missed()
+    missed = found.missed
     queued, running = backfills.get(job.name, (0, None))
     stop = cancelled.get(job.name)
     problems = job.problems
@@ -108,6 +140,9 @@ def shown(
     return dataclasses.replace(
         job,
         missed=missed,
+        skipped=found.skipped,
+        missed_acknowledged=found.acknowledged,
+        acknowledgement=found.acknowledgement,
         problems=problems,
         backfill_queued=queued,
         backfilling=running,
@@ -124,17 +159,25 @@ def missed(
     plans: Mapping[str, lease.ScheduleRow | None],
     on_record: Mapping[str, int],
     now: datetime,
-) -> dict[str, int]:
-    """Each counted job's missed instants (see the module docstring), by name; a job
-    with none is left out. ``on_record`` is `lease.Tally.on_record` since `MISSED_WINDOW`
-    ago; the rows of the jobs that fall short are read from ``database``."""
+) -> dict[str, Missed]:
+    """Each counted job's missed, skipped and acknowledged instants (see the module
+    docstring) and its latest acknowledgement, by name; a job with none of them is left
+    out. ``on_record`` is `lease.Tally.on_record` since `MISSED_WINDOW` ago; the rows of
+    the jobs that fall short are read from ``database``."""
     start, end = now - MISSED_WINDOW, now - MISSED_GRACE
     cache: dict[Schedule, list[datetime]] = {}
     owed: dict[str, list[datetime]] = {}
+    acks: dict[str, Acknowledgement] = {}
     for job in jobs:
         row, plan = rows.get(job.name), plans.get(job.name)
         if row is None or job.per_instance or job.activity.value == "retired":
             continue
+        if row.acked_through is not None and (
+            row.acked_through > start or (row.acked is not None and row.acked > start)
+        ):
+            acks[job.name] = Acknowledgement(
+                through=row.acked_through, at=row.acked, by=row.acked_by, reason=row.ack_reason
+            )
         if plan is not None and plan.removed:
             continue
         schedule = _scheduled.timing_of(plan) if plan is not None else schedule_of(job.spec)
@@ -157,15 +200,17 @@ def missed(
         # deployment) within the day, the count cannot tell, so the rows are read.
         if len(due) > on_record.get(job.name, 0) or since > start:
             owed[job.name] = due
+    found = {name: Missed(acknowledgement=ack) for name, ack in acks.items()}
     if not owed:
-        return {}
+        return found
     with store_on(database) as store:
         spans = lease.Tally(store).spans(owed, since_ms=_ms(start))
-    found = {}
     for name, due in owed.items():
-        count = _unaccounted(due, spans.get(name, []), rows[name], start, now)
-        if count:
-            found[name] = count
+        missed, skipped, acked = _unaccounted(due, spans.get(name, []), rows[name], start, now)
+        if missed or skipped or acked:
+            found[name] = Missed(
+                missed=missed, skipped=skipped, acknowledged=acked, acknowledgement=acks.get(name)
+            )
     return found
 
 
@@ -202,13 +247,19 @@ def _unaccounted(
     row: lease.LeaseRow,
     start: datetime,
     now: datetime,
-) -> int:
-    """How many of ``due`` nothing ran or accounted for (see the module docstring)."""
+) -> tuple[int, int, int]:
+    """Of ``due``, how many nothing ran or accounted for: missed, skipped by a catch-up
+    policy, acknowledged (see the module docstring)."""
     ran = {span.instant_s for span in spans if span.why not in lease.NOT_SCHEDULED}
     covered: list[tuple[int, int]] = []  # (from ms, to ms): held by a round, or paused
+    passed: list[tuple[int, int]] = []  # (first, last instant, ms): skipped by a policy
     paused_at: int | None = None
     for span in spans:  # oldest end first
-        if span.why == "pause":
+        if span.why == lease.SKIP_NOTE:
+            passed.append((span.started_ms, span.instant_s * 1000))
+        elif span.why == lease.ACK_NOTE:
+            continue  # on the row (``acked_through``)
+        elif span.why == "pause":
             paused_at = span.ended_ms
         elif span.why == "resume":
             covered.append((_ms(start) if paused_at is None else paused_at, span.ended_ms))
@@ -224,7 +275,7 @@ def _unaccounted(
     reach: list[int] = []  # the latest end among the spans that began by each one
     for _, b in covered:
         reach.append(max(b, reach[-1]) if reach else b)
-    count = 0
+    missed = skipped = acked = 0
     for instant in due:
         if int(instant.timestamp()) in ran or instant == row.instant:
             continue
@@ -232,5 +283,10 @@ def _unaccounted(
         i = bisect.bisect_right(starts, at)
         if i and reach[i - 1] >= at:
             continue  # overrun by a round, or paused
-        count += 1
-    return count
+        if any(first <= at <= last for first, last in passed):
+            skipped += 1
+        elif row.acked_through is not None and instant <= row.acked_through:
+            acked += 1
+        else:
+            missed += 1
+    return missed, skipped, acked

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from .. import admin
 from .._policy import policy_text
-from ._format import _backfill, _duration, _last, _state, _time
+from ._format import _acknowledged, _backfill, _duration, _last, _state, _time
 
 __all__ = ["error_page", "job_page", "jobs_page"]
 
@@ -36,6 +36,7 @@ table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; vertical-align: top; padding: .35rem .5rem;
          border-bottom: 1px solid var(--line); white-space: nowrap; }
 th { font-weight: 600; } td.wrap { white-space: normal; overflow-wrap: anywhere; }
+td.soft { white-space: normal; overflow-wrap: break-word; }
 .scroll { overflow-x: auto; }
 tr.problem td:first-child { border-left: 4px solid var(--bad); }
 code { font-size: .9em; } dl { display: grid; grid-template-columns: max-content 1fr;
@@ -98,13 +99,14 @@ def jobs_page(report: admin.Status, prefix: str) -> str:
                 "Last": _outcome_text(job.last_outcome, _last(job)),
                 "Duration": e(_duration(job.last_duration)),
                 "Failures": e(job.consecutive_failures if not job.per_instance else "-"),
+                "Missed": e(_missed(job)),
             }
             | ({"Policies": e(policy_text(job.policies) or "-")} if policies else {}),
             problem=bool(job.problems),
         )
         for job in jobs
     ]
-    headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures"]
+    headers = ["Job", "Schedule", "Next (UTC)", "State", "Last", "Duration", "Failures", "Missed"]
     if tasks:
         headers.insert(1, "Task")
     if policies:
@@ -167,6 +169,11 @@ def job_page(
         facts["Overrun instants skipped through"] = e(_time(job.skipped_through))
     if not job.per_instance:
         facts["Missed instants (last day)"] = e(job.missed)
+        facts["Skipped by its catch-up policy (last day)"] = e(job.skipped)
+    if job.acknowledgement is not None:
+        facts["Missed instants acknowledged"] = e(
+            f"{job.missed_acknowledged} of the last day; " + _acknowledged(job.acknowledgement)
+        )
     if job.backfill_queued or job.backfilling is not None or job.backfill_cancelled:
         facts["Backfill"] = e(_backfill(job))
     if job.specs_seen:
@@ -251,17 +258,24 @@ def _table(headers: list[str], rows: list[str], *, empty: str) -> str:
     )
 
 
-#: Columns whose text may be long: wrapped, where the others keep to one line.
+#: Columns whose text may be long: wrapped anywhere, where the others keep to one line.
 _WRAPPED = frozenset({"Error", "Trace id"})
+#: Columns of several words: wrapped between words, so that a table of every column fits
+#: a laptop's screen (1280 px) without a sideways scroll.
+_SOFT = frozenset({"Job", "Task", "State", "Last", "Policies", "Tasks", "Missed"})
 
 
 def _row(cells: dict[str, str], *, problem: bool) -> str:
     """A table row of cells already rendered; each labelled for the narrow layout."""
     tds = "".join(
-        f'<td data-label="{e(label)}"{" class=wrap" if label in _WRAPPED else ""}>{cell}</td>'
-        for label, cell in cells.items()
+        f'<td data-label="{e(label)}"{_class(label)}>{cell}</td>' for label, cell in cells.items()
     )
     return f'<tr class="problem">{tds}</tr>' if problem else f"<tr>{tds}</tr>"
+
+
+def _class(label: str) -> str:
+    """The class attribute of a cell of column ``label``: how it wraps."""
+    return " class=wrap" if label in _WRAPPED else " class=soft" if label in _SOFT else ""
 
 
 def _replicas(replicas: Sequence[admin.ReplicaStatus]) -> str:
@@ -303,6 +317,14 @@ def _retired(jobs: Sequence[admin.JobStatus], prefix: str) -> str:
     ]
     headers = ["Job", "Schedule", "Last", "Last success (UTC)"]
     return _table(headers, rows, empty="No retired job.")
+
+
+def _missed(job: admin.JobStatus) -> str:
+    """The Missed cell: the count, and those acknowledged beside it (``2 (+3 acked)``)."""
+    if job.per_instance:
+        return "-"
+    acked = f" (+{job.missed_acknowledged} acked)" if job.missed_acknowledged else ""
+    return f"{job.missed}{acked}"
 
 
 def _spec(job: admin.JobStatus) -> str:

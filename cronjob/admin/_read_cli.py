@@ -31,6 +31,7 @@ from .. import admin
 from .._policy import policy_text
 from ..engine._database import resolve_database
 from ._format import (
+    _ack_row,
     _cell,
     _duration,
     _last,
@@ -217,9 +218,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
                 _last(job),
                 _duration(job.last_duration),
                 str(job.consecutive_failures) if not job.per_instance else "-",
+                str(job.missed) if not job.per_instance else "-",
             ]
         )
-    headers = ["JOB", "SPEC", "NEXT (UTC)", "STATE", "LAST", "DURATION", "FAILURES"]
+    headers = ["JOB", "SPEC", "NEXT (UTC)", "STATE", "LAST", "DURATION", "FAILURES", "MISSED"]
     if any(job.task != job.name for job in jobs):  # a column once a schedule is shown
         headers.insert(1, "TASK")
         for row, job in zip(rows, jobs, strict=True):
@@ -236,6 +238,10 @@ def _print_status(report: admin.Status, out: TextIO) -> None:
     if pauses:  # who paused what, when and why: beside the jobs, not in their STATE cell
         print(file=out)
         _print_table(["PAUSED", "BY", "SINCE (UTC)", "REASON"], pauses, out)
+    acks = [row for row in map(_ack_row, report.jobs) if row is not None]
+    if acks:  # missed instants acknowledged: who, up to when, why
+        print(file=out)
+        _print_table(["ACKNOWLEDGED", "INSTANTS", "UP TO (UTC)", "BY", "AT", "REASON"], acks, out)
     if report.retired:
         if rows:
             print(file=out)

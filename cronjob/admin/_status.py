@@ -204,7 +204,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
     return Status(
         checked_at=checked_at,
         outbox=outbox,
-        jobs=tuple(_missed.shown(job, late.get(job.name, 0), backfills, stopped) for job in jobs),
+        jobs=tuple(_missed.shown(job, late.get(job.name), backfills, stopped) for job in jobs),
         replicas=tuple(
             ReplicaStatus(
                 id=r.holder,

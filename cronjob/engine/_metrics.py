@@ -238,20 +238,20 @@ def missed_before(schedule: Schedule, row: LeaseRow, instant: datetime, now: dat
     the row's latest claim, its first deployment, its timing's latest change
     (``spec_changed``), the overrun it records (``skipped_through``) and a day before
     ``now``; at most `SKIP_COUNT_LIMIT`."""
-    floor = max(
-        (
-            at
-            for at in (row.instant, row.deployed, row.skipped_through, row.spec_changed)
-            if at is not None
-        ),
-        default=now - MISSED_HORIZON,
-    )
-    floor = max(floor, now - MISSED_HORIZON)
-    count, when = 0, schedule.next(floor)
+    count, when = 0, schedule.next(catch_up_floor(row, now))
     while when is not None and when < instant and count < SKIP_COUNT_LIMIT:
         count += 1
         when = schedule.next(when)
     return count
+
+
+def catch_up_floor(row: LeaseRow, now: datetime) -> datetime:
+    """The moment after which a catch-up finds a job's instants missed: the row's latest
+    claim, its first deployment, its timing's latest change (``spec_changed``), the
+    overrun it records (``skipped_through``), and a day before ``now``, whichever is
+    latest."""
+    marks = (row.instant, row.deployed, row.skipped_through, row.spec_changed)
+    return max([at for at in marks if at is not None] + [now - MISSED_HORIZON])
 
 
 #: Measurements that go nowhere: a job's state built without a scheduler (tests).

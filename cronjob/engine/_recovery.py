@@ -27,6 +27,7 @@ Dispatcher thread only; the statements run on the control thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -41,6 +42,7 @@ from ._metrics import missed_before
 from ._overlap import oldest_owed
 from ._peers import Peers
 from ._ports import Claimer, Timetable
+from ._skipped import BY_LATEST, BY_NONE, BY_WINDOW, skip_note, write_notes
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 from ._wings import Wing
@@ -362,10 +364,12 @@ class Recovery:
         skipped. The job's policy bends the rule: ``catch_up="none"`` owes nothing,
         ``catch_up_window`` replaces the day, and ``catch_up="all"`` claims the oldest
         instant owed (its end claims the next, see ``_overlap``), unless the row's round
-        awaits its second run (the sweep's; its end goes on from there).
+        awaits its second run (the sweep's; its end goes on from there). The instants a
+        policy passes over go on record as skipped by it (see `_skipped`).
         """
         latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
         owed: dict[datetime, list[JobState]] = {}
+        notes: list[lease.RoundRow | None] = []
         ahead = now + timedelta(seconds=lease.CLAIM_AHEAD_LIMIT)
         for state in leased:
             row = rows.get(state.job.name)
@@ -380,11 +384,11 @@ class Recovery:
                     now.isoformat(),
                 )
             catch_up = state.job.policy.catch_up
-            if row is None or state.busy or state.retired or catch_up is CatchUp.NONE:
+            if row is None or state.busy or state.retired:
                 continue
             instant = state.job.schedule.prev(latest)
-            if instant is None or now - instant > state.job.policy.catch_up_window:
-                continue  # history, not a missed round
+            if instant is None:
+                continue
             if row.instant is not None:
                 if row.instant >= instant:
                     continue  # claimed already
@@ -398,12 +402,21 @@ class Recovery:
                 continue
             if row.skipped_through is not None and instant <= row.skipped_through:
                 continue  # overrun by a round that ran to its end
+            # What the policy does not run is on record as skipped by it (`_skipped`).
+            note = functools.partial(skip_note, state.job.name, state.job.schedule, row)
+            late = now - instant > state.job.policy.catch_up_window
+            if catch_up is CatchUp.NONE or late:  # history, not a round to run
+                by = BY_NONE if catch_up is CatchUp.NONE else BY_WINDOW
+                notes.append(note(instant, now, policy=by, holder=self._replica_id, through=True))
+                continue
             if catch_up is CatchUp.ALL:  # the oldest first; the others follow its end
                 if row.instant is not None and row.attempt == 1 and row.state in _UNENDED:
                     continue  # the sweep's second run of it comes first; the rest follow
                 instant = oldest_owed(state.job, row, instant, now)
+                notes.append(note(instant, now, policy=BY_WINDOW, holder=self._replica_id))
             else:  # the instants before the latest are not run: count them missed
                 state.missed = missed_before(state.job.schedule, row, instant, now)
+                notes.append(note(instant, now, policy=BY_LATEST, holder=self._replica_id))
             self._timetable.take(state)
             if state.starts_at(instant) > now:
                 # Its jitter's delay has not passed (a replica started within it): the
@@ -413,6 +426,7 @@ class Recovery:
             owed.setdefault(instant, []).append(state)
         for instant, states in owed.items():
             self._claims.claim(instant, states, reason=reason)
+        write_notes(self._control, self._store, [n for n in notes if n is not None])
 
     def next_wake(self, *, draining: bool) -> float | None:
         """The earliest monotonic time this part has something to do, or ``None``."""

@@ -21,6 +21,8 @@ that is also a [cronjob.CronjobError][]: [cronjob.ScheduleError][] for when the 
 fires (its spec, `at`, `start`, `end`), as registration raises for a spec, and
 [cronjob.RegistrationError][] for the rest (its id, task, args, policies). Catch
 `ValueError` to refuse a form's input whatever the field; each function says which.
+[check][cronjob.schedules.check] refuses as `add` does, writing nothing: a form's
+`clean()` calls it.
 """
 
 # The layout: _check (every value checked before anything is written), _api (the sync
@@ -45,6 +47,7 @@ from ._async import remove_async as remove_async
 from ._async import update_async as update_async
 from ._check import MAX_ARGS_BYTES as MAX_ARGS_BYTES
 from ._check import New as New
+from ._check import check as check
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -56,6 +59,7 @@ __all__ = [
     "add_async",
     "add_many",
     "add_many_async",
+    "check",
     "get",
     "get_async",
     "list",

@@ -16,7 +16,7 @@ from .._policy import CatchUp, Overlap
 from .._registry import Registry, _check_name
 from ._policies import OWN_POLICIES, policies_json
 
-__all__ = ["MAX_ARGS_BYTES", "New", "checked"]
+__all__ = ["MAX_ARGS_BYTES", "New", "check", "checked"]
 
 _TICK: Final = timedelta(microseconds=1)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -186,4 +186,54 @@ def checked(new: New, *, registry: Registry | None = None) -> lease.ScheduleRow:
         # without stays format 1, which every release since 0008 runs.
         format=1 if policies is None else lease.POLICIES_FORMAT,
         policies=policies,
+    )
+
+
+def check(
+    id: str,
+    *,
+    task: str,
+    spec: str | None = None,
+    at: datetime | None = None,
+    args: dict[str, Any] | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    registry: Registry | None = None,
+    overlap: Overlap | str | None = None,
+    catch_up: CatchUp | str | None = None,
+    catch_up_window: float | timedelta | None = None,
+    jitter: float | timedelta | None = None,
+    heartbeat: str | None = None,
+) -> None:
+    """Refuse the schedule [add][cronjob.schedules.add] would refuse for its values,
+    writing nothing and reading no database: for a form's ``clean()``, before the
+    schedule is added or updated.
+
+    What needs the database is left to ``add``: an id already taken by a schedule or a
+    job, and the database's own failures. Every argument is as for
+    [add][cronjob.schedules.add] (``id``, ``task``, ``spec`` or ``at``, ``args``,
+    ``start``, ``end``, ``registry``, and the schedule's own policies).
+
+    Raises:
+        RegistrationError: a bad id, task name or args, a task ``registry`` does not
+            hold, a policy registration would refuse (a `ValueError`).
+        ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
+            ``start``, neither or both of ``spec`` and ``at`` (a `ValueError`).
+    """
+    checked(
+        New(
+            id,
+            task,
+            spec,
+            at,
+            {} if args is None else args,
+            start,
+            end,
+            overlap=overlap,
+            catch_up=catch_up,
+            catch_up_window=catch_up_window,
+            jitter=jitter,
+            heartbeat=heartbeat,
+        ),
+        registry=registry,
     )

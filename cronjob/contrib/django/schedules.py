@@ -35,6 +35,7 @@ from sqlalchemy.pool import NullPool
 from ..._policy import CatchUp, Overlap
 from ..._registry import Registry
 from ...schedules import IfExists, New, ScheduleRecord, _api
+from ...schedules import check as check
 from ._database import database_alias
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "ScheduleRecord",
     "add",
     "add_many",
+    "check",
     "get",
     "list",
     "remove",
