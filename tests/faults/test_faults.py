@@ -5,9 +5,10 @@ Each scenario is its own test, parametrised (``db``) over the databases it appli
 with a lease table of its own (a schema, a database, a file). To keep the profile within
 a few minutes, the first test that needs a database starts every selected scenario on
 every selected database at once, each in a thread of its own, and each test then waits
-for its scenario's outcome. The scenarios that restart a server (PostgreSQL, MariaDB)
-run alone, one after the other, after all the others (a restart cuts every session on
-the server, other people's included, so they are kept short and last).
+for its scenario's outcome. The scenarios that restart a server (PostgreSQL, MariaDB;
+marked ``restart``) run alone, one after the other, after all the others (a restart cuts
+every session on the server, other people's included, so they are kept short and last:
+scripts/test runs them in a pytest run of their own, ``-m restart``, after the rest).
 
 Each scenario returns the figures it measured; they are written to ``result.json`` in
 the scenario's folder (see ``harness.RUNS_DIR``) and printed with ``pytest -s``.
@@ -57,7 +58,10 @@ from .harness import (
     wall_now,
 )
 
-pytestmark = pytest.mark.faults
+#: ``xdist_group``: under ``--dist loadgroup`` (scripts/test) the whole module runs on one
+#: worker, so the scenarios are launched once, together (:func:`launched`), while the other
+#: workers run the rest of the suite.
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("fault-scenarios")]
 
 #: A password that must never appear in any output.
 SECRET = "S3cretPassw0rd-faults"
@@ -1484,6 +1488,7 @@ def test_missing_module():
 # -- last, alone: the database server restarted under load ---------------------------------
 
 
+@pytest.mark.restart
 @on("postgres", "mysql", cannot={"sqlite": NO_SERVER})
 def test_server_restart(launched, db):
     """The server restarted under load (one short restart, after every other scenario):
