@@ -77,6 +77,10 @@ class Why(enum.StrEnum):
     #: An instant of the past that had no round on record, run by a backfill
     #: (`cronjob.admin.backfill`); ``requested_by`` says who asked.
     BACKFILL = "backfill"
+    #: Not a run: an unfinished round (cut short, never run again) that a later
+    #: instant's claim gave up; outcome ``'given up'``, the record's ``replica`` the one
+    #: that claimed the later instant.
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
