@@ -86,6 +86,10 @@ class Why(enum.StrEnum):
     #: ``instant`` (`cronjob.admin.acknowledge`); ``replica`` is who, outcome
     #: ``'acknowledged'``.
     ACK = "ack"
+    #: Not a run: an unfinished round (cut short, never run again) that a later
+    #: instant's claim gave up; outcome ``'given up'``, the record's ``replica`` the one
+    #: that claimed the later instant.
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._exceptions import Cancelled, LeaseLost, Retry
 from ._occurrence import occurrence_id
+from ._records import Why
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Dialect, Select
@@ -26,13 +27,22 @@ __all__ = ["Outcome", "Round", "Trigger", "classify"]
 class Trigger(enum.StrEnum):
     """What started a round (`Round.trigger`)."""
 
-    #: The schedule: its instant came (also a catch-up, a second run, a start-up round).
+    #: The schedule: its instant came (also a catch-up, a second run, a retry, a start-up
+    #: round: [Round.why][cronjob.Round] tells them apart).
     SCHEDULE = "schedule"
     #: An operator asked for it now (``cronjob trigger``, `cronjob.admin.trigger`).
     MANUAL = "manual"
     #: An operator asked for an instant of the past (``cronjob backfill``,
     #: `cronjob.admin.backfill`): ``ctx.instant`` is that instant.
     BACKFILL = "backfill"
+
+
+#: A round's `Round.why` when none is given: its trigger's.
+_TRIGGER_WHY = {
+    Trigger.SCHEDULE: Why.SCHEDULE,
+    Trigger.MANUAL: Why.MANUAL,
+    Trigger.BACKFILL: Why.BACKFILL,
+}
 
 
 class Outcome(enum.Enum):
@@ -94,7 +104,17 @@ class Round:
         attempt: 1, or 2 for the second run of a round cut short; with the job's
             ``retries``, each further attempt of the instant counts on (2, 3, …).
         trigger: `Trigger.SCHEDULE`, or `Trigger.MANUAL` for a round an
-            operator asked for; a manual round never moves the schedule.
+            operator asked for (`Trigger.BACKFILL` for an instant of the past); a
+            manual round never moves the schedule.
+        why: Why this round runs, in the words of its history row
+            ([cronjob.admin.Why][cronjob.admin.Why]): ``SCHEDULE`` (its instant came,
+            also a round that waited for the one before, ``overlap=``), ``CATCH_UP``
+            (an instant start-up or the end of a database outage owed), ``RERUN`` (the
+            second run of a round cut short), ``RETRY`` (a further attempt, the job's
+            ``retries``), ``START`` (``run_at_start=True``), ``MANUAL``, ``BACKFILL``.
+            A job that must not redo a catch-up's work late checks
+            ``ctx.why is Why.CATCH_UP``; ``trigger`` stays ``SCHEDULE`` for all but
+            the last two.
         requested_by: Who asked for a manual round (``user@host`` unless told); ``None``
             for a scheduled one.
         trace_id: The round's trace id (32 hex digits, W3C format), in its logs and SQL.
@@ -123,6 +143,7 @@ class Round:
         "requested_by",
         "trace_id",
         "trigger",
+        "why",
     )
 
     def __init__(
@@ -139,6 +160,7 @@ class Round:
         fence: FenceCheck | None = None,
         trigger: Trigger = Trigger.SCHEDULE,
         requested_by: str | None = None,
+        why: Why | None = None,
         task: str | None = None,
         args: str | None = None,
         app: str = "",
@@ -149,6 +171,7 @@ class Round:
         # A schedule's (task, JSON text of its args); None for a registered job's round.
         self._data = None if task is None else (task, args or "{}")
         self.trigger = trigger
+        self.why = why if why is not None else _TRIGGER_WHY[trigger]
         self.requested_by = requested_by
         self.instant = instant
         self.attempt = attempt

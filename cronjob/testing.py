@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ._clock import Clock
 from ._exceptions import Cancelled
 from ._fakeclock import FakeClock as FakeClock
+from ._records import Why
 from ._registry import Job, Registry
-from ._round import Outcome, Round, classify
+from ._round import Outcome, Round, Trigger, classify
 from .engine._database import is_async_engine
 from .engine._scheduler import Scheduler
 
@@ -111,6 +112,7 @@ def make_round(
     replica: str = "test",
     clock: Clock | None = None,
     cancelled: Cancelled | None = None,
+    why: Why = Why.SCHEDULE,
 ) -> Round:
     """Build the round a job receives, to call the job directly in a unit test.
 
@@ -118,7 +120,9 @@ def make_round(
     plain transaction on ``engine``: no lease, so no fencing. ``ctx.wait`` runs on
     ``clock`` (a ``FakeClock`` starting at ``instant`` by default). ``cancelled`` (a
     [Shutdown][cronjob.Shutdown] or [LeaseLost][cronjob.LeaseLost]) cancels the round up
-    front, to test what the job does then.
+    front, to test what the job does then. ``why`` is the round's
+    [Round.why][cronjob.Round] (a catch-up, a retry, …; its ``trigger`` follows), to
+    test a job's branch on it.
 
     Raises:
         ValueError: ``instant`` is naive.
@@ -152,6 +156,9 @@ def make_round(
         clock=clock if clock is not None else FakeClock(instant),
         transaction=transaction,
         transaction_async=transaction_async,
+        why=why,
+        # The trigger that goes with it: an operator's for a manual round or a backfill.
+        trigger=Trigger(why.value) if why in (Why.MANUAL, Why.BACKFILL) else Trigger.SCHEDULE,
     )
     if cancelled is not None:
         ctx._cancel(cancelled)

@@ -23,6 +23,7 @@ from ._records import (
     prune_statement,
     replica_from,
     round_from,
+    round_values,
 )
 from ._rows import (
     _EPOCH,
@@ -75,6 +76,17 @@ class _History(_StoreCore):
         with translate_errors("read the history"), self._transaction(read=True) as conn:
             rows = conn.execute(stmt).mappings().all()
         return [round_from(row) for row in rows]
+
+    def add_rounds(self, records: Collection[RoundRow]) -> None:
+        """Add ``records`` to the history, touching no lease row: the rounds given up
+        whose lease is no longer theirs to write (lost, or replaced by a later claim),
+        which must still be on record. One statement; none for an empty ``records``.
+        """
+        if not records:
+            return
+        values = [round_values(record) for record in records]
+        with translate_errors("add rounds to the history"), self._transaction() as conn:
+            conn.execute(_h.insert(), values)
 
     def replicas(
         self, *, seen_since_ms: int, holders: Collection[str] | None = None

@@ -423,11 +423,12 @@ def read_schedules(
 
 
 def schedule_changes(
-    store: LeaseStore, since: int | None, *, wait: bool = False, tasks: Collection[str] = ()
+    store: LeaseStore, since: int | None, *, wait: bool = False, tasks: Collection[str] | None = ()
 ) -> tuple[int, list[ScheduleRow]]:
     """What a replica reads to follow the schedules, in one transaction on ``store``'s
     engine: the counter, and the rows changed since ``since`` (tombstones included), or
-    with ``since`` ``None`` every live row of ``tasks``. Rows changed since are read only
+    with ``since`` ``None`` every live row of ``tasks`` (of every task with ``tasks``
+    ``None``: the reader counts those it does not run). Rows changed since are read only
     when the counter moved: the usual poll is one row read by its key.
 
     Each read is one statement, so it sees the commits up to some moment whole; and a
@@ -439,11 +440,11 @@ def schedule_changes(
         The counter value the rows are complete up to (rows stamped higher that committed
         meanwhile may be among them: reading them again is harmless), and the rows.
     """
-    wanted = set(tasks)
+    wanted = None if tasks is None else set(tasks)
     with store._transaction() as conn:
         rev = read_schedule_rev(conn, wait=wait)
         if since is None:  # every live row, in one statement; other tasks' left out here
-            rows = [row for row in read_schedules(conn) if row.task in wanted]
+            rows = [row for row in read_schedules(conn) if wanted is None or row.task in wanted]
         elif rev == since:
             return rev, []
         else:

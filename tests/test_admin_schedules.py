@@ -131,7 +131,7 @@ class TestStatus:
         report = admin.status(engine)
         found = job(report, "report:42")
         assert found.problems == ("no replica runs task report",)
-        assert found.activity is admin.Activity.IDLE  # never retired
+        assert found.activity is admin.Activity.ORPHANED  # never retired, nor idle
         assert not report.healthy and report.retired == ()
         assert report.problems == ("report:42: no replica runs task report",)
 
@@ -283,6 +283,8 @@ class TestCommands:
         assert lines[1].split()[:2] == ["report:42", "report"]
         assert lines[2].split()[:2] == ["sync:1", "sync"]
         assert err == "cronjob: job needs attention: sync:1: no replica runs task sync\n"
+        # The STATE column says what it is: no replica runs it.
+        assert "orphaned" in lines[2].split() and "idle" not in lines[2].split()
 
     def test_status_lists_the_tasks_each_replica_registers(self, db, capsys):
         engine, url = db
@@ -305,6 +307,7 @@ class TestCommands:
         assert status == 1 and report["healthy"] is False
         (found,) = report["jobs"]
         assert found["task"] == "sync" and found["problems"] == ["no replica runs task sync"]
+        assert found["activity"] == "orphaned"
 
     def test_status_task_filters_to_the_schedules_of_a_task(self, db, capsys):
         engine, url = db
@@ -397,6 +400,7 @@ class TestPage:
         assert "<th>Task</th>" in body
         assert "report:&lt;b&gt;" in body and "<b>" not in body and "<i>" not in body
         assert "no replica runs task sync&lt;i&gt;" in body
+        assert ">orphaned<" in body  # its state, as the table's
         assert "<th>Tasks</th>" in body and '<td data-label="Tasks">report</td>' in body
 
     def test_a_schedules_own_page_names_its_task(self, db):

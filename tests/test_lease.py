@@ -1304,3 +1304,24 @@ class TestErrors:
     )
     def test_supported_dialects_pass(self, url):
         lease.check_dialect(sa.create_engine(url))
+
+
+class TestAddRounds:
+    def test_it_adds_history_rows_without_touching_the_lease_row(self, store):
+        """A round given up whose lease is no longer its own still goes on record."""
+        at = datetime(2026, 3, 2, 9, 1, tzinfo=UTC)
+        row = lease.RoundRow(
+            name="job",
+            instant=at,
+            attempt=2,
+            holder="a",
+            why="retry",
+            started=at,
+            ended=at,
+            outcome="given up",
+            error="retry given up: x",
+        )
+        store.add_rounds([])
+        store.add_rounds([row])
+        assert store.rounds("job", limit=5) == [row]
+        assert store.read(["job"]) == {}

@@ -316,7 +316,7 @@ class TestSurface:
             "tell_schedules_changed",
             "unstorable",
             "update_schedule",
-]
+        ]
 
     def test_public_objects_carry_the_public_module(self):
         for name in lease.__all__:

@@ -30,6 +30,11 @@ class Activity(enum.StrEnum):
     #: or removed from the code): never stale nor failing, no next instant. `forget`
     #: removes it (see [forget][cronjob.admin.forget]).
     RETIRED = "retired"
+    #: A schedule made of data whose task no live replica registers, while some replica
+    #: is live (a task misspelt, or added without the ``registry=`` its replicas use):
+    #: none of its instants runs until a replica registers the task. A problem too
+    #: (``no replica runs task T``); unlike `RETIRED`, never on purpose.
+    ORPHANED = "orphaned"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

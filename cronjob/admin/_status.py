@@ -318,6 +318,8 @@ def _job_status(
             if retired
             else Activity.PAUSED
             if row is not None and row.paused is not None
+            else Activity.ORPHANED
+            if unrun
             else Activity.IDLE
         ),
         running_on=row.holder if running and row is not None else None,

@@ -41,6 +41,7 @@ import lease
 from .. import _exceptions
 from .._clock import SystemClock
 from .._exceptions import Cancelled, LeaseLost, TimedOut
+from .._records import Why
 from .._round import Round, Trigger, lease_lost
 from ._childdb import ChildDatabase
 
@@ -64,7 +65,7 @@ class ChildSpec:
     Attributes:
         fn: The job's function, pickled by reference (module and name).
         is_async: ``fn`` returns a coroutine: the child runs it with `asyncio.run`.
-        name, instant, attempt, replica, trace_id, trigger, requested_by, task, args:
+        name, instant, attempt, replica, trace_id, trigger, why, requested_by, task, args:
             The round's identity, as on the parent's [Round][cronjob.Round]
             (``args`` as the JSON text; ``task`` ``None`` for a registered job).
         span_id: The round's root span id in the parent, or ``None`` (no SDK there):
@@ -85,6 +86,7 @@ class ChildSpec:
     trace_id: str
     span_id: str | None
     trigger: str
+    why: str
     requested_by: str | None
     task: str | None
     args: str | None
@@ -137,6 +139,7 @@ def child_main(spec: ChildSpec, conn: Pipe) -> None:
         clock=SystemClock(),
         transaction=lambda ctx: _fenced(spec, ctx, engine, store),
         trigger=Trigger(spec.trigger),
+        why=Why(spec.why),
         requested_by=spec.requested_by,
         task=spec.task,
         args=spec.args,

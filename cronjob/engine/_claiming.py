@@ -28,6 +28,7 @@ import lease
 
 from .._clock import Clock
 from ._control import Control
+from ._decided import noting_given_up
 from ._giveback import GiveBacks
 from ._keeper import too_late
 from ._lead import LEAD_MAX, ClaimLead
@@ -90,6 +91,8 @@ class Claims:
         control: Runs the statements.
         flags: The scheduler's life flags.
         peers: The live replicas and each one's share of an instant.
+        history: Whether the round history is kept: the unfinished rounds a claim gives
+            up are then put in it (see `noting_given_up`).
 
     The façade then wires in `outage` (told how the database answered each claim) and
     `missed` (told the names a claim did not win).
@@ -109,8 +112,10 @@ class Claims:
         control: Control,
         flags: Flags,
         peers: Peers,
+        history: bool = True,
     ) -> None:
         self._timetable = timetable
+        self._history = history
         self._starter = starter
         self._runs = runs
         self._max_workers = max_workers
@@ -438,6 +443,8 @@ class Claims:
             def work() -> lease.ClaimBatch:
                 return store.claim_batch(names, instant, holder, due=due)
 
+        if self._history:  # the unfinished rounds a claim gives up go on record
+            work = noting_given_up(work, store=store, holder=holder, clock=self._clock)
         self._control.run(work, done, self._give_backs.give_back)
 
     def _hand_on(

@@ -140,6 +140,8 @@ class DataSchedules(Wing):
         self._retimed = retimed
         #: Catches up schedules loaded after start-up (its load failed): start-up's rule.
         self._late = late
+        #: The tasks not registered here whose schedules were logged (once per task).
+        self._told_tasks: set[str] = set()
         #: The job of each schedule dropped lately (its last round's end still reports).
         self._dropped: dict[str, Job] = {}
         #: The counter value the schedules held here are complete up to; ``None``: not
@@ -202,7 +204,8 @@ class DataSchedules(Wing):
             if self._again:  # told of a commit the load may have read before
                 self._poll(told=True)
 
-        self._reads.run(lambda: lease.schedule_changes(store, None, tasks=tasks), done)
+        # Every task's rows: those of tasks not registered here are counted, and told.
+        self._reads.run(lambda: lease.schedule_changes(store, None, tasks=None), done)
 
     def next_wake(self, *, draining: bool) -> float | None:
         """When the next poll is due (monotonic), or ``None`` (none while draining)."""
@@ -279,6 +282,7 @@ class DataSchedules(Wing):
         fresh: list[tuple[JobState, Job | None]] = []  # with the job it replaced
         added: list[JobState] = []
         dropped: list[str] = []
+        unknown: dict[str, int] = {}  # live schedules of tasks not registered here
         for row in rows:
             task = None if row.removed else self._tasks.get(row.task)
             if task is not None and row.format > lease.SCHEDULE_FORMAT:
@@ -296,6 +300,8 @@ class DataSchedules(Wing):
             if task is None:
                 if state is not None:
                     dropped.append(self._drop(state))
+                elif not row.removed and row.task not in self._tasks:
+                    unknown[row.task] = unknown.get(row.task, 0) + 1
                 continue
             try:
                 job = job_of(row, task)
@@ -320,6 +326,8 @@ class DataSchedules(Wing):
                 if old.schedule != job.schedule or type(old.schedule) is not type(job.schedule):
                     state.changed = now
             fresh.append((state, old))
+        if unknown:
+            self._tell_unknown(unknown)
         for state, old in fresh:
             self._schedule(state, now, old)
         if added or dropped:
@@ -329,6 +337,21 @@ class DataSchedules(Wing):
         if ensure and fresh:
             self._ensure([state for state, _old in fresh], now)
         return added
+
+    def _tell_unknown(self, unknown: dict[str, int]) -> None:
+        """Log, once per task for this replica's life, the schedules that name a task it
+        does not register (``unknown``: how many of each task, in the rows just read): a
+        schedule added for a task no replica registers would otherwise never run, and
+        say so nowhere but in ``cronjob status``. One line per task, however many rows."""
+        for name in sorted(unknown.keys() - self._told_tasks):
+            self._told_tasks.add(name)
+            log.warning(
+                "%d schedule(s) name task %r, which this replica does not register: only "
+                "a replica that registers it runs them (cronjob status shows them as "
+                "orphaned when none does)",
+                unknown[name],
+                name,
+            )
 
     def _schedule(self, state: JobState, now: datetime, old: Job | None) -> None:
         """Schedule a new or changed schedule from now (a round in flight: from its end).

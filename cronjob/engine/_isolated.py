@@ -130,6 +130,7 @@ class ChildRounds:
             trace_id=ctx.trace_id,
             span_id=None if unit is None else unit.span_id,
             trigger=ctx.trigger.value,
+            why=ctx.why.value,
             requested_by=ctx.requested_by,
             task=None if ctx._data is None else ctx._data[0],
             args=None if ctx._data is None else ctx._data[1],

@@ -321,17 +321,29 @@ class PolicyTimers:
 
     def _give_up(self, run: Run, why: str | None) -> None:
         """Give back the lease of a round whose retry will not start: on record as given
-        up (its row's attempt is 2 already), free for the job's next instant at once."""
+        up (its row's attempt is 2 already), free for the job's next instant at once.
+        With ``why`` (logged), the attempt that never started is in the history too, as
+        ``'given up'``, its lease lost or not (see `DecidedEnds.record_given_up`)."""
         ctx, token = run.ctx, run.token
         if why is not None:
+            failure = _last_failure(run)
             log.warning(
                 "round of job %r instant %s: its retry (attempt %d) is given up: %s",
                 ctx.name,
                 ctx.instant.isoformat(),
                 ctx.attempt + 1,
                 why,
-                exc_info=_last_failure(run),
+                exc_info=failure,
             )
+            if token is None or self._flags.crashed:
+                return
+            # On record, as every attempt given up: `cronjob history --failed` shows it.
+            error = f"retry given up: {why}"
+            if failure is not None:
+                error = f"{error}; attempt {ctx.attempt}: {error_summary(failure)}"
+            ends, lost = self._decided, run.lost_at is not None
+            self._control.run(lambda: ends.record_given_up(run, error, lost=lost), _ignore)
+            return
         if token is None or run.lost_at is not None or self._flags.crashed:
             return
         name, store = ctx.name, self._store

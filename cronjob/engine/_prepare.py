@@ -98,6 +98,7 @@ class RoundMaker:
                 else Trigger.MANUAL
             ),
             requested_by=None if request is None else request.requested_by,
+            why=reason.word,
             task=pinned.task,
             args=pinned.args,
             app=self._app,

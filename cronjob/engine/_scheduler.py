@@ -305,6 +305,7 @@ class Scheduler:
             meter_provider=self._meter_provider,
             migrate=self._migrate,
             describe_database=self._describe_database,
+            history=self._history is not None,
         )
         inbox, self._inbox, self._control = core.inbox, core.inbox, core.control
         dispatcher, recovery = core.dispatcher, core.recovery

@@ -16,6 +16,7 @@ from typing import Protocol
 import lease
 
 from .._jitter import jitter_delay
+from .._records import Why
 from .._registry import Job
 from .._round import Outcome, Round
 from ._metrics import NO_METRICS, JobMetrics
@@ -65,11 +66,14 @@ class Reason(enum.Enum):
 
     text: str
     why: str
+    word: Why
 
     def __init__(self, value: str) -> None:
         self.text = value
         # The reason in the history's words: an outage's catch-up is a catch-up.
         self.why = _WHY.get(value, value)
+        #: The same as a member of `cronjob.admin.Why`: the round's ``ctx.why``.
+        self.word = Why(self.why)
 
 
 @dataclass(eq=False, slots=True)

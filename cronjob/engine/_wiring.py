@@ -99,11 +99,13 @@ def wire_core(
     max_workers: int,
     meter_provider: MeterProvider | None,
     migrate: Callable[[], None],
+    history: bool = True,
     describe_database: Callable[[], str],
 ) -> Core:
     """Build the inbox, the control thread's queue, the jobs' states, the heap, the
     claims, the rounds in flight, recovery, the sweep and the wings of backfills and the
-    outbox. Starts no thread."""
+    outbox. Starts no thread. ``history``: whether the round history is kept (the
+    claims put the rounds they give up on record)."""
     inbox = Inbox(clock)
     control = Control(clock, inbox)
     from .._version import __version__
@@ -142,6 +144,7 @@ def wire_core(
         control=control,
         flags=flags,
         peers=peers,
+        history=history,
     )
     wings: list[Wing] = []
     requests = Requests(
