@@ -401,7 +401,7 @@ class TestPage:
         assert "report:&lt;b&gt;" in body and "<b>" not in body and "<i>" not in body
         assert "no replica runs task sync&lt;i&gt;" in body
         assert ">orphaned<" in body  # its state, as the table's
-        assert "<th>Tasks</th>" in body and '<td data-label="Tasks">report</td>' in body
+        assert "<th>Tasks</th>" in body and '<td data-label="Tasks" class=soft>report</td>' in body
 
     def test_a_schedules_own_page_names_its_task(self, db):
         engine, _ = db

@@ -48,9 +48,11 @@ class TestWhyARoundRuns:
             (at(hours=3), 1, Trigger.SCHEDULE, Why.CATCH_UP),
             (at(hours=4), 1, Trigger.SCHEDULE, Why.SCHEDULE),
         ]
-        # The round's word is its history row's.
+        # The round's word is its history row's (11:00, passed over by catch_up="latest",
+        # is on record as a note beside them).
         assert [r.why for r in reversed(admin.history(url, "hourly"))] == [
             Why.SCHEDULE,
+            Why.SKIPPED,
             Why.CATCH_UP,
             Why.SCHEDULE,
         ]
@@ -88,6 +90,7 @@ class TestWhyARoundRuns:
         registry = Registry()
         registry.register(seen.note, "0 0 * * * *", "hourly")
         replicas(registry, "a")
+        clock.advance(1)  # the replica's start is on record (its first sweep)
         admin.trigger(url, "hourly", by="ops", now=clock.now())
         clock.advance(20)  # within a sweep
         assert [(trigger, why) for _, _, trigger, why in seen.seen] == [
