@@ -310,13 +310,14 @@ class TestSurface:
             "schedule_changes",
             "schedule_lease_rows",
             "schedule_values",
+            "set_paused_on",
             "sync_url",
             "taken_schedule_ids",
             "tell_on_commit",
             "tell_schedules_changed",
             "unstorable",
             "update_schedule",
-]
+        ]
 
     def test_public_objects_carry_the_public_module(self):
         for name in lease.__all__:
