@@ -86,6 +86,7 @@ from ._outbox import record_publication as record_publication
 from ._outbox import release_once as release_once
 from ._outbox import resolve_obsolete as resolve_obsolete
 from ._pause import paused_names as paused_names
+from ._pause import set_paused_on as set_paused_on
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
 from ._records import DEFAULT_HISTORY_DAYS as DEFAULT_HISTORY_DAYS
 from ._records import DEFAULT_HISTORY_PER_NAME as DEFAULT_HISTORY_PER_NAME
@@ -242,6 +243,7 @@ __all__ = [
     "schedule_changes",
     "schedule_lease_rows",
     "schedule_values",
+    "set_paused_on",
     "sync_url",
     "taken_schedule_ids",
     "tell_on_commit",

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from ._core import _h, _StoreCore, _t
+from ._dialect import _db_now_ms
 from ._exceptions import translate_errors
 from ._records import (
     RoundRow,
@@ -59,53 +60,9 @@ class _Pause(_StoreCore):
         if wanted == []:
             return []
         now = self.now_ms() if now_ms is None else now_ms
-        which = _t.c.paused_ms.is_(None) if paused else _t.c.paused_ms.is_not(None)
-        where = [which, ~_t.c.name.startswith(" ")]
-        if wanted is not None:
-            where.append(_t.c.name.in_(wanted))
-        if paused:
-            values: dict[Any, Any] = {
-                _t.c.paused_ms: now,
-                _t.c.paused_by: by,
-                _t.c.pause_reason: reason,
-            }
-        else:
-            seconds = now // 1000
-            values = {
-                _t.c.paused_ms: None,
-                _t.c.paused_by: None,
-                _t.c.pause_reason: None,
-                _t.c.skipped_through: sa.case(
-                    (_t.c.skipped_through > seconds, _t.c.skipped_through), else_=seconds
-                ),
-            }
         verb = "pause" if paused else "resume"
         with translate_errors(f"{verb} jobs"), self._transaction() as conn:
-            found = sorted(
-                # In name order, as a batch of ends of several groups locks its rows.
-                conn.execute(
-                    sa.select(_t.c.name).where(*where).order_by(_t.c.name).with_for_update()
-                ).scalars()
-            )
-            if not found:
-                return []
-            conn.execute(_t.update().where(_t.c.name.in_(found), which).values(values))
-            at = _EPOCH + now * _MS
-            notes = [
-                RoundRow(
-                    name=name,
-                    instant=at.replace(microsecond=0),
-                    attempt=1,
-                    holder=by,
-                    why=verb,
-                    started=at,
-                    ended=at,
-                    outcome=f"{verb}d",
-                )
-                for name in found
-            ]
-            conn.execute(_h.insert(), [round_values(note) for note in notes])
-        return found
+            return _set_paused(conn, wanted, paused=paused, by=by, reason=reason, now_ms=now)
 
 
 def paused_names(conn: Connection, names: Collection[str] | None = None) -> set[str]:
@@ -120,3 +77,93 @@ def paused_names(conn: Connection, names: Collection[str] | None = None) -> set[
     with translate_errors("read paused leases"):
         found = set(conn.execute(stmt).scalars())
     return found if names is None else found & set(names)
+
+
+def set_paused_on(
+    conn: Connection,
+    names: Iterable[str],
+    *,
+    paused: bool,
+    by: str,
+    reason: str | None = None,
+) -> list[str]:
+    """[LeaseStore.set_paused][lease.LeaseStore.set_paused] for ``names`` on ``conn``, in
+    its transaction (the caller commits or rolls back), at the database's clock; for a
+    caller that writes on a connection it was lent (Django's), where a store's own
+    transactions and session settings have no place.
+
+    Returns the names whose state changed, sorted.
+
+    Raises:
+        ValueError: as `LeaseStore.set_paused`.
+    """
+    wanted = _names(names)
+    check_holder(by)
+    if reason is not None and len(reason) > REASON_LENGTH:
+        raise ValueError(f"a pause reason is at most {REASON_LENGTH} characters, not {len(reason)}")
+    if not wanted:
+        return []
+    verb = "pause" if paused else "resume"
+    with translate_errors(f"{verb} jobs"):
+        now = int(conn.execute(sa.select(_db_now_ms())).scalar_one())
+        return _set_paused(conn, wanted, paused=paused, by=by, reason=reason, now_ms=now)
+
+
+def _set_paused(
+    conn: Connection,
+    wanted: list[str] | None,
+    *,
+    paused: bool,
+    by: str,
+    reason: str | None,
+    now_ms: int,
+) -> list[str]:
+    """The pause's statements on ``conn``: the rows of ``wanted`` (``None``: all but the
+    chores') locked in name order, changed, and noted in the history."""
+    now = now_ms
+    which = _t.c.paused_ms.is_(None) if paused else _t.c.paused_ms.is_not(None)
+    where = [which, ~_t.c.name.startswith(" ")]
+    if wanted is not None:
+        where.append(_t.c.name.in_(wanted))
+    if paused:
+        values: dict[Any, Any] = {
+            _t.c.paused_ms: now,
+            _t.c.paused_by: by,
+            _t.c.pause_reason: reason,
+        }
+    else:
+        seconds = now // 1000
+        values = {
+            _t.c.paused_ms: None,
+            _t.c.paused_by: None,
+            _t.c.pause_reason: None,
+            _t.c.skipped_through: sa.case(
+                (_t.c.skipped_through > seconds, _t.c.skipped_through), else_=seconds
+            ),
+        }
+    verb = "pause" if paused else "resume"
+    found = sorted(
+        # In name order, as a batch of ends of several groups locks its rows.
+        conn.execute(
+            sa.select(_t.c.name).where(*where).order_by(_t.c.name).with_for_update()
+        ).scalars()
+    )
+    if not found:
+        return []
+    conn.execute(_t.update().where(_t.c.name.in_(found), which).values(values))
+    at = _EPOCH + now * _MS
+    notes = [
+        RoundRow(
+            name=name,
+            instant=at.replace(microsecond=0),
+            attempt=1,
+            holder=by,
+            why=verb,
+            started=at,
+            ended=at,
+            outcome=f"{verb}d",
+        )
+        for name in found
+    ]
+    conn.execute(_h.insert(), [round_values(note) for note in notes])
+    return found

@@ -31,6 +31,9 @@ NOT_REFERENCE = {
     "cronjob.contrib.django.management": "the command",
     "cronjob.contrib.django.management.commands": "the command",
     "cronjob.contrib.django.management.commands.cronjob": "the command",
+    # Django's record of the unmanaged model: no API, read by `manage.py migrate`.
+    "cronjob.contrib.django.migrations": "Django's migrations",
+    "cronjob.contrib.django.migrations.0001_initial": "Django's migrations",
 }
 
 

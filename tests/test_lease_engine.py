@@ -310,6 +310,7 @@ class TestSurface:
             "schedule_changes",
             "schedule_lease_rows",
             "schedule_values",
+            "set_paused_on",
             "sync_url",
             "taken_schedule_ids",
             "tell_on_commit",

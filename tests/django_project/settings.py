@@ -1,8 +1,9 @@
 """Settings of the Django project the tests run (tests/test_django.py).
 
 ``CRONJOB_TEST_DJANGO_DB`` picks the database: ``sqlite`` (a file in
-``CRONJOB_TEST_DJANGO_DIR``) or ``postgres`` (the test server; Django's test runner makes
-and drops a test database of a name of its own). ``CRONJOB_TEST_DJANGO_APPS`` adds apps.
+``CRONJOB_TEST_DJANGO_DIR``), ``postgres`` or ``mysql`` (the test servers, MariaDB through
+PyMySQL; Django's test runner makes and drops a test database of a name of its own).
+``CRONJOB_TEST_DJANGO_APPS`` adds apps.
 """
 
 import os
@@ -28,6 +29,20 @@ if _backend == "postgres":
             "USER": "postgres",
             "NAME": "test",
             # Several developers run the suite at once on one server.
+            "TEST": {"NAME": f"test_cronjob_django_{uuid.uuid4().hex[:12]}"},
+        }
+    }
+elif _backend == "mysql":
+    import pymysql
+
+    pymysql.install_as_MySQLdb()  # Django's MySQL backend imports MySQLdb
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": "127.0.0.1",
+            "PORT": "3306",
+            "USER": "root",
+            "NAME": "test",
             "TEST": {"NAME": f"test_cronjob_django_{uuid.uuid4().hex[:12]}"},
         }
     }

@@ -11,11 +11,14 @@ Add ``"cronjob.contrib.django"`` to ``INSTALLED_APPS``. Settings (all optional):
   `fenced` cannot check leases on Django's connection: keep the two together).
 
 Schedules made of data are written on Django's connection, in its atomic blocks, with
-`cronjob.contrib.django.schedules` (``from cronjob.contrib.django import schedules``).
+`cronjob.contrib.django.schedules` (``from cronjob.contrib.django import schedules``);
+with ``"django.contrib.admin"`` installed too, Django's admin lists and edits them
+(`cronjob.contrib.django.admin`).
 """
 
 # The layout: apps (the app and its discovery of job modules), _database (the URL),
 # _fenced (fenced), schedules (the schedule calls on Django's connection),
+# models (the schedule table, read-only) and admin (Django's admin of it, autodiscovered),
 # management/commands/cronjob (the command).
 
 from __future__ import annotations

@@ -46,7 +46,9 @@ __all__ = [
     "check",
     "get",
     "list",
+    "pause",
     "remove",
+    "resume",
     "update",
 ]
 
@@ -281,3 +283,46 @@ def list(
 ) -> builtins.list[ScheduleRecord]:
     """[cronjob.schedules.list][] on Django's connection (see `add`)."""
     return _run(using, lambda conn: _api.list(conn, task=task, prefix=prefix), write=False)
+
+
+def pause(
+    id: str, *, reason: str | None = None, by: str | None = None, using: str | None = None
+) -> bool:
+    """Pause the schedule ``id`` on every replica, as [cronjob.admin.pause][] pauses a
+    job, on Django's connection (see `add`): from its next instant no replica claims it,
+    a round running now runs to its end; noted in its history. ``by`` is who (``user@host``
+    of this process by default), ``reason`` why. Returns whether it changed: ``False``
+    for no live schedule ``id``, or one paused already.
+
+    Raises:
+        ValueError: ``by`` is empty or too long, ``reason`` longer than
+            `cronjob.admin.REASON_LENGTH`; nothing was written.
+    """
+    return _paused(id, paused=True, reason=reason, by=by, using=using)
+
+
+def resume(id: str, *, by: str | None = None, using: str | None = None) -> bool:
+    """Resume the schedule ``id``: its next instant runs as usual, the instants skipped
+    while paused never run (as [cronjob.admin.resume][] without ``catch_up``). Returns
+    whether it changed: ``False`` for no live schedule ``id``, or one not paused. Raises
+    as `pause`."""
+    return _paused(id, paused=False, reason=None, by=by, using=using)
+
+
+def _paused(
+    id: str, *, paused: bool, reason: str | None, by: str | None, using: str | None
+) -> bool:
+    import lease
+
+    from ...admin._base import operator
+
+    who = operator() if by is None else by
+
+    def call(conn: sa.Connection) -> bool:
+        if lease.taken_schedule_ids(conn, [id]).get(id) is not False:
+            return False  # none, or a tombstone
+        return bool(lease.set_paused_on(conn, [id], paused=paused, by=who, reason=reason))
+
+    if not isinstance(id, str) or not id:
+        return False
+    return _run(using, call, write=False)
