@@ -77,6 +77,7 @@ SURFACE = {
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.contrib": [
         "Handoff",
+        "InvalidOccurrence",
         "Occurrence",
         "OccurrenceBusy",
         "Publisher",
