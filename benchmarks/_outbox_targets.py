@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from cronjob.contrib import Handoff, Occurrence, Publisher
 
 #: The targets `target` builds, by the name ``--targets`` takes.
-TARGETS = ("rq", "celery-amqp", "celery-redis", "dramatiq-amqp")
+TARGETS = ("rq", "celery-amqp", "celery-redis", "dramatiq-amqp", "stream")
 
 
 class Timed:
@@ -124,6 +124,22 @@ def target(name: str, *, redis_url: str, amqp_url: str) -> Target:
         return Target(
             name, DramatiqPublisher(dq_broker, "nothing", queue_name=dq_queue), dramatiq_cleanup
         )
+    if name == "stream":
+        from redis import Redis
+
+        from cronjob.contrib.streams import DEDUP_PREFIX, StreamPublisher
+
+        client = Redis.from_url(redis_url)
+        stream = StreamPublisher(client, stream=queue)
+
+        def stream_cleanup() -> None:
+            keys = [DEDUP_PREFIX + f[b"occurrence_id"].decode() for _, f in client.xrange(queue)]
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+            client.delete(queue)
+            client.close()
+
+        return Target(name, stream, stream_cleanup)
     raise SystemExit(f"unknown target {name!r}; the targets are {', '.join(TARGETS)}")
 
 

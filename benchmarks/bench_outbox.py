@@ -3,7 +3,7 @@ confirm), where a round's time goes, and the statements each instant costs beyon
 round.
 
 Run: ``python -m benchmarks.bench_outbox [--database-url URL] [--redis-url URL]
-[--amqp-url URL] [--targets rq,celery-amqp,celery-redis,dramatiq-amqp]
+[--amqp-url URL] [--targets rq,celery-amqp,celery-redis,dramatiq-amqp,stream]
 [--per-minute 1000,10000] [--seconds 42] [--repeat 1] [--no-plain] [--max-workers N]
 [--pool-size N] [--experiment no-ping,batch-marks]``.
 
@@ -11,7 +11,8 @@ One replica (``cronjob.Scheduler`` on the system clock) runs J jobs every 6 s (J
 instants a minute), each handing its instant to a queue of the run's own through the
 target's publisher (``cronjob.contrib.rq.RQPublisher``, ``...celery.CeleryPublisher``
 with publisher confirms on RabbitMQ, ``...dramatiq.DramatiqPublisher`` on a
-``RabbitmqBroker(confirm_delivery=True)``). After a warm-up, a window of whole instants
+``RabbitmqBroker(confirm_delivery=True)``, ``...streams.StreamPublisher``'s
+publish-if-new script on a Redis Stream). After a warm-up, a window of whole instants
 (``--seconds``, rounded down to 6 s) opens on an instant; every instant of the window is
 expected. The latency of an instant is the wall time at which its publish returned (the
 broker accepted it: Redis answered, RabbitMQ confirmed) minus the instant. Each round is

@@ -47,6 +47,7 @@ from ._admission import Definition as Definition
 from ._admission import admit as admit
 from ._admission import count_failure as count_failure
 from ._admission import definition as definition
+from ._admission import once_state as once_state
 from ._admission import read_admission as read_admission
 from ._backfill import BackfillCancellation as BackfillCancellation
 from ._backfill import Backfills as Backfills
@@ -216,6 +217,7 @@ __all__ = [
     "definition",
     "due_publications",
     "finish_once",
+    "once_state",
     "forgo_former_rounds",
     "head_revision",
     "insert_schedules",

@@ -4,8 +4,9 @@ what the lease database says a name is now (for the worker's checks).
 `admit` is an insert-if-new: of the workers that claim one occurrence at once, the first
 insert wins and every other adopts the row it finds. `count_failure` counts a failed run
 against the pinned retry budget. `definition` reads, in one transaction, what names a
-schedule now: a schedule row that is not removed, else the job of that name that a live
-replica registers (its spec as that replica recorded it).
+schedule now: a schedule row that is not removed, else the job of that name that a
+replica on record registers (its spec as that replica recorded it). `once_state` reads
+whether a body run once was ever started for an id.
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from ._exceptions import translate_errors
-from ._schema import admission_table, replica_table, schedule_table
+from ._schema import admission_table, once_table, replica_table, schedule_table
 
-__all__ = ["Admission", "Definition", "admit", "count_failure", "definition", "read_admission"]
+__all__ = [
+    "Admission",
+    "Definition",
+    "admit",
+    "count_failure",
+    "definition",
+    "once_state",
+    "read_admission",
+]
 
 _a = admission_table
 
@@ -123,9 +132,11 @@ def _when(seconds: int | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
-def definition(engine: Engine, name: str, *, live_since_ms: int) -> Definition | None:
+def definition(engine: Engine, name: str, *, live_since_ms: int | None = None) -> Definition | None:
     """What names ``name`` now: its schedule row (not removed), else the job of that name
-    that a replica seen at or after ``live_since_ms`` registers; ``None``: neither (the
+    that a replica on record registers (seen at or after ``live_since_ms``, when given;
+    any replica record by default: a replica's record says what it registers, whatever
+    its clock, and a replica that stops takes its record off); ``None``: neither (the
     schedule was removed, or never there). A replica record that does not parse is
     skipped."""
     s, p = schedule_table, replica_table
@@ -145,7 +156,10 @@ def definition(engine: Engine, name: str, *, live_since_ms: int) -> Definition |
                 start=_when(start_s),
                 end=_when(end_s),
             )
-        listed = conn.execute(sa.select(p.c.jobs).where(p.c.seen_ms >= live_since_ms)).scalars()
+        query = sa.select(p.c.jobs)
+        if live_since_ms is not None:
+            query = query.where(p.c.seen_ms >= live_since_ms)
+        listed = conn.execute(query).scalars()
         for text in listed:
             try:
                 entry = json.loads(text).get(name)
@@ -154,3 +168,13 @@ def definition(engine: Engine, name: str, *, live_since_ms: int) -> Definition |
             if isinstance(entry, dict) and isinstance(entry.get("spec"), str):
                 return Definition(name=name, task=name, spec=entry["spec"])
     return None
+
+
+def once_state(engine: Engine, id: str) -> str | None:
+    """The state of the body run once for ``id`` (``ONCE_RUNNING``, ``ONCE_DONE``), or
+    ``None``: never started, or started, failed and forgotten."""
+    with translate_errors("read a body run once"), engine.begin() as conn:
+        state = conn.execute(
+            sa.select(once_table.c.state).where(once_table.c.id == id)
+        ).scalar_one_or_none()
+    return None if state is None else str(state)

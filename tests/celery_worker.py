@@ -26,10 +26,20 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
+import cronjob
 from cronjob.contrib import OccurrenceBusy
 from cronjob.contrib.celery import once
 from examples.celery_worker import trace_context
 from tests import _killed_body as killed
+
+
+def _published(ctx: cronjob.Round) -> None:
+    """What the replicas run (they hand the instant over); the worker reads its name."""
+
+
+# The jobs the replicas register, as the worker's own code would import them: ``once``
+# runs a message only while something names its schedule (else it is obsolete).
+cronjob.register(_published, "0 0 * * * *", "nightly")
 
 app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)

@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 
+import cronjob
 from cronjob.contrib.dramatiq import once
 from examples.dramatiq_tracing import Tracing as DocumentedTracing
 from tests import _killed_body as killed
@@ -86,6 +87,14 @@ def _broker() -> dramatiq.Broker:
 
     return RedisBroker(url=url)
 
+
+def _published(ctx: cronjob.Round) -> None:
+    """What the replicas run (they hand the instant over); the worker reads its name."""
+
+
+# The jobs the replicas register, as the worker's own code would import them: ``once``
+# runs a message only while something names its schedule (else it is obsolete).
+cronjob.register(_published, "0 0 * * * *", "nightly-export")
 
 broker = _broker()
 broker.add_middleware(CurrentMessage())

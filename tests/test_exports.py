@@ -81,6 +81,7 @@ SURFACE = {
     "cronjob.contrib.flask": ["Cronjob", "command"],
     "cronjob.contrib": [
         "Handoff",
+        "InvalidOccurrence",
         "Occurrence",
         "OccurrenceBusy",
         "Publisher",

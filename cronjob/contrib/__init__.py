@@ -10,7 +10,8 @@
 - ``cronjob.contrib.rq`` (``[rq]``): each instant handed to an RQ queue, and ``once``.
 
 What every task-queue target shares lives here, needing no extra: `handoff` (a publisher
-made a job function: the outbox), `run_once` (a worker's body once per occurrence id),
+made a job function: the outbox), `run_once` (a worker's body once per occurrence id;
+the ``once`` wrappers raise `InvalidOccurrence` for a message whose claim does not check out),
 and the instant as every message carries it (`format_instant`, `parse_instant`).
 
 The pytest plugin (`cronjob.pytest_plugin`) needs no extra. Importing this package
@@ -25,9 +26,11 @@ from ._instant import format_instant as format_instant
 from ._instant import parse_instant as parse_instant
 from ._once import OccurrenceBusy as OccurrenceBusy
 from ._once import run_once as run_once
+from ._validation import InvalidOccurrence as InvalidOccurrence
 
 __all__ = [
     "Handoff",
+    "InvalidOccurrence",
     "Occurrence",
     "OccurrenceBusy",
     "Publisher",

@@ -174,6 +174,7 @@ class Handoff:
             headers=headers,
             app=ctx.app,
             args="{}" if ctx._data is None else ctx._data[1],
+            trigger=str(ctx.trigger),
         )
         clock = ctx._clock
         hold = round(self.hold * 1000)
@@ -191,6 +192,7 @@ class Handoff:
                     "publisher": self.publisher.describe(),
                     **({"app": ctx.app} if ctx.app else {}),
                     **({"args": occurrence.args} if occurrence.args != "{}" else {}),
+                    **({"trigger": occurrence.trigger} if occurrence.trigger != "schedule" else {}),
                 },
                 now_ms=now,
                 hold_ms=hold,
@@ -399,6 +401,7 @@ def _occurrence(row: lease.OutboxRow) -> Occurrence:
         app=str(row.payload.get("app") or ""),
         again=True,
         args=str(row.payload.get("args") or "{}"),
+        trigger=str(row.payload.get("trigger") or "schedule"),
     )
 
 

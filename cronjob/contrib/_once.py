@@ -13,6 +13,14 @@ insert of the id into the lease database's once-table is new ([lease.begin_once]
 - The worker dies in the body: the row stays *running*; a delivery within
   ``stale_after`` seconds of its start raises [OccurrenceBusy][cronjob.contrib.OccurrenceBusy]
   (the task system may retry it later), one after that takes the row over and runs it.
+
+`run_claimed` checks a delivery that cronjob published before it runs it (the checks of
+`cronjob.contrib._validation`): its id must be the one recomputed from its app, schedule
+and instant (else [InvalidOccurrence][cronjob.contrib.InvalidOccurrence] is raised, and
+nothing runs); an occurrence never started whose schedule nothing names any more (no
+registered job, no schedule row) is obsolete: it returns ``None`` without running, so
+the task system acknowledges it as done; an instant that is no firing of the schedule's
+current spec raises ``InvalidOccurrence``, unless the round was manual.
 """
 
 from __future__ import annotations
@@ -31,9 +39,11 @@ import lease
 
 from .._clock import Clock, SystemClock
 from .._exceptions import CronjobError
+from .._registry import Registry, default_registry
 from ..engine._database import resolve_database
+from ._validation import Claim, check_claim, check_identity
 
-__all__ = ["STALE_AFTER", "OccurrenceBusy", "run_once"]
+__all__ = ["STALE_AFTER", "OccurrenceBusy", "run_claimed", "run_once"]
 
 log = logging.getLogger("cronjob")
 
@@ -163,3 +173,67 @@ def run_once(
                 stale_after,
             )
     return result
+
+
+def run_claimed(
+    claim: Claim,
+    task: str,
+    body: Callable[[], T],
+    *,
+    database: str | sa.Engine | None = None,
+    stale_after: float = STALE_AFTER,
+    clock: Clock | None = None,
+    registry: Registry | None = None,
+) -> T | None:
+    """Check the delivery's ``claim``, then `run_once` its body under its id.
+
+    Args:
+        claim: What the message says (`cronjob.contrib._validation.claim_of`), its
+            ``occurrence_id`` the message's own id. (A message cronjob did not publish
+            carries no claim: the wrappers run it with `run_once`, by its id alone.)
+        task: The task's name, on record beside the id.
+        body: The work, called with no argument.
+        database: As for `run_once`.
+        stale_after: As for `run_once`.
+        clock: As for `run_once`.
+        registry: The jobs that name schedules; ``None``: the default registry. The
+            lease database's schedule rows and replica records name them too.
+
+    Returns:
+        What ``body`` returned; ``None`` when it had run already, or the occurrence is
+        obsolete (never started, and nothing names its schedule): not run.
+
+    Raises:
+        InvalidOccurrence: the id is not that of the app, schedule and instant, or the
+            instant is no firing of the schedule's current spec (not for a manual round).
+        OccurrenceBusy: as for `run_once`.
+        lease.LeaseError: the database failed (nothing ran).
+        Exception: whatever ``body`` raised.
+    """
+    check_identity(claim.app, claim.schedule, claim.instant, claim.occurrence_id)
+    clock = clock or _SYSTEM
+    engine = _engine(database)
+    if lease.once_state(engine, claim.occurrence_id) is None:
+        found = check_claim(
+            engine,
+            claim,
+            registry=registry if registry is not None else default_registry,
+            now=clock.now(),
+        )
+        if found is None:
+            log.info(
+                "task %r: occurrence %s names schedule %r, which is no more; acknowledged as "
+                "obsolete, not run",
+                task,
+                claim.occurrence_id,
+                claim.schedule,
+            )
+            return None
+    return run_once(
+        claim.occurrence_id,
+        task,
+        body,
+        database=engine,
+        stale_after=stale_after,
+        clock=clock,
+    )

@@ -71,6 +71,9 @@ class Occurrence:
         again: ``True`` when it is sent again from its outbox row (a second run of the
             instant, the sweep): it may have been sent before.
         args: A data schedule's arguments, as JSON text (``"{}"`` for a registered job).
+        trigger: What started the round (``"schedule"``, ``"manual"``, ``"backfill"``):
+            each target carries it unless it is ``"schedule"``, so that a worker skips
+            the firing check for a manual round.
     """
 
     id: str
@@ -80,6 +83,7 @@ class Occurrence:
     app: str = ""
     again: bool = False
     args: str = "{}"
+    trigger: str = "schedule"
 
 
 class Publisher(Protocol):

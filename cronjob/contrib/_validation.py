@@ -13,7 +13,15 @@ and Dramatiq the identity, obsolete and firing checks):
    was removed, or never there). The caller acknowledges it as terminal, unless the
    occurrence was admitted already (its pinned descriptor governs it then).
 3. Firing (`check_firing`): the instant is a firing of the schedule's current spec in
-   its zone (or a one-off's instant), within its bounds. Failing: invalid.
+   its zone (or a one-off's instant), within its bounds. Failing: invalid. A manual
+   round's (``trigger`` `MANUAL`: ``cronjob trigger``) instant is the moment it was
+   asked for, no firing: the check is skipped for it (the identity check is not).
+
+Every message carries its round's trigger (`TRIGGERS`): a stream entry in the optional
+field ``trigger``, a Celery message in the header ``cronjob_trigger``, a Dramatiq
+message in the option ``cronjob_trigger``, an RQ job in ``meta["cronjob"]["trigger"]``.
+It is left out for a scheduled round, so a message without it (queued by an earlier
+release) is a scheduled one. `check_claim` applies checks 2 and 3 to a claim.
 
 This is integrity, not provenance: the checks establish that a claim is consistent,
 never who made it. A failed check raises [InvalidOccurrence][cronjob.contrib.InvalidOccurrence]
@@ -42,20 +50,34 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIVE_WITHIN",
+    "MANUAL",
+    "SCHEDULED",
     "SOURCE",
+    "TRIGGERS",
     "Claim",
     "InvalidOccurrence",
+    "check_claim",
     "check_firing",
     "check_identity",
     "check_structure",
+    "claim_of",
     "format_instant",
     "resolve",
 ]
 
 #: The ``source`` of every entry cronjob publishes.
 SOURCE: Final = "cronjob.schedule"
-#: A replica seen within these seconds is live: the jobs it registers name schedules.
+#: Kept for earlier callers: the replicas' records name schedules whatever their age
+#: (a replica that stops takes its record off; a fake clock's replica is "seen" in its
+#: own time), so no liveness bound applies any more.
 LIVE_WITHIN: Final = 60.0
+#: The trigger of a round on its schedule: the default, left out of every message.
+SCHEDULED: Final = "schedule"
+#: The trigger of a round an operator asked for (``cronjob trigger``): its instant is
+#: the request's moment, no firing.
+MANUAL: Final = "manual"
+#: The triggers a message may carry (``cronjob._round.Trigger``'s values).
+TRIGGERS: Final = frozenset({SCHEDULED, MANUAL, "backfill"})
 
 _RFC3339_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 _REQUIRED = ("source", "app", "schedule", "occurrence_id", "scheduled_at", "args")
@@ -81,6 +103,8 @@ class Claim:
         instant: The scheduled instant, aware UTC, a whole second.
         args: The arguments (a data schedule's; ``{}`` for a registered job).
         traceparent: The round's W3C trace context, if it carried one.
+        trigger: What started the round (one of `TRIGGERS`; `SCHEDULED` when the
+            message does not say).
     """
 
     app: str
@@ -89,6 +113,60 @@ class Claim:
     instant: datetime
     args: Mapping[str, Any]
     traceparent: str | None = None
+    trigger: str = SCHEDULED
+
+
+def _trigger(value: object) -> str:
+    """``value`` as a trigger: `SCHEDULED` when missing or empty.
+
+    Raises:
+        InvalidOccurrence: it is not one of `TRIGGERS`.
+    """
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if value is None or value == "":
+        return SCHEDULED
+    if not isinstance(value, str) or value not in TRIGGERS:
+        raise InvalidOccurrence(f"trigger {value!r} is not one of {', '.join(sorted(TRIGGERS))}")
+    return value
+
+
+def claim_of(
+    *,
+    app: object,
+    schedule: object,
+    instant: object,
+    occurrence_id: str,
+    trigger: object = None,
+) -> Claim | None:
+    """The claim a task system's message makes (Celery's headers, Dramatiq's options,
+    RQ's meta), or ``None`` when it carries no schedule name or instant: a message
+    cronjob did not publish, which is run by its id alone, unchecked.
+
+    Raises:
+        InvalidOccurrence: the instant is not RFC 3339 with an offset, the app not a
+            string, or the trigger not one of `TRIGGERS`.
+    """
+    if not schedule or not instant:
+        return None
+    if not isinstance(schedule, str) or not isinstance(instant, str):
+        raise InvalidOccurrence(f"schedule {schedule!r} or instant {instant!r} is no text")
+    if app is not None and not isinstance(app, str):
+        raise InvalidOccurrence(f"app {app!r} is no text")
+    try:
+        when = datetime.fromisoformat(instant.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidOccurrence(f"instant {instant!r} is no RFC 3339 date and time") from None
+    if when.tzinfo is None:
+        raise InvalidOccurrence(f"instant {instant!r} has no offset")
+    return Claim(
+        app=app or "",
+        schedule=schedule,
+        occurrence_id=occurrence_id,
+        instant=when.astimezone(UTC),
+        args={},
+        trigger=_trigger(trigger),
+    )
 
 
 def format_instant(instant: datetime) -> str:
@@ -145,6 +223,7 @@ def check_structure(fields: Mapping[str, object]) -> Claim:
     if not isinstance(args, dict):
         raise InvalidOccurrence(f"args {text['args'][:80]!r} is not a JSON object")
     traceparent = _text(fields, "traceparent") or None
+    trigger = _trigger(fields.get("trigger"))
     return Claim(
         app=text["app"],
         schedule=text["schedule"],
@@ -152,6 +231,7 @@ def check_structure(fields: Mapping[str, object]) -> Claim:
         instant=instant,
         args=args,
         traceparent=traceparent,
+        trigger=trigger,
     )
 
 
@@ -182,8 +262,10 @@ def resolve(
     """What names ``schedule`` now; ``None``: nothing (obsolete unless admitted).
 
     The worker's own registry first (a job of that name), then the lease database:
-    the schedule row (not removed), else a job of that name registered by a replica seen
-    within `LIVE_WITHIN` seconds of ``now``.
+    the schedule row (not removed), else a job of that name that a replica's record
+    lists, whatever the replica's last sign of life (``now`` is not used for it: a
+    replica on a fake clock is seen in its own time, and one that stops takes its record
+    off).
 
     Raises:
         lease.LeaseError: the database could not be read.
@@ -194,8 +276,7 @@ def resolve(
                 return lease.Definition(name=schedule, task=schedule, spec=job.schedule.spec)
     if engine is None:
         return None
-    since = round((now.timestamp() - LIVE_WITHIN) * 1000)
-    return lease.definition(engine, schedule, live_since_ms=since)
+    return lease.definition(engine, schedule)
 
 
 def check_firing(definition: lease.Definition, instant: datetime) -> None:
@@ -222,3 +303,24 @@ def check_firing(definition: lease.Definition, instant: datetime) -> None:
         raise InvalidOccurrence(
             f"{instant.isoformat()} is not a firing of {name!r} ({definition.spec})"
         )
+
+
+def check_claim(
+    engine: Engine | None,
+    claim: Claim,
+    *,
+    registry: Registry | None,
+    now: datetime,
+) -> lease.Definition | None:
+    """Checks 2 and 3 of a claim whose identity checked out and that was never admitted:
+    what names its schedule, or ``None`` (obsolete: acknowledge it as terminal); the
+    firing check is skipped for a `MANUAL` round.
+
+    Raises:
+        InvalidOccurrence: its instant is no firing of the schedule's current spec.
+        lease.LeaseError: the database could not be read.
+    """
+    definition = resolve(engine, claim.schedule, registry=registry, now=now)
+    if definition is not None and claim.trigger != MANUAL:
+        check_firing(definition, claim.instant)
+    return definition

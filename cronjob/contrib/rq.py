@@ -32,12 +32,14 @@ from rq.job import Job
 from .._exceptions import RegistrationError
 from ._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
 from ._instant import format_instant
-from ._once import STALE_AFTER, run_once
+from ._once import STALE_AFTER, run_claimed, run_once
+from ._validation import claim_of
 
 __all__ = ["JOB_OPTIONS", "META_KEY", "RQPublisher", "enqueue", "once", "trace_context"]
 
 #: The key of ``job.meta`` that holds what cronjob put there: ``name``, ``instant``
-#: (RFC 3339 UTC with ``Z``), ``occurrence_id``, ``app`` and ``headers`` (the W3C trace context).
+#: (RFC 3339 UTC with ``Z``), ``occurrence_id``, ``app``, ``headers`` (the W3C trace context)
+#: and ``trigger`` (the round's, unless it was scheduled: ``manual``, ``backfill``).
 META_KEY: Final = "cronjob"
 #: The options of ``Queue.enqueue_call`` that `enqueue` passes on (``job_id`` and
 #: ``meta`` are cronjob's).
@@ -104,6 +106,8 @@ class RQPublisher:
                 "headers": dict(occurrence.headers),
             }
         }
+        if occurrence.trigger != "schedule":
+            meta[META_KEY]["trigger"] = occurrence.trigger
         self.queue.enqueue_call(  # type: ignore[type-var]
             self.func,
             args=self.args,
@@ -170,6 +174,13 @@ def once(
     [run_once][cronjob.contrib.run_once] for what happens on a second delivery, a body
     that raises and a worker killed in the body.
 
+    A job cronjob enqueued (``meta["cronjob"]`` with its ``name`` and ``instant``) is
+    checked first (``cronjob.contrib._once.run_claimed``): an id that is not the one of
+    its app, name and instant, or an instant that is no firing of the schedule's current
+    spec (unless its ``trigger`` is ``manual``), raises
+    `cronjob.contrib.InvalidOccurrence` and runs nothing; an occurrence never started
+    whose schedule nothing names any more returns ``None`` without running (obsolete).
+
     Args:
         database: The lease database (URL or `Engine`); ``None``: ``$CRONJOB_DATABASE_URL``.
         stale_after: Seconds after which a body still marked running may run again.
@@ -188,6 +199,22 @@ def once(
             job = get_current_job()
             if job is None:
                 raise RuntimeError(f"task {task!r}: once runs inside an RQ job only")
+            carried = job.meta.get(META_KEY) or {}
+            claim = claim_of(
+                app=carried.get("app"),
+                schedule=carried.get("name"),
+                instant=carried.get("instant"),
+                occurrence_id=job.id,
+                trigger=carried.get("trigger"),
+            )
+            if claim is not None:
+                return run_claimed(
+                    claim,
+                    task,
+                    lambda: fn(*args, **kwargs),
+                    database=database,
+                    stale_after=stale_after,
+                )
             return run_once(
                 job.id,
                 task,

@@ -77,6 +77,32 @@ class RQ(Target):
         self.rq_queue.connection.close()
 
 
+class Stream(Target):
+    """A Redis Stream (``cronjob.contrib.streams``): the queue's name is the stream's key.
+    Its dedup keys (``cronjob:occurrence:<id>``) are the test's own, by their ids."""
+
+    name = "stream"
+    port = 6379
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__()
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=5)
+
+    def count(self) -> int:
+        return int(self.client.xlen(self.queue))
+
+    def ids(self) -> list[str]:
+        """Each entry's ``occurrence_id``, read with XRANGE, duplicates kept."""
+        return [f[b"occurrence_id"].decode() for _, f in self.client.xrange(self.queue)]
+
+    def close(self) -> None:
+        ids = self.ids()
+        if ids:
+            self.client.delete(*(f"cronjob:occurrence:{i}" for i in ids))
+        self.client.delete(self.queue)
+        self.client.close()
+
+
 class _RabbitMQ(Target):
     """A target whose broker is RabbitMQ: the messages are read with ``basic_get`` and
     left unacknowledged, so closing the channel puts them back."""

@@ -1,7 +1,9 @@
 """A job for the outbox's fault scenarios: every 2 s, a message for the task system
 ``$OUTBOX_TARGET`` (``rq``, the default; ``celery``; ``dramatiq``) on the queue
 ``$OUTBOX_QUEUE``, through its broker at 127.0.0.1:``$OUTBOX_PORT`` (Redis for RQ,
-RabbitMQ with publisher confirms for the others; a proxy the test can cut).
+RabbitMQ with publisher confirms for Celery and Dramatiq; a proxy the test can cut).
+``stream`` adds entries to the Redis Stream ``$OUTBOX_QUEUE`` (``streams.publish``'s
+publish-if-new).
 
 After each send it prints ``outbox-sent <id>`` on stderr and, with
 ``$OUTBOX_PAUSE_AFTER_SEND`` seconds, waits before the mark: the window in which a kill
@@ -77,7 +79,20 @@ def _dramatiq() -> Publisher:
     return DramatiqPublisher(broker, "cronjob_test_record", args=("f",), queue_name=QUEUE)
 
 
-_PUBLISHERS = {"rq": _rq, "celery": _celery, "dramatiq": _dramatiq}
+def _stream() -> Publisher:
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from cronjob.contrib.streams import StreamPublisher
+
+    redis = Redis(
+        port=PORT, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
+    return StreamPublisher(redis, stream=QUEUE)
+
+
+_PUBLISHERS = {"rq": _rq, "celery": _celery, "dramatiq": _dramatiq, "stream": _stream}
 if TARGET not in _PUBLISHERS:
     raise SystemExit(f"OUTBOX_TARGET={TARGET!r}: one of {', '.join(_PUBLISHERS)}")
 cronjob.register(

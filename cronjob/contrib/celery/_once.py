@@ -6,7 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
-from .._once import STALE_AFTER, run_once
+from .._once import STALE_AFTER, run_claimed, run_once
+from .._validation import Claim, claim_of
 
 __all__ = ["once"]
 
@@ -50,6 +51,14 @@ def once(
     again), one after that runs it. Called outside a worker (no request id), the body
     just runs.
 
+    A message cronjob published (its headers ``cronjob_name`` and ``cronjob_instant``)
+    is checked first (``cronjob.contrib._once.run_claimed``): an id that is not the one
+    of its app, name and instant, or an instant that is no firing of the schedule's
+    current spec (unless ``cronjob_trigger`` is ``manual``), raises
+    `cronjob.contrib.InvalidOccurrence` and runs nothing; an occurrence never started
+    whose schedule nothing names any more (no registered job, no schedule row) returns
+    ``None`` without running: acknowledged as obsolete.
+
     Args:
         fn: The task function (the bare ``@once`` form).
         database: The lease database's URL; ``None`` reads ``$CRONJOB_DATABASE_URL``
@@ -71,6 +80,15 @@ def once(
             task_id = _task_id(task)
             if task_id is None:
                 return body(*args, **kwargs)
+            claim = _claim(task, task_id)
+            if claim is not None:
+                return run_claimed(
+                    claim,
+                    str(task.name),
+                    lambda: body(*args, **kwargs),
+                    database=database,
+                    stale_after=stale_after,
+                )
             return run_once(
                 task_id,
                 str(task.name),
@@ -96,3 +114,15 @@ def _task_id(task: Any) -> str | None:
     request = getattr(task, "request", None)
     value = getattr(request, "id", None)
     return str(value) if value else None
+
+
+def _claim(task: Any, task_id: str) -> Claim | None:
+    """The claim of the running task's cronjob headers; ``None`` without them."""
+    request = getattr(task, "request", None)
+    return claim_of(
+        app=getattr(request, "cronjob_app", None),
+        schedule=getattr(request, "cronjob_name", None),
+        instant=getattr(request, "cronjob_instant", None),
+        occurrence_id=task_id,
+        trigger=getattr(request, "cronjob_trigger", None),
+    )

@@ -7,6 +7,8 @@ the user's args and kwargs, and:
 - the header ``cronjob_instant`` = the scheduled instant, RFC 3339 UTC
   (``2026-03-08T06:00:00Z``), and ``cronjob_name`` = the job's name; a task reads
   them as ``self.request.cronjob_instant`` / ``self.request.get("cronjob_instant")``;
+  ``cronjob_app`` the application's name when set, ``cronjob_trigger`` the round's
+  trigger unless it was scheduled (``manual``, ``backfill``);
 - the round's W3C trace context (``traceparent``, ``tracestate``) as message headers,
   where OpenTelemetry's Celery instrumentation (and any worker that extracts from
   ``task.request``) finds it.
@@ -45,6 +47,9 @@ INSTANT_HEADER = "cronjob_instant"
 NAME_HEADER = "cronjob_name"
 #: The header that carries the application's name (``Scheduler(app=...)``), when set.
 APP_HEADER = "cronjob_app"
+#: The header that carries the round's trigger (``manual``, ``backfill``), unless it was
+#: a scheduled round.
+TRIGGER_HEADER = "cronjob_trigger"
 
 
 class OptionError(ValueError):
@@ -132,6 +137,8 @@ class CeleryPublisher:
         }
         if occurrence.app:
             headers[APP_HEADER] = occurrence.app
+        if occurrence.trigger != "schedule":
+            headers[TRIGGER_HEADER] = occurrence.trigger
         options = dict(self.options)
         expires = options.pop("expires", None)
         if expires is not None:

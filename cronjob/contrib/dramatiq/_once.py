@@ -9,7 +9,8 @@ from typing import ParamSpec, TypeVar, overload
 
 from dramatiq.middleware import CurrentMessage
 
-from .._once import STALE_AFTER, run_once
+from .._once import STALE_AFTER, run_claimed, run_once
+from .._validation import claim_of
 
 __all__ = ["once"]
 
@@ -53,6 +54,13 @@ def once(
     CurrentMessage())``): the id comes from it. The task name kept with the id is the
     message's actor name.
 
+    A message cronjob published (its options ``cronjob_name`` and ``cronjob_instant``)
+    is checked first (``cronjob.contrib._once.run_claimed``): an id that is not the one
+    of its app, name and instant, or an instant that is no firing of the schedule's
+    current spec (unless ``cronjob_trigger`` is ``manual``), raises
+    `cronjob.contrib.InvalidOccurrence` and runs nothing; an occurrence never started
+    whose schedule nothing names any more returns ``None`` without running (obsolete).
+
     Args:
         fn: The actor's function (sync; async actors are refused).
         database: The lease database's URL; ``None``: ``$CRONJOB_DATABASE_URL``.
@@ -87,6 +95,22 @@ def once(
                 raise RuntimeError(
                     f"once: {fn.__qualname__} has no current Dramatiq message; add "
                     "dramatiq.middleware.CurrentMessage() to the broker's middleware"
+                )
+            options = message.options
+            claim = claim_of(
+                app=options.get("cronjob_app"),
+                schedule=options.get("cronjob_name"),
+                instant=options.get("cronjob_instant"),
+                occurrence_id=message.message_id,
+                trigger=options.get("cronjob_trigger"),
+            )
+            if claim is not None:
+                return run_claimed(
+                    claim,
+                    message.actor_name,
+                    functools.partial(fn, *args, **kwargs),
+                    database=database,
+                    stale_after=stale_after,
                 )
             result: T | None = run_once(
                 message.message_id,

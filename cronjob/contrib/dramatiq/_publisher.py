@@ -8,7 +8,9 @@ needs the broker, not the worker's actor code. What it carries:
 - ``options``: the user's options, and three of ours: ``cronjob_instant`` (the scheduled
   instant, RFC 3339 UTC with ``Z``), ``cronjob_name`` (the job's name) and ``trace_ctx`` (the
   round's W3C trace context, ``traceparent`` and ``tracestate``, the carrier the
-  OpenTelemetry Dramatiq instrumentation reads), absent when no trace context is known.
+  OpenTelemetry Dramatiq instrumentation reads), absent when no trace context is known;
+  ``cronjob_app`` when the application is named, ``cronjob_trigger`` when the round was
+  not a scheduled one (``manual``, ``backfill``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from ..._exceptions import RegistrationError
 from .._handoff import Occurrence
 from .._instant import format_instant
 
-__all__ = ["APP_OPTION", "INSTANT_OPTION", "NAME_OPTION", "TRACE_OPTION", "DramatiqPublisher"]
+__all__ = [
+    "APP_OPTION",
+    "INSTANT_OPTION",
+    "NAME_OPTION",
+    "TRACE_OPTION",
+    "TRIGGER_OPTION",
+    "DramatiqPublisher",
+]
 
 #: The message option that holds the scheduled instant (RFC 3339 UTC with ``Z``,
 #: `cronjob.contrib.format_instant`).
@@ -35,6 +44,9 @@ INSTANT_OPTION: Final = "cronjob_instant"
 NAME_OPTION: Final = "cronjob_name"
 #: The message option that holds the application's name (``Scheduler(app=...)``), when set.
 APP_OPTION: Final = "cronjob_app"
+#: The message option that holds the round's trigger (``manual``, ``backfill``), unless
+#: it was a scheduled round.
+TRIGGER_OPTION: Final = "cronjob_trigger"
 #: The message option that holds the round's W3C trace context (a dict of headers).
 TRACE_OPTION: Final = "trace_ctx"
 
@@ -152,6 +164,8 @@ class DramatiqPublisher:
         }
         if occurrence.app:
             options[APP_OPTION] = occurrence.app
+        if occurrence.trigger != "schedule":
+            options[TRIGGER_OPTION] = occurrence.trigger
         if occurrence.headers:
             options[TRACE_OPTION] = dict(occurrence.headers)
         return Message(

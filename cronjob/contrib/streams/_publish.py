@@ -21,7 +21,7 @@ from opentelemetry.metrics import MeterProvider
 
 from ..._exceptions import RegistrationError
 from .._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
-from .._validation import SOURCE, format_instant
+from .._validation import SCHEDULED, SOURCE, format_instant
 from ._metrics import StreamMeters
 
 __all__ = [
@@ -82,8 +82,9 @@ def connect(client_or_url: redis.Redis | str) -> redis.Redis:
 def entry_fields(occurrence: Occurrence, args: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The fields of ``occurrence``'s entry: ``source``, ``app``, ``schedule``,
     ``occurrence_id``, ``scheduled_at`` (RFC 3339 UTC, whole second, ``Z``), ``args``
-    (JSON: ``args`` and the occurrence's own, which win) and ``traceparent`` when the
-    round has one.
+    (JSON: ``args`` and the occurrence's own, which win), ``traceparent`` when the
+    round has one, and ``trigger`` when the round was not a scheduled one (``manual``,
+    ``backfill``).
 
     Raises:
         ValueError: the instant has a fraction of a second.
@@ -100,6 +101,8 @@ def entry_fields(occurrence: Occurrence, args: Mapping[str, Any] | None = None) 
     traceparent = occurrence.headers.get("traceparent")
     if traceparent:
         fields["traceparent"] = traceparent
+    if occurrence.trigger != SCHEDULED:
+        fields["trigger"] = occurrence.trigger
     return fields
 
 

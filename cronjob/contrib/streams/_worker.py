@@ -13,6 +13,8 @@ Each entry gets one disposition, checked in this order (see
 2. nothing names the schedule now and the occurrence was never admitted: acknowledged
    as terminal, neither run nor dead-lettered (obsolete);
 3. its instant is no firing of the schedule's current spec: dead-lettered (invalid);
+   skipped for a manual round (the entry's ``trigger`` is ``manual``), whose instant
+   is the moment it was asked for;
 4. no handler for it in this worker: left pending (unavailable), for another worker or
    a later XAUTOCLAIM;
 5. admitted (its descriptor pinned at the first claim, adopted by later ones) and run
@@ -46,10 +48,9 @@ from .._once import OccurrenceBusy, _engine, run_once
 from .._validation import (
     Claim,
     InvalidOccurrence,
-    check_firing,
+    check_claim,
     check_identity,
     check_structure,
-    resolve,
 )
 from ._handlers import Handler, Handlers, Occurrence, default_handlers
 from ._metrics import StreamMeters
@@ -110,7 +111,7 @@ class Worker:
             0015 or later (a replica migrates it).
         registry: The jobs the replicas register (a job of the schedule's name names
             it); ``None``: the default registry. The database's schedule rows and the
-            live replicas' records name schedules too.
+            replicas' records name schedules too.
         consumer: This process's consumer name; by default `consumer_name`.
         handlers: The handlers; ``None``: those `handler` registered.
         claim_idle: Seconds before a pending entry is taken over (`CLAIM_IDLE`).
@@ -263,7 +264,10 @@ class Worker:
         admission = lease.read_admission(engine, claim.occurrence_id)
         if admission is None:
             now = self.clock.now()
-            definition = resolve(engine, claim.schedule, registry=self.registry, now=now)
+            try:
+                definition = check_claim(engine, claim, registry=self.registry, now=now)
+            except InvalidOccurrence as exc:
+                return self._invalid(entry_id, fields, exc.reason)
             if definition is None:
                 self.redis.xack(self.stream, self.group, entry_id)
                 self.meters.add("obsolete")
@@ -273,10 +277,6 @@ class Worker:
                     claim.schedule,
                 )
                 return Disposition.OBSOLETE
-            try:
-                check_firing(definition, claim.instant)
-            except InvalidOccurrence as exc:
-                return self._invalid(entry_id, fields, exc.reason)
             chosen = self.handlers.get(claim.schedule) or self.handlers.get(definition.task)
             if chosen is None:
                 return self._unavailable(claim, definition.task)
