@@ -291,6 +291,7 @@ class TestSurface:
             "mark_published",
             "metadata",
             "migrate",
+            "once_state",
             "orphaned_publications",
             "outbox_summary",
             "paused_names",
