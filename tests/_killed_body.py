@@ -12,6 +12,10 @@ from typing import Any
 
 from cronjob.contrib import OccurrenceBusy
 
+#: The job the fault tests' once task runs for (the workers register it, every second, so
+#: its occurrences are firings of something a worker knows).
+ONCE_KILLED = "once-killed"
+
 Log = Callable[[dict[str, Any]], None]
 
 

@@ -40,6 +40,7 @@ def _published(ctx: cronjob.Round) -> None:
 # The jobs the replicas register, as the worker's own code would import them: ``once``
 # runs a message only while something names its schedule (else it is obsolete).
 cronjob.register(_published, "0 0 * * * *", "nightly")
+cronjob.register(_published, "* * * * * *", killed.ONCE_KILLED)  # tests/faults
 
 app = Celery("cronjob_test", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)

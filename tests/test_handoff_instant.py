@@ -37,9 +37,10 @@ class TestTheForm:
         with pytest.raises(ValueError, match=r"^instant 2026-03-08T02:00:00 is naive; give"):
             format_instant(INSTANT.replace(tzinfo=None))
 
-    def test_it_refuses_a_fraction_of_a_second(self):
-        with pytest.raises(ValueError, match=r"is not a whole second$"):
-            format_instant(INSTANT.replace(microsecond=5))
+    def test_a_manual_rounds_fraction_of_a_second_is_kept_and_reads_back(self):
+        asked = INSTANT.replace(microsecond=518000)
+        assert format_instant(asked) == "2026-03-08T02:00:00.518000Z"
+        assert parse_instant(format_instant(asked)) == asked
 
 
 class TestReadingIt:

@@ -1,4 +1,5 @@
-"""The scheduled instant as every hand-off writes it: RFC 3339, UTC, whole second, ``Z``.
+"""The scheduled instant as every hand-off writes it: RFC 3339, UTC, ``Z``; a whole
+second, but for a manual round, whose instant is the moment it was asked for.
 
 One form for every target (Celery's ``cronjob_instant`` header, Dramatiq's
 ``cronjob_instant`` option, RQ's ``meta["cronjob"]["instant"]``, a Redis stream's
@@ -17,14 +18,19 @@ __all__ = ["format_instant", "parse_instant"]
 def format_instant(instant: datetime) -> str:
     """``instant`` as a hand-off writes it: ``2026-03-08T02:00:00Z``.
 
+    A scheduled instant is a whole second. A manual round's instant is the moment it was
+    asked for, to the millisecond: its fraction is kept (``2026-03-08T02:00:00.518000Z``,
+    still RFC 3339), so its message is sent rather than refused.
+
     Raises:
-        ValueError: ``instant`` is naive, or not a whole second (scheduled instants are).
+        ValueError: ``instant`` is naive.
     """
     if instant.tzinfo is None:
         raise ValueError(f"instant {instant.isoformat()} is naive; give it a zone")
-    if instant.microsecond:
-        raise ValueError(f"instant {instant.isoformat()} is not a whole second")
-    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    utc = instant.astimezone(UTC)
+    if utc.microsecond:
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_instant(text: str) -> datetime:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,6 +26,7 @@ import rq
 from cronjob.contrib import Occurrence, Publisher
 from tests import _celery, _dramatiq
 from tests._celery import RABBITMQ_URL, require_broker
+from tests._killed_body import ONCE_KILLED
 
 #: The port the RabbitMQ URLs of the suite name (their host is 127.0.0.1).
 RABBITMQ_PORT = 5672
@@ -181,8 +182,8 @@ class Fleet(_RabbitMQ):
         """The library's publisher of this target, for the ``once`` task on the queue."""
         raise NotImplementedError
 
-    def publish(self, occurrence_id: str, marker: str) -> None:
-        occurrence = Occurrence(occurrence_id, "once-killed", datetime.now(UTC), {})
+    def publish(self, occurrence_id: str, marker: str, instant: datetime) -> None:
+        occurrence = Occurrence(occurrence_id, ONCE_KILLED, instant, {})
         self.publisher(marker).publish(occurrence)
 
 

@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ import pytest
 import sqlalchemy as sa
 from rq.job import JobStatus
 
+import cronjob
 import lease
+from tests._killed_body import ONCE_KILLED
 from tests._process import Watched, in_session, watched
 from tests._proxy import Proxy
 from tests.faults._outbox_targets import RQ, Celery, Dramatiq, Fleet, Target
@@ -225,7 +228,11 @@ def test_a_worker_killed_in_a_once_body_is_redelivered_and_run_after_the_stale_t
     republish of the same id after that runs nothing."""
     assert isinstance(target, Fleet)
     lease.migrate(lease.create_engine(db_url))
-    log, marker, occ = target.log(tmp_path), str(tmp_path / "first-run"), str(uuid.uuid4())
+    log, marker = target.log(tmp_path), str(tmp_path / "first-run")
+    # A firing of the worker's "once-killed" (every second), with its own id: the once
+    # wrapper checks both before it runs a body.
+    instant = datetime.now(UTC).replace(microsecond=0)
+    occ = cronjob.occurrence_id(ONCE_KILLED, instant)
 
     def lines(key: str) -> list[dict[str, Any]]:
         found = log.read_text().splitlines() if log.exists() else []
@@ -238,7 +245,7 @@ def test_a_worker_killed_in_a_once_body_is_redelivered_and_run_after_the_stale_t
             workers.append(in_session(argv, cwd=REPO, env=env, output=tmp_path / f"w{n}.out"))
             stack.callback(_kill_group, workers[-1])
         wait_for(lambda: target.consumers() == 2, 60, "both workers to consume")
-        target.publish(occ, marker)
+        target.publish(occ, marker, instant)
         wait_for(lambda: lines("body"), 60, "the body to start")
         first = lines("body")[0]
         # The body runs in the worker's process (Celery's solo pool) or a child of it
@@ -248,7 +255,8 @@ def test_a_worker_killed_in_a_once_body_is_redelivered_and_run_after_the_stale_t
         wait_for(lambda: len(lines("body")) == 2, 60, "the body to run again")
         survivor = next(w for w in workers if w is not killed)
         assert survivor.poll() is None
-        target.publish(occ, marker)  # a replica's republish, after a kill between send and mark
+        # A replica's republish, after a kill between send and mark.
+        target.publish(occ, marker, instant)
         wait_for(
             lambda: any(d["outcome"] == "done" for d in lines("delivery")), 60, "the republish"
         )
