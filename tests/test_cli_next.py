@@ -164,8 +164,8 @@ class TestBadInput:
             (
                 ["frobnicate"],
                 "cronjob: error: argument COMMAND: invalid choice: 'frobnicate' "
-                "(choose from 'next', 'run', 'beat', 'status', 'history', 'schedules', 'pause', "
-                "'resume', 'trigger', 'forget', 'backfill')",
+                "(choose from 'next', 'run', 'beat', 'stream-worker', 'status', 'history', "
+                "'schedules', 'pause', 'resume', 'trigger', 'forget', 'backfill', 'missed')",
             ),
         ],
     )
