@@ -21,6 +21,8 @@ __all__ = ["ACK_NOTE", "SKIP_NOTE"]
 SKIP_NOTE = "skipped"
 #: The ``why`` of a history note of missed instants an operator acknowledged.
 ACK_NOTE = "ack"
+#: Names noted per transaction: each locks its names' lease rows while it runs.
+_NOTE_BATCH = 1000
 
 
 class _Notes(_StoreCore):
@@ -31,11 +33,22 @@ class _Notes(_StoreCore):
         instants of its name from ``started`` (the first) through ``instant`` (the last),
         ``why`` `SKIP_NOTE`, the policy in ``outcome``. A note whose name already has one
         through the same instant is left out (replicas that catch up together decide
-        alike). Returns how many were written; one transaction.
+        alike). Returns how many were written: one transaction per `_NOTE_BATCH` names,
+        so that a catch-up of a whole fleet never holds every lease row at once.
         """
-        if not notes:
-            return 0
-        names = sorted({note.name for note in notes})
+        by_name: dict[str, list[RoundRow]] = {}
+        for note in notes:
+            by_name.setdefault(note.name, []).append(note)
+        names = sorted(by_name)
+        written = 0
+        for first in range(0, len(names), _NOTE_BATCH):
+            batch = names[first : first + _NOTE_BATCH]
+            written += self._note_batch(batch, [n for name in batch for n in by_name[name]])
+        return written
+
+    def _note_batch(self, names: list[str], notes: list[RoundRow]) -> int:
+        """`note_skipped` for ``notes``, whose names are ``names`` (sorted): one
+        transaction."""
         instants = sorted({int(round_values(note)["instant"]) for note in notes})
         with translate_errors("note skipped instants"), self._transaction() as conn:
             # The names' lease rows locked (in name order, as claims lock them) make
