@@ -26,14 +26,17 @@ for claim in store.claim(["nightly-report"], instant, holder="replica-1"):
 #                rerun), _history (history, replicas, prune, survey), _pause, _notes
 #                (skipped and acknowledged instants), _restore
 #                (a row gone under its round written back), _core
-#                (plumbing, the fence check), _rows (values), _dialect
+#                (plumbing, the fence check), _fence (the fence check of many holders,
+#                locking), _rows (values), _dialect
 #   _schedules   schedules made of data: their rows and change counter
+#   _schedule_leases  their lease rows, and when each one's timing was committed
 #   _admission   the descriptors a stream worker pinned at admission; a name's definition
-#   _outbox      publications handed to another system (recorded, retried, marked sent)
-#                and bodies run once per id
+#   _outbox      publications handed to another system (retried, marked sent) and bodies
+#                run once per id; _outbox_record puts them on record, one or many at once
 #   _trigger     Triggers: requests for a round now (run-now) and catch-ups on resume
 #   _backfill    Backfills: past instants run again under the lease, one at a time
-#   _tally       Tally: the history's instants of the last day, for the missed count
+#   _tally       Tally: the history's and the outbox's instants of the last day, for the
+#                missed count
 #   _engine      engines suited to leases (SQLite's single connection), their async
 #                counterparts and driver swaps, URL redaction
 #   _migrate     alembic migrations to head, under a lock
@@ -70,22 +73,27 @@ from ._migrate import head_revision as head_revision
 from ._migrate import migrate as migrate
 from ._notes import ACK_NOTE as ACK_NOTE
 from ._notes import SKIP_NOTE as SKIP_NOTE
-from ._outbox import ONCE_DONE as ONCE_DONE
-from ._outbox import ONCE_RUNNING as ONCE_RUNNING
+from ._once import ONCE_DONE as ONCE_DONE
+from ._once import ONCE_RUNNING as ONCE_RUNNING
+from ._once import begin_once as begin_once
+from ._once import finish_once as finish_once
+from ._once import release_once as release_once
 from ._outbox import OutboxRow as OutboxRow
 from ._outbox import OutboxSummary as OutboxSummary
-from ._outbox import begin_once as begin_once
 from ._outbox import claim_publication as claim_publication
 from ._outbox import defer_publications as defer_publications
 from ._outbox import due_publications as due_publications
-from ._outbox import finish_once as finish_once
+from ._outbox import held_publications as held_publications
 from ._outbox import mark_published as mark_published
+from ._outbox import mark_published_many as mark_published_many
+from ._outbox import next_publication_ms as next_publication_ms
 from ._outbox import orphaned_publications as orphaned_publications
 from ._outbox import outbox_summary as outbox_summary
 from ._outbox import prune_outbox as prune_outbox
-from ._outbox import record_publication as record_publication
-from ._outbox import release_once as release_once
 from ._outbox import resolve_obsolete as resolve_obsolete
+from ._outbox_record import Publication as Publication
+from ._outbox_record import record_publication as record_publication
+from ._outbox_record import record_publications as record_publications
 from ._pause import paused_names as paused_names
 from ._pause import set_paused_on as set_paused_on
 from ._records import COUNTED_FAILURES as COUNTED_FAILURES
@@ -96,20 +104,20 @@ from ._records import ReplicaRow as ReplicaRow
 from ._records import RoundRow as RoundRow
 from ._restore import CutRound as CutRound
 from ._revived import forgo_former_rounds as forgo_former_rounds
+from ._schedule_leases import leased_names as leased_names
+from ._schedule_leases import redeploy_schedule_leases as redeploy_schedule_leases
+from ._schedule_leases import schedule_lease_rows as schedule_lease_rows
 from ._schedules import POLICIES_FORMAT as POLICIES_FORMAT
 from ._schedules import SCHEDULE_FORMAT as SCHEDULE_FORMAT
 from ._schedules import ScheduleRow as ScheduleRow
 from ._schedules import bump_schedule_rev as bump_schedule_rev
 from ._schedules import insert_schedules as insert_schedules
-from ._schedules import leased_names as leased_names
 from ._schedules import prune_schedules as prune_schedules
 from ._schedules import read_schedule_rev as read_schedule_rev
 from ._schedules import read_schedules as read_schedules
-from ._schedules import redeploy_schedule_leases as redeploy_schedule_leases
 from ._schedules import remove_schedule as remove_schedule
 from ._schedules import replace_schedules as replace_schedules
 from ._schedules import schedule_changes as schedule_changes
-from ._schedules import schedule_lease_rows as schedule_lease_rows
 from ._schedules import schedule_values as schedule_values
 from ._schedules import taken_schedule_ids as taken_schedule_ids
 from ._schedules import tell_on_commit as tell_on_commit
@@ -181,6 +189,7 @@ __all__ = [
     "OutboxRow",
     "OutboxSummary",
     "POLICIES_FORMAT",
+    "Publication",
     "REASON_LENGTH",
     "REQUEST_TTL",
     "ReplicaRow",
@@ -219,12 +228,15 @@ __all__ = [
     "finish_once",
     "forgo_former_rounds",
     "head_revision",
+    "held_publications",
     "insert_schedules",
     "is_async_url",
     "leased_names",
     "mark_published",
+    "mark_published_many",
     "metadata",
     "migrate",
+    "next_publication_ms",
     "once_state",
     "orphaned_publications",
     "outbox_summary",
@@ -235,6 +247,7 @@ __all__ = [
     "read_schedule_rev",
     "read_schedules",
     "record_publication",
+    "record_publications",
     "redact",
     "redeploy_schedule_leases",
     "release_once",

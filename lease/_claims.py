@@ -15,6 +15,7 @@ from ._core import _StoreCore, _t, logger
 from ._dialect import _db_now_ms
 from ._exceptions import DatabaseUnavailable, translate_errors
 from ._mysql_due import DEADLOCK_RETRIES, is_deadlock, write_due
+from ._previous import ended_round, gave_up
 from ._rows import (
     _UNFINISHED,
     Claim,
@@ -32,7 +33,14 @@ from ._schema import NAME_LENGTH
 from ._text import check_holder
 
 #: What a claim reads back of each row it claimed (see `LeaseStore._claim`).
-_BATCH_COLUMNS: Final = (_t.c.name, _t.c.prev_instant, _t.c.prev_state, _t.c.prev_attempt)
+_BATCH_COLUMNS: Final = (
+    _t.c.name,
+    _t.c.prev_instant,
+    _t.c.prev_state,
+    _t.c.prev_attempt,
+    _t.c.prev_start_ms,
+    _t.c.last_end_ms,
+)
 
 
 #: The most names `_Claims.unclaimed` returns unless told otherwise. Past it the
@@ -67,27 +75,6 @@ def _due_seconds(due: Mapping[str, datetime | None]) -> dict[str, int]:
             epoch = seconds[when] = _seconds_floor(when, "due")
         out[name] = epoch
     return out
-
-
-def _previous_round(
-    name: str, prev_instant: object, prev_attempt: object
-) -> tuple[datetime, int] | None:
-    """The unfinished round a claim of ``name`` gave up, as ``(instant, attempt)``;
-    ``None`` (logged) when the row held a malformed one."""
-    if (
-        _is_int(prev_instant)
-        and prev_instant >= 0
-        and _is_int(prev_attempt)
-        and prev_attempt in (1, 2)
-    ):
-        return _from_seconds(prev_instant), prev_attempt
-    logger.warning(
-        "lease row %r held a malformed previous round (%r, %r); not reported",
-        name,
-        prev_instant,
-        prev_attempt,
-    )
-    return None
 
 
 class _Claims(_StoreCore):
@@ -273,8 +260,9 @@ class _Claims(_StoreCore):
         for retry in range(DEADLOCK_RETRIES + 1):
             try:
                 with translate_errors("claim leases"), self._transaction() as conn:
-                    # Rows as tuples: (name, prev_instant, prev_state, prev_attempt). The
-                    # instant, the attempt and the token are the ones just written.
+                    # Rows as tuples: (name, prev_instant, prev_state, prev_attempt,
+                    # prev_start_ms, last_end_ms). The instant, the attempt and the token
+                    # are the ones just written; a claim leaves the last end as it was.
                     rows = self._update_returning(
                         conn,
                         stmt,
@@ -287,8 +275,7 @@ class _Claims(_StoreCore):
                     )
                     if due is not None and self._mysql and rows:
                         write_due(conn, rows, due, token)
-                    # Before the commit: a claimer that waited on these rows sees who
-                    # took them.
+                    # Before the commit: a claimer waiting on these rows sees who took them.
                     if self._watched():
                         self._held([(row[0], token) for row in rows], now_ms, epoch)
                 break
@@ -299,16 +286,16 @@ class _Claims(_StoreCore):
                     raise
                 logger.debug("claim of %d lease(s) deadlocked; running it again", len(wanted))
         instant = _from_seconds(epoch)
-        superseded: dict[str, tuple[datetime, int]] = {}
-        won: set[str] = set()
-        for name, prev_instant, prev_state, prev_attempt in rows:
-            won.add(name)
-            if prev_state in _UNFINISHED:
-                previous = _previous_round(name, prev_instant, prev_attempt)
-                if previous is not None:
-                    superseded[name] = previous
+        won, superseded = {row[0] for row in rows}, gave_up(rows, epoch)
+        ended = {
+            row[0]: held
+            for row in rows
+            if row[2] not in _UNFINISHED and (held := ended_round(row[1], row[4], row[5]))
+        }
         names = tuple(name for name in wanted if name in won)
-        return ClaimBatch(instant=instant, token=token, names=names, superseded=superseded)
+        return ClaimBatch(
+            instant=instant, token=token, names=names, superseded=superseded, ended=ended
+        )
 
     def _claim_statement(self, *, given_clock: bool, due: bool) -> tuple[sa.Update, sa.Update]:
         """The claim's UPDATE, built once per store (and clock kind, and whether it
@@ -373,6 +360,7 @@ class _Claims(_StoreCore):
                 (_t.c.prev_instant, _t.c.instant),
                 (_t.c.prev_state, _t.c.state),
                 (_t.c.prev_attempt, _t.c.attempt),
+                (_t.c.prev_start_ms, _t.c.last_start_ms),
                 (_t.c.instant, epoch),
                 (_t.c.attempt, 1),
                 (_t.c.state, LeaseState.RUNNING.value),
@@ -392,7 +380,8 @@ class _Claims(_StoreCore):
 
         Succeeds only when the row's instant is ``instant``, its attempt is 1, its state
         is ``running`` or ``cut`` (not ``done``), its lease is free, and it is not paused.
-        A new token is drawn; ``superseded`` is ``None`` (the round is the same one).
+        A new token is drawn; ``superseded`` is the round the instant's first claim gave
+        up, if any (the round is the same one: the row keeps it through its second runs).
 
         Returns:
             The claim, or ``None`` when the rule refuses it (another replica re-ran it
@@ -408,8 +397,8 @@ class _Claims(_StoreCore):
         that came back too late). None for an empty ``names``.
 
         Returns:
-            The second runs won (``attempt`` 2, nothing ``superseded``), in the order of
-            ``names``.
+            The second runs won (``attempt`` 2), in the order of ``names``, each
+            ``superseded`` as `claim_rerun` says.
 
         Raises:
             ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
@@ -435,9 +424,6 @@ class _Claims(_StoreCore):
                 _t.c.paused_ms.is_(None),
             )
             .ordered_values(
-                (_t.c.prev_instant, _t.c.instant),
-                (_t.c.prev_state, _t.c.state),
-                (_t.c.prev_attempt, _t.c.attempt),
                 (_t.c.attempt, 2),
                 (_t.c.state, LeaseState.RUNNING.value),
                 (_t.c.token, token),
@@ -450,7 +436,7 @@ class _Claims(_StoreCore):
             rows = self._update_returning(
                 conn,
                 stmt,
-                (_t.c.name,),
+                _BATCH_COLUMNS,
                 lambda: (_t.c.token == token, _t.c.name.in_(wanted)),
                 tuples=True,
                 **params,
@@ -461,7 +447,7 @@ class _Claims(_StoreCore):
             instant=_from_seconds(epoch),
             token=token,
             names=tuple(name for name in wanted if name in won),
-            superseded={},
+            superseded=gave_up(rows, epoch),
             attempt=2,
         )
 

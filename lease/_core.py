@@ -92,6 +92,8 @@ _IN_LIST_LIMIT: Final = 500
 
 
 _t = lease_table
+#: `LeaseStore.holds`' statements, by (on the database's clock, a locking read).
+_HOLDS: dict[tuple[bool, bool], sa.Select[int]] = {}
 _h = round_table
 _p = replica_table
 _q = trigger_table
@@ -184,9 +186,9 @@ class _StoreCore:
         default, on an engine you pass in) would see the snapshot of the first check and
         miss a claim committed since.
         """
-        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        stmt, params = self._holds_bound(name, token, connection.dialect, final=final)
         with translate_errors("check a lease"):
-            return connection.execute(stmt).first() is not None
+            return connection.execute(stmt, params).first() is not None
 
     async def holds_async(
         self, connection: AsyncConnection, name: str, token: int, *, final: bool = False
@@ -196,9 +198,9 @@ class _StoreCore:
 
         The same statement, awaited: the caller's event loop keeps running meanwhile.
         """
-        stmt = self._holds_statement(name, token, connection.dialect, final=final)
+        stmt, params = self._holds_bound(name, token, connection.dialect, final=final)
         with translate_errors("check a lease"):
-            return (await connection.execute(stmt)).first() is not None
+            return (await connection.execute(stmt, params)).first() is not None
 
     def holds_statement(
         self, name: str, token: int, dialect: Dialect, *, final: bool = False
@@ -228,6 +230,38 @@ class _StoreCore:
         if final and dialect.name in ("mysql", "mariadb"):
             stmt = stmt.with_for_update(read=True)
         return stmt
+
+    def _holds_bound(
+        self, name: str, token: int, dialect: Dialect, *, final: bool
+    ) -> tuple[sa.Select[int], dict[str, Any]]:
+        """`_holds_statement`'s statement, built once per shape and run with its values
+        as parameters: every fenced transaction runs it twice, and building it each
+        time cost a third of the check's CPU."""
+        (wanted,) = _names([name])
+        now_ms = self._clock_ms()
+        locking = final and dialect.name in ("mysql", "mariadb")
+        key = (now_ms is None, locking)
+        stmt = _HOLDS.get(key)
+        if stmt is None:
+            now = (
+                _db_now_ms() if now_ms is None else sa.bindparam("holds_now", type_=sa.BigInteger())
+            )
+            stmt = (
+                sa.select(sa.literal(1))
+                .select_from(_t)
+                .where(
+                    _t.c.name == sa.bindparam("holds_name"),
+                    _t.c.token == sa.bindparam("holds_token"),
+                    _t.c.expires_ms > now,
+                )
+            )
+            if locking:
+                stmt = stmt.with_for_update(read=True)
+            _HOLDS[key] = stmt
+        params: dict[str, Any] = {"holds_name": wanted, "holds_token": _check_token(token)}
+        if now_ms is not None:
+            params["holds_now"] = now_ms
+        return stmt, params
 
     # -- helpers -------------------------------------------------------------------
 

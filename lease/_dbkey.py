@@ -13,7 +13,9 @@ schedulers of the other:
   resolve stays itself, in lower case;
 - a missing port is the backend's default;
 - a SQLite file is named by its real path (``dir/./file``, a relative path, a symlink);
-- the password is never part of it (it is kept in memory and may be logged).
+- the password is never part of it (it is kept in memory and may be logged);
+- PyMySQL's ``ssl_disabled`` is left out: it does not name a database, and the async
+  URL of a MariaDB/MySQL one goes without it (`lease.async_url`).
 
 The database name, user and query (a PostgreSQL ``search_path``, say) stay: they may
 name another database on the same server.
@@ -28,6 +30,8 @@ import socket
 from typing import Final
 
 import sqlalchemy as sa
+
+from ._engine import PYMYSQL_ONLY_OPTIONS
 
 __all__ = ["database_key"]
 
@@ -62,6 +66,8 @@ def database_key(url: str | sa.URL) -> str:
     backend = parsed.get_backend_name()
     backend = "mysql" if backend == "mariadb" else backend
     parsed = parsed.set(drivername=backend, password=None)
+    if backend == "mysql":
+        parsed = parsed.difference_update_query(PYMYSQL_ONLY_OPTIONS)
     if backend == "sqlite":
         database = parsed.database
         if database and database != ":memory:" and not database.startswith("file:"):

@@ -49,6 +49,14 @@ class _db_now_ms(FunctionElement[int]):  # lower case, like the SQL functions it
     name = "lease_now_ms"
 
 
+def _now_ms_or(now_ms: int | None) -> sa.ColumnElement[int]:
+    """``now_ms`` as a statement's value (a writer's ``now=``, on its clock), or the
+    database clock's now (`_db_now_ms`) when it is ``None``."""
+    if now_ms is None:
+        return _db_now_ms()
+    return sa.literal(now_ms, sa.BigInteger())
+
+
 # statement_timestamp(), not clock_timestamp(): one value for the whole statement, so the
 # "is it free" test and the new expiry in one UPDATE read the same now (clock_timestamp()
 # would be read again for each row).

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
+    "POOL_SIZE",
     "SQLITE_BUSY_TIMEOUT",
     "async_url",
     "behind_transaction_pooler",
@@ -35,6 +36,13 @@ __all__ = [
 #: How long, in seconds, a SQLite writer waits for another process's write lock
 #: before the statement fails with "database is locked".
 SQLITE_BUSY_TIMEOUT = 30.0
+
+#: The connections a server engine made here keeps, and the most it opens at once
+#: (``pool_size``, with ``max_overflow=0``): as many as SQLAlchemy's default pool opened
+#: at most (5 + 10 overflow), but kept once opened. A pool that overflowed closed each
+#: connection past its 5 when it came back, so every burst of rounds (the instants of
+#: many hand-off jobs falling together) opened new ones: hundreds a minute.
+POOL_SIZE = 15
 
 #: libpq settings for PostgreSQL connections made here, unless the URL sets them: a
 #: connection whose peer vanished (a network partition, a black-holed route) fails
@@ -86,6 +94,10 @@ ASYNC_DRIVERS = {
     "mariadb": (("aiomysql", "aiomysql"), ("asyncmy", "asyncmy")),
 }
 
+#: PyMySQL's URL options that aiomysql and asyncmy do not take (and need not: they use
+#: no TLS unless given a context), dropped from a URL given to those drivers.
+PYMYSQL_ONLY_OPTIONS = ("ssl_disabled",)
+
 #: What to install for the async drivers of each database (extras of ``cronjob-lease``).
 ASYNC_EXTRAS = {
     "postgresql": "cronjob-lease[postgres-async] (psycopg and greenlet), or asyncpg and greenlet",
@@ -116,8 +128,10 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
     - SQLite in memory (``sqlite://``, ``:memory:``, ``file::memory:``,
       ``mode=memory``): refused (see `refuse_sqlite_memory`).
     - Any other database: ``pool_pre_ping=True`` (a connection the server closed is
-      replaced, not handed out) and ``READ COMMITTED`` isolation, which the lease
-      statements are written for.
+      replaced, not handed out), ``READ COMMITTED`` isolation, which the lease
+      statements are written for, and a pool of `POOL_SIZE` connections opened as needed
+      and kept (``max_overflow=0``), unless ``pool_size``, ``max_overflow``, ``poolclass`` or
+      ``pool`` is given.
     - PostgreSQL with psycopg: also TCP keepalives and a TCP user timeout
       (`POSTGRES_CONNECT_DEFAULTS`, each unless the URL's query sets it).
     - MariaDB/MySQL with PyMySQL: the same TCP keepalives and user timeout, set on each
@@ -222,7 +236,9 @@ def async_url(url: str | URL) -> URL:
     """Return ``url`` (a sync driver's) with the first installed async driver.
 
     PostgreSQL: psycopg's async mode, else asyncpg; SQLite: aiosqlite; MariaDB/MySQL:
-    aiomysql, else asyncmy. A URL that already names an async driver is returned as is.
+    aiomysql, else asyncmy, without PyMySQL's ``ssl_disabled`` (they take no such option,
+    and use no TLS unless given a context). A URL that already names an async driver is
+    returned as is.
 
     Raises:
         DatabaseError: none of the database's async drivers, or greenlet, is installed
@@ -234,6 +250,8 @@ def async_url(url: str | URL) -> URL:
             return parsed
     backend = parsed.get_backend_name()
     candidates = ASYNC_DRIVERS.get(backend, ())
+    if backend in ("mysql", "mariadb"):
+        parsed = parsed.difference_update_query(PYMYSQL_ONLY_OPTIONS)
     for driver, module in candidates:
         if importlib.util.find_spec(module) is not None:
             found = parsed.set(drivername=f"{backend}+{driver}")
@@ -266,6 +284,8 @@ def _engine_options(parsed: URL, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
         connect_args |= kwargs.pop("connect_args", {})
         return {"pool_size": 1, "max_overflow": 0, "connect_args": connect_args}, kwargs
     options: dict[str, Any] = {"pool_pre_ping": True}
+    if not {"pool_size", "max_overflow", "poolclass", "pool"} & kwargs.keys():
+        options |= {"pool_size": POOL_SIZE, "max_overflow": 0}
     if backend in ("postgresql", "mysql", "mariadb"):
         options["isolation_level"] = "READ COMMITTED"
     if pooled and driver == "asyncpg":

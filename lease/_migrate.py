@@ -11,13 +11,14 @@ logger (the revision, and what it did); alembic's lines are DEBUG records meanwh
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.resources
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -26,9 +27,9 @@ from ._alembic_log import alembic_at_debug
 
 # Alembic logs a line per plugin as it is imported: at DEBUG, as its other lines.
 with alembic_at_debug():
-    import alembic.command
     import alembic.util
     from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
@@ -156,10 +157,8 @@ def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
             if current == head:  # another replica migrated while this one waited
                 return f"lease schema at {head}"
             _check_known(script, current, head)
-            config = _config()
-            config.attributes["connection"] = conn
             try:
-                alembic.command.upgrade(config, "head")
+                _upgrade(conn)
             except alembic.util.CommandError as exc:
                 raise MigrationFailed(f"migrating the lease tables failed: {exc}") from exc
             conn.commit()
@@ -176,8 +175,25 @@ def _config() -> Config:
     return config
 
 
+@functools.cache
 def _script() -> ScriptDirectory:
+    """The migrations, read once a process: alembic reads (and compiles) every revision
+    file each time it builds one, which cost more than the upgrade of a new database."""
     return ScriptDirectory.from_config(_config())
+
+
+def _upgrade(conn: Connection) -> None:
+    """Upgrade to head on ``conn``: what ``alembic.command.upgrade(config, "head")``
+    does, with the revisions already read (`_script`) instead of read again."""
+    config = _config()
+    config.attributes["connection"] = conn
+    script = _script()
+
+    def revisions(current: str, context: MigrationContext) -> Any:
+        return script._upgrade_revs("head", current)  # as alembic's own command does
+
+    with EnvironmentContext(config, script, fn=revisions, destination_rev="head"):
+        script.run_env()
 
 
 def _current(conn: Connection) -> str | None:

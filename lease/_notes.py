@@ -60,8 +60,9 @@ class _Notes(_StoreCore):
                 .order_by(_t.c.name)
                 .with_for_update()
             ).all()
-            found = set(
-                conn.execute(
+            found = {
+                (str(name), int(instant))
+                for name, instant in conn.execute(
                     sa.select(_h.c.name, _h.c.instant)
                     .where(
                         _h.c.why == SKIP_NOTE,
@@ -69,8 +70,8 @@ class _Notes(_StoreCore):
                         _h.c.instant.in_(instants),
                     )
                     .with_for_update()
-                ).tuples()
-            )
+                )
+            }
             fresh: dict[tuple[str, int], dict[str, object]] = {}
             for note in notes:
                 values = round_values(note)

@@ -7,7 +7,7 @@ import enum
 import json
 import secrets
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeGuard
 
@@ -106,6 +106,11 @@ class LeaseRow:
     acked: datetime | None = None
     acked_by: str | None = None
     ack_reason: str | None = None
+    #: When a schedule made of data's timing was committed — added, added again, its
+    #: spec, instant or window changed — on the lease clock or the writer's ``now=``
+    #: (revision 0017). ``None`` on a registered job's row and on one an older release
+    #: wrote.
+    committed: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,10 +144,16 @@ class ClaimBatch:
     #: The names claimed, in the order they were asked for.
     names: tuple[str, ...]
     #: The names whose row's previous round was unfinished (``running`` or ``cut``),
-    #: each with the round the claim gave up, as ``(instant, attempt)``.
+    #: each with the round the claim gave up, as ``(instant, attempt)``; for second
+    #: runs, the round their instant's first claim gave up.
     superseded: Mapping[str, tuple[datetime, int]]
     #: 1 for first runs, 2 for second runs.
     attempt: int = 1
+    #: The names whose row's previous round had ended (first runs), each with when that
+    #: round held the lease from (its instant, or its start if later) and its end, as
+    #: ``(held_from, ended)``: an instant of the job between the two had its claims
+    #: refused.
+    ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
 
     def claims(self) -> list[Claim]:
         """One [Claim][lease.Claim] per name claimed, in order."""
@@ -294,6 +305,7 @@ def _parse_row(row: RowMapping) -> LeaseRow:
             acked=_ms_or_none(row.get("acked_ms")),
             acked_by=_text_or_none(row.get("acked_by")),
             ack_reason=_text_or_none(row.get("ack_reason")),
+            committed=_ms_or_none(row.get("committed_ms")),
         )
     except OverflowError as exc:  # an epoch past datetime's range
         raise _MalformedRow(str(exc)) from None
@@ -340,6 +352,18 @@ def _json_rows(
     (checked storable: no NUL), an int or ``None``.
     """
     text = sa.bindparam(key, json.dumps(records), type_=sa.Text(), unique=True)
+    return (
+        sa.func.json_to_recordset(sa.cast(text, postgresql.JSON()))
+        .table_valued(*(sa.column(column.name, column.type) for column in columns))
+        .render_derived(with_types=True)
+    )
+
+
+def _json_recordset(key: str, *columns: sa.Column[Any]) -> sa.TableValuedAlias:
+    """PostgreSQL: `_json_rows` with the JSON text bound when the statement runs (the
+    parameter ``key``), so that a statement built on it once is compiled once and its
+    text parsed once by the driver, at any count of rows."""
+    text = sa.bindparam(key, type_=sa.Text())
     return (
         sa.func.json_to_recordset(sa.cast(text, postgresql.JSON()))
         .table_valued(*(sa.column(column.name, column.type) for column in columns))

@@ -15,7 +15,10 @@ tombstone (``removed = 1``) so that readers learn of it from the same range. The
 two transactions that change schedules wait for each other's commit.
 
 Each function takes the caller's `Connection` and runs in its transaction: nothing is
-seen by a reader before it commits, nothing at all if it rolls back.
+seen by a reader before it commits, nothing at all if it rolls back. The writes stamp
+their times (``created_ms``, ``updated_ms``) with the writer's ``now_ms`` when given,
+else with the database's clock. The schedules' lease rows, written beside, are
+``lease._schedule_leases``'s.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import RowMapping
 
 from ._core import _tell_url
-from ._dialect import _db_now_ms
+from ._dialect import _db_now_ms, _now_ms_or
 from ._exceptions import translate_errors
 from ._rows import LeaseWrite, WriteKind
-from ._schema import NEVER, lease_table, schedule_rev_table, schedule_table
+from ._schema import lease_table, schedule_rev_table, schedule_table
 
 if TYPE_CHECKING:
     from ._store import LeaseStore
@@ -48,14 +51,11 @@ __all__ = [
     "bump_schedule_rev",
     "insert_schedules",
     "prune_schedules",
-    "leased_names",
     "read_schedule_rev",
     "read_schedules",
     "remove_schedule",
     "replace_schedules",
-    "redeploy_schedule_leases",
     "schedule_changes",
-    "schedule_lease_rows",
     "taken_schedule_ids",
     "tell_on_commit",
     "tell_schedules_changed",
@@ -210,21 +210,6 @@ def tell_schedules_changed(url: str | sa.URL) -> None:
     _tell_url(url, LeaseWrite(kind=WriteKind.SCHEDULES, leases=()))
 
 
-def leased_names(conn: Connection, ids: Collection[str]) -> set[str]:
-    """Of ``ids``, those with a lease row."""
-    found: set[str] = set()
-    listed = sorted(ids)
-    with translate_errors("read leases"):
-        for start in range(0, len(listed), _BATCH):
-            chunk = listed[start : start + _BATCH]
-            found.update(
-                conn.execute(
-                    sa.select(_t.c.name).where(_among(_t.c.name, chunk, conn.dialect.name))
-                ).scalars()
-            )
-    return found
-
-
 def _locking(stmt: sa.Select[Any], conn: Connection, lock: bool) -> sa.Select[Any]:
     # A locking read reads the latest committed rows, whatever the caller's snapshot (a
     # REPEATABLE READ transaction on MariaDB/MySQL that read before would see old ones).
@@ -251,9 +236,12 @@ def taken_schedule_ids(
     return found
 
 
-def insert_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -> None:
-    """Insert ``rows`` (ids with no row) stamped ``rev``, in batches."""
-    now = _db_now_ms()
+def insert_schedules(
+    conn: Connection, rows: Sequence[ScheduleRow], rev: int, *, now_ms: int | None = None
+) -> None:
+    """Insert ``rows`` (ids with no row) stamped ``rev``, in batches, created at
+    ``now_ms`` (the database's clock when ``None``)."""
+    now = _now_ms_or(now_ms)
     stmt = _s.insert().values(rev=rev, removed=0, created_ms=now, updated_ms=now)
     params = [{"id": row.id, **schedule_values(row)} for row in rows]
     with translate_errors("add schedules"):
@@ -261,25 +249,32 @@ def insert_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) ->
             conn.execute(stmt, params[start : start + _BATCH])
 
 
-def replace_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -> None:
-    """Overwrite the rows of ``rows``' ids (tombstones come back to life), stamped ``rev``;
-    a replaced tombstone counts as created now."""
+def replace_schedules(
+    conn: Connection, rows: Sequence[ScheduleRow], rev: int, *, now_ms: int | None = None
+) -> None:
+    """Overwrite the rows of ``rows``' ids (tombstones come back to life), stamped ``rev``
+    and updated at ``now_ms`` (the database's clock when ``None``); a replaced tombstone
+    counts as created then."""
+    now = _now_ms_or(now_ms)
+    # In this order: MariaDB/MySQL's SET reads the columns already assigned, so
+    # ``created_ms`` reads ``removed`` before it is cleared (the table's column order,
+    # SQLAlchemy's own, would clear it first and keep a re-added schedule's old birth).
     stmt = (
         _s.update()
         .where(_s.c.id == sa.bindparam("b_id"))
-        .values(
-            task=sa.bindparam("task"),
-            spec=sa.bindparam("spec"),
-            at_s=sa.bindparam("at_s"),
-            args=sa.bindparam("args"),
-            start_s=sa.bindparam("start_s"),
-            end_s=sa.bindparam("end_s"),
-            format=sa.bindparam("format"),
-            policies=sa.bindparam("policies"),
-            rev=rev,
-            created_ms=sa.case((_s.c.removed == 1, _db_now_ms()), else_=_s.c.created_ms),
-            removed=0,
-            updated_ms=_db_now_ms(),
+        .ordered_values(
+            (_s.c.created_ms, sa.case((_s.c.removed == 1, now), else_=_s.c.created_ms)),
+            (_s.c.removed, 0),
+            (_s.c.task, sa.bindparam("task")),
+            (_s.c.spec, sa.bindparam("spec")),
+            (_s.c.at_s, sa.bindparam("at_s")),
+            (_s.c.args, sa.bindparam("args")),
+            (_s.c.start_s, sa.bindparam("start_s")),
+            (_s.c.end_s, sa.bindparam("end_s")),
+            (_s.c.format, sa.bindparam("format")),
+            (_s.c.policies, sa.bindparam("policies")),
+            (_s.c.rev, rev),
+            (_s.c.updated_ms, now),
         )
     )
     params = [{"b_id": row.id, **schedule_values(row)} for row in rows]
@@ -288,86 +283,37 @@ def replace_schedules(conn: Connection, rows: Sequence[ScheduleRow], rev: int) -
             conn.execute(stmt, params[start : start + _BATCH])
 
 
-def update_schedule(conn: Connection, id_: str, values: Mapping[str, Any], rev: int) -> bool:
+def update_schedule(
+    conn: Connection,
+    id_: str,
+    values: Mapping[str, Any],
+    rev: int,
+    *,
+    now_ms: int | None = None,
+) -> bool:
     """Set ``values`` (columns of `schedule_values`) on the live schedule ``id_``,
-    stamped ``rev``. Returns whether there was one."""
+    stamped ``rev``, updated at ``now_ms`` (the database's clock when ``None``). Returns
+    whether there was one."""
     stmt = (
         _s.update()
         .where(_s.c.id == id_, _s.c.removed == 0)
-        .values({**values, "rev": rev, "updated_ms": _db_now_ms()})
+        .values({**values, "rev": rev, "updated_ms": _now_ms_or(now_ms)})
     )
     with translate_errors("update a schedule"):
         return conn.execute(stmt).rowcount == 1
 
 
-def remove_schedule(conn: Connection, id_: str, rev: int) -> bool:
-    """Make the live schedule ``id_`` a tombstone stamped ``rev``; its lease row and
+def remove_schedule(conn: Connection, id_: str, rev: int, *, now_ms: int | None = None) -> bool:
+    """Make the live schedule ``id_`` a tombstone stamped ``rev`` at ``now_ms`` (the
+    database's clock when ``None``: the prune's age counts from it); its lease row and
     history stay (a round in flight ends on record). Returns whether there was one."""
     stmt = (
         _s.update()
         .where(_s.c.id == id_, _s.c.removed == 0)
-        .values(removed=1, rev=rev, updated_ms=_db_now_ms())
+        .values(removed=1, rev=rev, updated_ms=_now_ms_or(now_ms))
     )
     with translate_errors("remove a schedule"):
         return conn.execute(stmt).rowcount == 1
-
-
-def redeploy_schedule_leases(
-    conn: Connection, specs: Mapping[str, str], *, unpause: Collection[str] = ()
-) -> None:
-    """The lease rows of schedules whose timing changed (``specs``: id -> spec text): the
-    new spec on record, retimed (``spec_ms``), deployment cleared, so the first replica
-    that runs it marks it deployed then (`LeaseStore.ensure`) and catch-up owes no
-    instant of the new timing before (nor of the old one). The ids of ``unpause``
-    (removed schedules added again) lose the pause their old row kept."""
-    if not specs:
-        return
-    stmt = (
-        _t.update()
-        .where(_t.c.name == sa.bindparam("b_name"))
-        .values(spec=sa.bindparam("b_spec"), deployed_ms=None, spec_ms=_db_now_ms())
-    )
-    params = [{"b_name": id_, "b_spec": spec} for id_, spec in sorted(specs.items())]
-    unpaused = sorted(unpause)
-    with translate_errors("change schedules"):
-        for start in range(0, len(params), _BATCH):
-            conn.execute(stmt, params[start : start + _BATCH])
-        for start in range(0, len(unpaused), _BATCH):
-            chunk = unpaused[start : start + _BATCH]
-            conn.execute(
-                _t.update()
-                .where(_among(_t.c.name, chunk, conn.dialect.name))
-                .values(paused_ms=None, paused_by=None, pause_reason=None)
-            )
-
-
-def schedule_lease_rows(
-    conn: Connection, specs: Mapping[str, str], *, paused_by: str | None = None
-) -> None:
-    """Give each id of ``specs`` (id -> spec text) a lease row if it has none: never
-    claimed, its deployment left to the first replica that runs it (`LeaseStore.ensure`).
-    With ``paused_by``, the ids' rows are paused (those not paused yet)."""
-    if not specs:
-        return
-    ids = sorted(specs)
-    have = leased_names(conn, ids)
-    with translate_errors("add schedules"):
-        paused = {} if paused_by is None else {"paused_ms": _db_now_ms(), "paused_by": paused_by}
-        new = [{"name": id_, "spec": specs[id_]} for id_ in ids if id_ not in have]
-        insert = _t.insert().values(instant=NEVER, attempt=1, state="new", token=0, **paused)
-        for start in range(0, len(new), _BATCH):
-            conn.execute(insert, new[start : start + _BATCH])
-        kept = [id_ for id_ in ids if id_ in have]
-        if paused and kept:
-            for start in range(0, len(kept), _BATCH):
-                conn.execute(
-                    _t.update()
-                    .where(
-                        _among(_t.c.name, kept[start : start + _BATCH], conn.dialect.name),
-                        _t.c.paused_ms.is_(None),
-                    )
-                    .values(paused)
-                )
 
 
 def read_schedules(

@@ -33,6 +33,12 @@
 - revision 0016 adds the acknowledgement of missed instants to ``cronjob_lease``
   (``acked_s``, ``acked_ms``, ``acked_by``, ``ack_reason``): the instants up to
   ``acked_s`` that no round ran stop counting as missed.
+- revision 0017 adds ``committed_ms`` to ``cronjob_lease``: when a schedule made of
+  data's timing was committed (its add, its re-add, a change of its spec, instant or
+  window), so catch-up owes it the instants after that even if no replica ran then.
+- revision 0018 adds ``prev_start_ms`` to ``cronjob_lease``: when the round before a
+  first run's claim took the lease, copied by that claim, so it knows how long that
+  round held it.
 
 ``alembic/env.py`` targets `metadata`, and a test checks that the migrations
 produce exactly this definition on every supported database.
@@ -141,8 +147,8 @@ lease_table = sa.Table(
     # Epoch seconds: a round that ran to its end records its end here; every instant
     # up to it that the round overran stays skipped.
     sa.Column("skipped_through", sa.BigInteger(), nullable=True),
-    # What the row held before the latest claim, so a claimer can tell it superseded
-    # an unfinished round.
+    # What the row held before its instant's first claim (its second runs leave them),
+    # so a claimer can tell it superseded an unfinished round.
     sa.Column("prev_instant", sa.BigInteger(), nullable=True),
     sa.Column("prev_state", sa.String(16), nullable=True),
     sa.Column("prev_attempt", sa.SmallInteger(), nullable=True),
@@ -190,6 +196,17 @@ lease_table = sa.Table(
     sa.Column("acked_ms", sa.BigInteger(), nullable=True),
     sa.Column("acked_by", sa.String(HOLDER_LENGTH), nullable=True),
     sa.Column("ack_reason", sa.String(REASON_LENGTH), nullable=True),
+    # Revision 0017, nullable: epoch milliseconds on the lease clock (or the writer's
+    # ``now=``) at which a schedule made of data's timing was committed — added, added
+    # again, its spec, instant or window changed — written by the schedules API in the
+    # writer's transaction; the catch-up owes the schedule the instants after it, even
+    # those that passed while no replica ran. NULL: a registered job's row, or one an
+    # older release wrote (owed nothing from before its first deployment, as before).
+    sa.Column("committed_ms", sa.BigInteger(), nullable=True),
+    # Revision 0018, nullable: a first run's claim copies ``last_start_ms`` (when the
+    # round before it took the lease) here before writing its own; with ``last_end_ms``
+    # it tells how long that round held the lease. NULL: not known (an older release).
+    sa.Column("prev_start_ms", sa.BigInteger(), nullable=True),
     # Revision 0009: the reads that ran over the whole table per replica reach only the
     # rows they are about. The first rounds not run to their end (the sweep's survey):
     # on PostgreSQL and SQLite an index of those rows alone, so a round's end takes its

@@ -47,6 +47,7 @@ from ._dialect import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS
 from ._dialect import check_dialect as check_dialect
 from ._ends import _Ends
 from ._exceptions import translate_errors
+from ._fence import _Fence
 from ._history import _History
 from ._notes import _Notes
 from ._pause import _Pause
@@ -123,7 +124,7 @@ def _lowered(
     )
 
 
-class LeaseStore(_Claims, _Ends, _History, _Notes, _Pause, _Restore):
+class LeaseStore(_Claims, _Ends, _Fence, _History, _Notes, _Pause, _Restore):
     """The lease table of one database, read and written on the lease clock.
 
     Every operation is one statement, or — where the dialect cannot return rows from an

@@ -8,7 +8,7 @@ from collections.abc import Collection
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from ._dialect import _db_now_ms
+from ._dialect import _now_ms_or
 from ._exceptions import translate_errors
 from ._schema import lease_table as _t
 
@@ -18,17 +18,24 @@ __all__ = ["retime_schedule_leases"]
 _BATCH = 500
 
 
-def retime_schedule_leases(conn: Connection, ids: Collection[str]) -> None:
-    """Mark the lease rows of schedules ``ids`` as retimed now (``spec_ms``, the
-    database's clock), in ``conn``'s transaction: their timing changed — a spec or
-    instant (`redeploy_schedule_leases` marks those itself), or a start/end that moved
-    the schedule's instants without redeploying it. Missed instants are counted from
-    it. A schedule without a lease row (never run) is left alone: nothing counts it."""
+def retime_schedule_leases(
+    conn: Connection, ids: Collection[str], *, now_ms: int | None = None
+) -> None:
+    """Mark the lease rows of schedules ``ids`` as retimed and committed at ``now_ms``
+    (``spec_ms`` and ``committed_ms``; the database's clock when ``None``), in ``conn``'s
+    transaction: their timing changed — a spec or instant (`redeploy_schedule_leases`
+    marks those itself), or a start/end that moved the schedule's instants without
+    redeploying it. Missed instants are counted from it, and a schedule that no replica
+    has run yet is owed its instants from it. A schedule without a lease row (never run)
+    is left alone: nothing counts it."""
     names = sorted(set(ids))
+    now = _now_ms_or(now_ms)
     with translate_errors("change schedules"):
         for start in range(0, len(names), _BATCH):
             chunk = names[start : start + _BATCH]
-            conn.execute(_t.update().where(_t.c.name.in_(chunk)).values(spec_ms=_db_now_ms()))
+            conn.execute(
+                _t.update().where(_t.c.name.in_(chunk)).values(spec_ms=now, committed_ms=now)
+            )
 
 
 def spec_changed_ms(
