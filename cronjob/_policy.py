@@ -83,6 +83,9 @@ class CatchUp(enum.StrEnum):
     NONE = "none"
     #: Every one within the window, oldest first, one at a time, each on record.
     ALL = "all"
+    #: The oldest one within the window, once; then the next instant to come (the
+    #: Cyclone peer's rule: the first slot a schedule missed is the one its work is for).
+    OLDEST = "oldest"
 
 
 class PolicyOptions(TypedDict, total=False):
@@ -107,7 +110,8 @@ class PolicyOptions(TypedDict, total=False):
     #: An instant that falls while a round runs: ``"skip"``, ``"buffer_one"`` or
     #: ``"cancel_other"`` (see `Overlap`).
     overlap: Overlap | str
-    #: The missed instants run late: ``"latest"``, ``"none"`` or ``"all"`` (see `CatchUp`).
+    #: The missed instants run late: ``"latest"``, ``"none"``, ``"all"`` or ``"oldest"``
+    #: (see `CatchUp`).
     catch_up: CatchUp | str
     #: How far back catch-up looks (default one day).
     catch_up_window: Seconds
@@ -143,7 +147,8 @@ class Policy:
             (`Overlap.BUFFER_ONE`), or it cancels the running round and starts once that
             has ended (`Overlap.CANCEL_OTHER`). No two rounds of a job run at once.
         catch_up: Which instants no replica ran (all down, the database out) run late:
-            the latest (`CatchUp.LATEST`), none, or all oldest first (`CatchUp.ALL`).
+            the latest (`CatchUp.LATEST`), none, all oldest first (`CatchUp.ALL`), or the
+            oldest alone (`CatchUp.OLDEST`).
         catch_up_window: Only instants at most this old are caught up.
         on_success: The job's `SuccessHook`; ``None``: none.
         heartbeat: An ``http(s)`` URL pinged on the hooks thread (bounded to 5 s): with

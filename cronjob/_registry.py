@@ -60,6 +60,11 @@ class Job:
             registered job.
         args: For a schedule made of data, the JSON text of its arguments.
 
+    A leased job whose ``fn`` has a ``check_period(name, schedule)`` method (a
+    hand-off, `cronjob.contrib.Handoff.check_period`) is checked by it as the job is
+    made, registered or a schedule made of data: it logs a warning when the retries
+    or the send timeout given to it would keep a round sending past the next instant.
+
     Raises:
         RegistrationError: ``run_at_start`` on a leased job; a function marked
             ``leased_only`` (a hand-off) as a per-instance job.
@@ -87,6 +92,11 @@ class Job:
                 "lease: register it with register/job, not per instance (every replica "
                 "would publish each instant)"
             )
+        check_period = getattr(self.fn, "check_period", None)
+        if self.leased and callable(check_period):
+            # A hand-off (cronjob.contrib.Handoff): warns when the retries or the send
+            # timeout it was given would keep a round sending past the next instant.
+            check_period(self.name, self.schedule)
         if self.run_at_start and self.leased:
             # Every replica starts: a leased job run at each start would run once per
             # replica, the very thing a lease is for. What a leased job owes at start is

@@ -7,7 +7,7 @@ import contextlib
 import enum
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
     from ._clock import Clock, ClockEvent
+    from ._schedule import Schedule
 
 __all__ = ["Outcome", "Round", "Trigger", "classify"]
 
@@ -81,6 +82,13 @@ TransactionFactory = Callable[["Round"], contextlib.AbstractContextManager["Conn
 AsyncTransactionFactory = Callable[
     ["Round"], contextlib.AbstractAsyncContextManager["AsyncConnection"]
 ]
+#: Writes for many rounds in one transaction fenced by one check of all their leases:
+#: ``writes(rounds, work)`` calls ``work(conn, holding)`` (``holding[i]``: ``rounds[i]``
+#: still holds its lease and may write), commits, and returns each round's fate:
+#: ``None`` (written) or what it raises. See ``cronjob.engine._fencing.Fencing.write_many``.
+GroupWrites = Callable[
+    [Sequence["Round"], Callable[["Connection", list[bool]], None]], list[Exception | None]
+]
 #: Checks a round's lease inside a transaction on a connection that is not SQLAlchemy's
 #: (a framework's ORM): ``fence(round, dialect, fetch, final)`` hands ``fetch`` the check's
 #: statement, ``fetch`` runs it on that connection and tells whether it found a row; a
@@ -131,10 +139,14 @@ class Round:
         "_data",
         "_event",
         "_fence",
+        "_owed",
         "_run",
+        "_schedule",
+        "_takes_over",
         "_transaction",
         "_transaction_async",
         "_woken",
+        "_writes",
         "app",
         "attempt",
         "instant",
@@ -158,6 +170,7 @@ class Round:
         transaction: TransactionFactory,
         transaction_async: AsyncTransactionFactory | None = None,
         fence: FenceCheck | None = None,
+        writes: GroupWrites | None = None,
         trigger: Trigger = Trigger.SCHEDULE,
         requested_by: str | None = None,
         why: Why | None = None,
@@ -186,10 +199,26 @@ class Round:
         self._transaction = transaction
         self._transaction_async = transaction_async
         self._fence = fence  # None: no lease to check (a round built by make_round)
+        #: Writes for this round and the others waiting to write at once, in one fenced
+        #: transaction (a hand-off's group record, ``cronjob.contrib._records``); the
+        #: rounds of one scheduler share it. None (a round no scheduler made, or a child
+        #: process's): the round writes in its own ``transaction``.
+        self._writes = writes
         #: The scheduler's record of this round (its ``Run``, or a weak reference to a
         #: leased round's), for the factories above: they are made once per scheduler,
         #: not once per round.
         self._run: object = None
+        #: The schedule the round was claimed under (its pinned descriptor's), for a job
+        #: that bounds its work by the next instant (a hand-off); ``None``: unknown.
+        self._schedule: Schedule | None = None
+        #: Earlier instants of a hand-off job that this round owes (a round of its job
+        #: held the lease over them, dead or running past them: see
+        #: `cronjob.engine._owed`), oldest first; empty for nearly every round.
+        self._owed: tuple[datetime, ...] = ()
+        #: A round of its job died holding the lease before this one (a claim gave it
+        #: up, or this is its second run): the outbox rows that round recorded and still
+        #: held are this round's to send (a hand-off's, see `cronjob.contrib.handoff`).
+        self._takes_over = False
 
     @property
     def occurrence_id(self) -> str:

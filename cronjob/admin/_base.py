@@ -21,7 +21,7 @@ from .._exceptions import CronjobError
 #: A replica not seen for this long is not shown as live (four sweeps missed).
 REPLICA_LIVE_SECONDS: Final = 60.0
 #: The revision of the tables this release reads.
-REVISION: Final = "0016"
+REVISION: Final = "0018"
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _E = TypeVar("_E", bound=enum.StrEnum)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -43,6 +44,13 @@ __all__ = ["main"]
 
 #: How many instants ``cronjob next`` shows unless told otherwise.
 DEFAULT_COUNT = 5
+
+#: ``cronjob beat``'s round threads unless told otherwise. Its rounds are hand-offs,
+#: which spend their thread waiting (for their group's record and mark, for the broker),
+#: and the records of an instant's rounds share one transaction only when every round
+#: has a thread: at 167 entries a second, 64 threads started them in three waves, each
+#: with its own record and mark (docs/benchmarks.md, #47). Threads start on demand.
+BEAT_MAX_WORKERS = 256
 
 _DST_NOTES = {
     DstMark.SKIPPED: "[DST: local time skipped -> first instant after the gap]",
@@ -193,9 +201,43 @@ def _add_beat_command(commands: argparse._SubParsersAction[_Parser]) -> None:
         "--max-workers",
         metavar="N",
         type=_positive,
-        default=DEFAULT_MAX_WORKERS,
-        help=f"threads for sync rounds running at once (default: {DEFAULT_MAX_WORKERS})",
+        default=BEAT_MAX_WORKERS,
+        help=f"threads for sync rounds running at once (default: {BEAT_MAX_WORKERS})",
     )
+    for option, knob, seconds, what, derived in (
+        (
+            "--retry-within",
+            "retry_within",
+            _seconds_or_zero,
+            "the round retries a refused send",
+            "until shortly before the next instant",
+        ),
+        (
+            "--hold",
+            "hold",
+            _seconds,
+            "an attempt keeps its outbox row from the other replicas",
+            "the hand-off's",
+        ),
+        (
+            "--send-timeout",
+            "send_timeout",
+            _seconds,
+            "one send waits for the broker",
+            "below the hold",
+        ),
+    ):
+        beat.add_argument(
+            option,
+            dest=knob,
+            metavar="SECONDS",
+            type=seconds,
+            default=None,
+            help=(
+                f"seconds {what}, for every entry whose options set no cronjob_{knob} "
+                f"(default: derived, {derived})"
+            ),
+        )
     beat.add_argument(
         "modules", metavar="MODULE", nargs="*", help="more modules that register jobs"
     )
@@ -247,6 +289,23 @@ def _run_beat(args: argparse.Namespace) -> int:
             f"cronjob beat needs Celery ({exc}): pip install 'cronjob-lease[celery]'"
         ) from None
     return run_beat(args)
+
+
+def _seconds(text: str) -> float:
+    value = _seconds_or_zero(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text!r}")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, not {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:

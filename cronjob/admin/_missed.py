@@ -16,7 +16,7 @@ accounted for it:
   given up, missed its start deadline (each is on record, and alerts of its own);
 - or the lease row's latest claim is that instant (its round runs now, or is re-run);
 - **overrun**: a round of the job (any, a manual one too) held the lease at that
-  instant: the rule skips it;
+  instant: the rule skips it — except for a hand-off (below);
 - **paused**: the job was paused at that instant (the pause and resume notes, and a
   pause in force);
 - **outside start/end**: a schedule made of data has no instant outside its bounds.
@@ -26,18 +26,32 @@ accounted for it:
   ``catch_up="none"`` none, an instant past ``catch_up_window`` is not run: see
   ``cronjob.engine._skipped``): counted apart (`JobStatus.skipped`), no problem.
 
+A **hand-off** (a job that hands its instants to a task queue, `cronjob.contrib.handoff`:
+a job or schedule with rows in the outbox, ``cronjob_outbox``, sent within the day or not
+sent) owes each instant its own publication: an earlier instant's publication in flight,
+or its replica that died holding the lease, accounts for no later instant. So for a
+hand-off, an instant is also accounted for by its **outbox row** (the occurrence on
+record: sent, unsent, or resolved obsolete), and an overrun accounts for nothing: an
+instant that fell while a round held the lease, with no outbox row and no round on
+record, is missed. A hand-off is told by its rows alone: one whose every instant of the
+day went unrecorded, with no row unsent either, is counted as any job (see
+docs/decisions.md).
+
 What is left did not run because no replica ran the job then and no catch-up has decided
-on it yet — all down, all restarting, or the database unreachable. A job whose replicas
+on it yet — all down, all restarting, or the database unreachable; for a hand-off, also
+because a round held its lease then and no replica recorded it. A job whose replicas
 are all down right now is counted too: that is the alarm's purpose. An operator who
 knows why acknowledges them (`acknowledge`, ``cronjob missed NAME --ack``): those up to
 the acknowledged instant stay on record (`JobStatus.missed_acknowledged`) and stop
 counting as missed. A retired job (removed from the code, while some replica is live), a
 per-instance job (no state on record) and a removed schedule are not.
 
-Cost: one statement counts every job's instants on record for the day (`lease.Tally`); a
-job whose count reaches its schedule's is done. Only the jobs that fall short (an overrun,
-a pause, a miss) or were deployed or retimed within the day have their day's rows read,
-in one statement per 500 jobs.
+Cost: one statement counts every job's instants on record for the day (`lease.Tally`),
+and one every hand-off's instants in the outbox; a job whose count (for a hand-off, the
+larger of the two) reaches its schedule's is done. Only the jobs that fall short (an
+overrun, a pause, a miss) or were deployed or retimed within the day have their day's
+rows read, in one statement per 500 jobs — and for the hand-offs among them, their day's
+outbox instants, in one more statement per 500.
 """
 
 from __future__ import annotations
@@ -159,11 +173,16 @@ def missed(
     plans: Mapping[str, lease.ScheduleRow | None],
     on_record: Mapping[str, int],
     now: datetime,
+    *,
+    recorded: Mapping[str, int] | None = None,
 ) -> dict[str, Missed]:
     """Each counted job's missed, skipped and acknowledged instants (see the module
     docstring) and its latest acknowledgement, by name; a job with none of them is left
-    out. ``on_record`` is `lease.Tally.on_record` since `MISSED_WINDOW` ago; the rows of
-    the jobs that fall short are read from ``database``."""
+    out. ``on_record`` is `lease.Tally.on_record` since `MISSED_WINDOW` ago, and
+    ``recorded`` `lease.Tally.recorded` since then: its names are the hand-offs (none
+    when it is ``None``). The rows of the jobs that fall short are read from
+    ``database``."""
+    handoffs = recorded or {}
     start, end = now - MISSED_WINDOW, now - MISSED_GRACE
     cache: dict[Schedule, list[datetime]] = {}
     owed: dict[str, list[datetime]] = {}
@@ -198,15 +217,21 @@ def missed(
             due = _started_by(job.name, due, schedule, timedelta(seconds=jitter), end)
         # The day's rounds on record count the old schedule's too: after a change (or a
         # deployment) within the day, the count cannot tell, so the rows are read.
-        if len(due) > on_record.get(job.name, 0) or since > start:
+        counted = max(on_record.get(job.name, 0), handoffs.get(job.name, 0))
+        if len(due) > counted or since > start:
             owed[job.name] = due
     found = {name: Missed(acknowledgement=ack) for name, ack in acks.items()}
     if not owed:
         return found
+    handed = [name for name in owed if name in handoffs]
     with store_on(database) as store:
-        spans = lease.Tally(store).spans(owed, since_ms=_ms(start))
+        tally = lease.Tally(store)
+        spans = tally.spans(owed, since_ms=_ms(start))
+        outbox = tally.recorded_instants(handed, since_ms=_ms(start)) if handed else {}
     for name, due in owed.items():
-        missed, skipped, acked = _unaccounted(due, spans.get(name, []), rows[name], start, now)
+        missed, skipped, acked = _unaccounted(
+            due, spans.get(name, []), rows[name], start, now, recorded=outbox.get(name)
+        )
         if missed or skipped or acked:
             found[name] = Missed(
                 missed=missed, skipped=skipped, acknowledged=acked, acknowledgement=acks.get(name)
@@ -247,9 +272,14 @@ def _unaccounted(
     row: lease.LeaseRow,
     start: datetime,
     now: datetime,
+    *,
+    recorded: set[int] | None = None,
 ) -> tuple[int, int, int]:
     """Of ``due``, how many nothing ran or accounted for: missed, skipped by a catch-up
-    policy, acknowledged (see the module docstring)."""
+    policy, acknowledged (see the module docstring). ``recorded``: a hand-off's instants
+    with an outbox row (epoch ms), which account for them, while no overrun does;
+    ``None``: not a hand-off."""
+    overruns = recorded is None  # a hand-off's instant is its own, whatever holds the lease
     ran = {span.instant_s for span in spans if span.why not in lease.NOT_SCHEDULED}
     covered: list[tuple[int, int]] = []  # (from ms, to ms): held by a round, or paused
     passed: list[tuple[int, int]] = []  # (first, last instant, ms): skipped by a policy
@@ -264,11 +294,12 @@ def _unaccounted(
         elif span.why == "resume":
             covered.append((_ms(start) if paused_at is None else paused_at, span.ended_ms))
             paused_at = None
-        else:
+        elif overruns:
             covered.append((span.started_ms, span.ended_ms))
     if row.paused is not None or paused_at is not None:
         covered.append((_ms(row.paused) if row.paused else paused_at or 0, _ms(now)))
-    if row.expires_ms is not None and row.expires_ms > _ms(now) and row.last_start:
+    held = row.expires_ms is not None and row.expires_ms > _ms(now)
+    if overruns and held and row.last_start:
         covered.append((_ms(row.last_start), _ms(now)))  # a round holds the lease now
     covered.sort()
     starts = [a for a, _ in covered]
@@ -279,6 +310,8 @@ def _unaccounted(
     for instant in due:
         if int(instant.timestamp()) in ran or instant == row.instant:
             continue
+        if recorded and _ms(instant) in recorded:
+            continue  # a hand-off's occurrence on record
         at = _ms(instant)
         i = bisect.bisect_right(starts, at)
         if i and reach[i - 1] >= at:

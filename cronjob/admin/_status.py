@@ -147,7 +147,9 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         rows = store.read_all()
         replicas = store.replicas(seen_since_ms=now_ms - round(REPLICA_LIVE_SECONDS * 1000))
         open_requests, backfills = _missed.progress(lease.Triggers(store).read())
-        on_record = lease.Tally(store).on_record(since_ms=now_ms - _missed.WINDOW_MS)
+        tally = lease.Tally(store)
+        on_record = tally.on_record(since_ms=now_ms - _missed.WINDOW_MS)
+        recorded = tally.recorded(since_ms=now_ms - _missed.WINDOW_MS)
         stopped = lease.Backfills(store).cancelled(since_ms=now_ms - _missed.WINDOW_MS)
         # Every schedule made of data, tombstones too: one query, joined by name below.
         plans = {plan.id: plan for plan in _scheduled.read(store, removed=True, args=False)}
@@ -200,7 +202,7 @@ def status(database: str | sa.Engine, *, now: datetime | None = None) -> Status:
         )
         for name, plan in shown.items()
     ]
-    late = _missed.missed(database, jobs, rows, shown, on_record, checked_at)
+    late = _missed.missed(database, jobs, rows, shown, on_record, checked_at, recorded=recorded)
     return Status(
         checked_at=checked_at,
         outbox=outbox,

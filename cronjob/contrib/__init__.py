@@ -19,6 +19,7 @@ imports no framework.
 """
 
 from ._handoff import Handoff as Handoff
+from ._handoff import NotPublished as NotPublished
 from ._handoff import Occurrence as Occurrence
 from ._handoff import Publisher as Publisher
 from ._handoff import handoff as handoff
@@ -31,6 +32,7 @@ from ._validation import InvalidOccurrence as InvalidOccurrence
 __all__ = [
     "Handoff",
     "InvalidOccurrence",
+    "NotPublished",
     "Occurrence",
     "OccurrenceBusy",
     "Publisher",

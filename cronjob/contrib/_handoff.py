@@ -16,28 +16,56 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from opentelemetry import propagate
 
 import lease
 
 from .._exceptions import RegistrationError
+from ..engine._republish import Resent
+from . import _records
+from ._outbox import (
+    claim,
+    count_accepted,
+    count_refused,
+    mark,
+    occurrence_of,
+    put_off_invalid,
+    to_send,
+)
+from ._retries import (
+    HOLD_SECONDS,
+    RETRY_FIRST,
+    RETRY_LONGEST,
+    RETRY_PAUSES,
+    RETRY_WITHIN,
+    SEND_LEAST,
+    SEND_TIMEOUT,
+    NotPublished,
+    knobs,
+    retry_pause,
+    round_bound,
+    warn_overrun,
+)
 from ._sender import Occurrence, Publisher, Sender
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from .._round import Round
+    from .._schedule import Schedule
 
 __all__ = [
     "HOLD_SECONDS",
     "RETRY_FIRST",
     "RETRY_LONGEST",
+    "RETRY_PAUSES",
     "RETRY_WITHIN",
     "SEND_TIMEOUT",
     "Handoff",
+    "NotPublished",
     "Occurrence",
     "Publisher",
     "handoff",
@@ -45,31 +73,9 @@ __all__ = [
 
 log = logging.getLogger("cronjob")
 
-#: How often every replica's outbox sweep runs, and keeps held the rows of sends it gave
-#: up on (the engine's ``SWEEP_EVERY``).
-_SWEEP_EVERY = 15.0
-
-#: Seconds an attempt to send keeps its outbox row from every other retrier (the sweep
-#: of each replica); past them, a replica that died while sending is retried for.
-HOLD_SECONDS: Final = 60.0
-#: Seconds before the first retry of a send that failed; each retry doubles it.
-RETRY_FIRST: Final = 1.0
-#: The longest pause between two retries, in seconds (the round's and the sweep's).
-RETRY_LONGEST: Final = 60.0
-#: Seconds the round itself retries a refused send before it leaves it to the sweep.
-RETRY_WITHIN: Final = 10.0
-#: The longest wait for the broker's answer to one send, in seconds (real time, like a
-#: socket timeout), unless the hold is shorter: then half the hold.
-SEND_TIMEOUT: Final = 20.0
-
 
 def _now_ms(when: datetime) -> int:
     return round(when.timestamp() * 1000)
-
-
-def retry_pause(tries: int) -> float:
-    """The pause before the retry that follows ``tries`` failed attempts, in seconds."""
-    return min(RETRY_LONGEST, RETRY_FIRST * float(2 ** max(0, tries - 1)))
 
 
 class Handoff:
@@ -78,9 +84,11 @@ class Handoff:
     Attributes:
         publisher: What puts the messages on the broker.
         retry_within: Seconds the round retries a refused send before it leaves it to
-            the sweep.
-        hold: Seconds an attempt keeps its row from the other retriers (`HOLD_SECONDS`).
-        send_timeout: Seconds one send waits for the broker's answer, below ``hold``.
+            the sweep; ``None``: derived, until shortly before the job's next instant.
+        hold: Seconds an attempt keeps its row from the other retriers (given, or
+            `HOLD_SECONDS`).
+        send_timeout: Seconds one send waits for the broker's answer, below ``hold``
+            (given, or `SEND_TIMEOUT` capped at half the hold).
         leased_only: ``True``: registration refuses it as a per-instance job, which every
             replica would run, each publishing the instant once more.
         isolatable: ``False``: registration refuses it with ``isolation="process"``. It
@@ -90,13 +98,18 @@ class Handoff:
 
     leased_only = True
     isolatable = False
+    #: Each round publishes its instant: the engine hands a round the instants an earlier
+    #: round of the job kept from every claim (one that died holding the lease, or one
+    #: that ran past them: ``cronjob.engine._owed``), which it records and publishes
+    #: before its own.
+    publishes = True
 
     def __init__(
         self,
         publisher: Publisher,
         *,
-        retry_within: float = RETRY_WITHIN,
-        hold: float = HOLD_SECONDS,
+        retry_within: float | None = None,
+        hold: float | None = None,
         send_timeout: float | None = None,
     ) -> None:
         target = getattr(publisher, "target", None)
@@ -104,33 +117,12 @@ class Handoff:
             raise RegistrationError(
                 f"handoff: the publisher {publisher!r} has no target (a short name such as 'rq')"
             )
-        if not isinstance(retry_within, int | float) or not retry_within >= 0:
-            raise RegistrationError(
-                f"handoff: retry_within must be a number of seconds >= 0, got {retry_within!r}"
-            )
-        if not isinstance(hold, int | float) or not hold > 0:
-            raise RegistrationError(f"handoff: hold must be a number of seconds > 0, got {hold!r}")
-        if send_timeout is None:
-            send_timeout = min(SEND_TIMEOUT, hold / 2)
-        if not isinstance(send_timeout, int | float) or not 0 < send_timeout < hold:
-            raise RegistrationError(
-                f"handoff: send_timeout must be a number of seconds > 0 and below the hold "
-                f"({hold:g}s), got {send_timeout!r}"
-            )
-        if hold - send_timeout <= _SWEEP_EVERY:
-            # The sweep keeps a row held past a send given up on (keep_held), every 15 s:
-            # a hold that ends sooner may let another replica send it while it is in flight.
-            log.warning(
-                "handoff %s: the hold (%gs) is less than the send timeout (%gs) plus the "
-                "sweep's %gs: a send that hangs past its timeout may be sent a second time "
-                "by another replica",
-                target,
-                hold,
-                send_timeout,
-                _SWEEP_EVERY,
-            )
+        given = {"retry_within": retry_within, "send_timeout": send_timeout}
+        hold, send_timeout = knobs(retry_within, hold, send_timeout)
+        #: The knobs given as numbers (not derived): `check_period` warns about these.
+        self._given = {key: float(value) for key, value in given.items() if value is not None}
         self.publisher = publisher
-        self.retry_within = float(retry_within)
+        self.retry_within: float | None = None if retry_within is None else float(retry_within)
         self.hold = float(hold)
         self.send_timeout = float(send_timeout)
         self._sender = Sender(publisher)
@@ -138,6 +130,8 @@ class Handoff:
         #: Rows whose send was given up on and may still be accepted: their next try
         #: time as this replica last set it (`keep_held` moves it on).
         self._held: dict[str, int] = {}
+        #: The specs `check_period` has read, with their shortest gap.
+        self._gaps: dict[str, float | None] = {}
         self.__name__ = f"handoff_{target}"
         self.__qualname__ = self.__name__
         self.__module__ = "cronjob.contrib"
@@ -145,119 +139,170 @@ class Handoff:
     def __repr__(self) -> str:
         return f"<Handoff {self.publisher.target} {self.publisher.describe()!r}>"
 
+    def check_period(self, name: str, schedule: Schedule, *, now: datetime | None = None) -> None:
+        """Warn when the knobs given would keep a round of job ``name`` sending past its
+        next instant (registration calls it for every leased job whose function has it).
+
+        A round retries a refused send for up to `retry_within` seconds and then waits up
+        to `send_timeout` for its last send: the given ones together (derived values are
+        kept within the period, and never warn) are compared with the shortest gap
+        between two instants of ``schedule``: its period for ``@every``, else the
+        shortest gap between its next ten instants after ``now``. When they
+        reach it, one WARNING names the job, the values and the gap. A schedule with
+        fewer than two instants left has no gap, and no warning. A spec is read once per
+        hand-off: a task's schedules made of data share its hand-off, and of those on
+        one spec the first is named (reading the gap costs about half a millisecond,
+        on the dispatcher's thread for a schedule loaded at run time).
+
+        Args:
+            name: The job's name (a schedule's id), for the message.
+            schedule: The job's schedule.
+            now: Where to read the instants from; ``None``: the system clock's now.
+        """
+        warn_overrun(name, schedule, self._given, self._gaps, now)
+
     def __call__(self, ctx: Round) -> None:
         """The round: record the occurrence, send it, mark it sent.
 
-        The record is written in the round's fenced transaction (`ctx.transaction()`),
-        so a round whose lease is gone records nothing. A second run of the instant finds
-        the record: sent, it sends nothing more; unsent and due (nobody holds it), it
-        claims it as the sweep does and sends it again with the same id; unsent and held
-        (an attempt in progress, or waiting for its retry), it leaves it to that attempt
-        and the sweep. Each send waits at most `send_timeout` seconds for the broker,
-        and no longer than the round's cancellation (its ``timeout``, a drain, a lost
-        lease): a send given up on then keeps its row, held while the broker may still
-        accept it, and the sweep sends it after. A refused send is retried with back-off
-        (`RETRY_FIRST`, doubling) through `ctx.wait` for `retry_within` seconds, then left
-        to the sweep (logged).
+        The record is written in a transaction fenced by the round's lease, so a round
+        whose lease is gone records nothing; with it, the instants a round of the job kept
+        from every claim (``ctx._owed``: its replica died, or it ran past them), each under
+        its own id, sent first. The records of the hand-off rounds of a scheduler that
+        write theirs at once share that transaction (`cronjob.contrib._records`): one
+        statement checks all their leases and locks them until the commit, one writes
+        their records; a round whose lease is gone is left out, and the others are not
+        affected by it. A second run of the instant finds the
+        record: sent, it sends nothing more; unsent and due (nobody holds it), it claims it
+        as the sweep does and sends it again with the same id; unsent and held (an attempt
+        in progress, or waiting for its retry), it leaves it to that attempt and the sweep.
+        A round that follows a round of its job that died holding the lease
+        (``ctx._takes_over``) takes over the rows that round recorded and still held,
+        untouched since (`lease.held_publications`): nobody is sending them, and they are
+        sent at once, oldest first with the rest, not at the end of their hold (the one the
+        dead round was sending when it died may reach the broker twice, as it would from the
+        sweep).
+
+        A refused send is retried after `RETRY_PAUSES` (100 ms, 500 ms, 2 s, 5 s: five
+        attempts) while the round is within its bound (`round_bound`: shortly before the
+        job's next instant, or ``retry_within`` when given), through `ctx.wait`. Each
+        send waits at most `send_timeout` seconds for the broker, and never past the
+        bound nor the round's cancellation (a drain, a lost lease): a send given up on
+        keeps its row held while the broker may still accept it, and the sweep sends
+        it after.
 
         Raises:
             LeaseLost: the lease is gone when the record is written.
-            Cancelled: the round was cancelled (drain, lease lost, timeout) while it
-                sent or retried: the record stays, the sweep sends it.
+            Exception: the database error that failed the record's transaction (that of
+                every round recorded with this one): nothing of it is on record.
+            Cancelled: the round was cancelled while it sent or retried: the records
+                stay, the sweep sends them.
+            NotPublished: the broker did not accept an occurrence within the bound: the
+                round fails (counted as a failure); the sweep sends the rows after.
         """
         headers: dict[str, str] = {}
         propagate.inject(headers)  # the round's span is current on its thread
-        occurrence = Occurrence(
-            id=ctx.occurrence_id,
-            name=ctx.name,
-            instant=ctx.instant,
-            headers=headers,
-            app=ctx.app,
-            args="{}" if ctx._data is None else ctx._data[1],
-            trigger=str(ctx.trigger),
-        )
         clock = ctx._clock
         hold = round(self.hold * 1000)
-        with ctx.transaction() as conn:
-            engine = conn.engine
-            now = _now_ms(clock.now())
-            row, new = lease.record_publication(
-                conn,
-                id=occurrence.id,
-                name=occurrence.name,
-                instant=occurrence.instant,
+        now = _now_ms(clock.now())
+        describe = self.publisher.describe()
+        occurrences = [
+            _records.occurrence(
+                ctx,
+                instant,
+                headers,
                 target=self.publisher.target,
-                payload={
-                    "headers": headers,
-                    "publisher": self.publisher.describe(),
-                    **({"app": ctx.app} if ctx.app else {}),
-                    **({"args": occurrence.args} if occurrence.args != "{}" else {}),
-                    **({"trigger": occurrence.trigger} if occurrence.trigger != "schedule" else {}),
-                },
+                describe=describe,
                 now_ms=now,
                 hold_ms=hold,
-                # A schedule's task: its publisher sends the row once the schedule is gone.
-                task=ctx.task if ctx.task != ctx.name else None,
             )
-        if row.sent_ms is not None:
-            log.info("job %r: occurrence %s was sent already", ctx.name, occurrence.id)
-            return
-        if not new:  # a second run: take the row as the sweep does, if it is due
-            if row.next_try_ms > now:
-                log.info(
-                    "job %r: occurrence %s is held by an attempt to send it; not sent again",
-                    ctx.name,
-                    occurrence.id,
+            for instant in sorted({*ctx._owed, ctx.instant})
+        ]
+        # In one transaction with the records of the rounds writing theirs meanwhile.
+        recorded = _records.record(ctx, occurrences, now_ms=now, hold_ms=hold)
+        engine = recorded.engine
+        sends = to_send(engine, ctx.name, recorded.rows, recorded.dead, now_ms=now, hold_ms=hold)
+        if sends:
+            self._publish(ctx, engine, sends, clock.monotonic() + self.round_bound(ctx))
+
+    def round_bound(self, ctx: Round) -> float:
+        """Seconds from now the round may go on sending and retrying (see
+        `cronjob.contrib._retries.round_bound`)."""
+        return round_bound(ctx, self.retry_within)
+
+    def _publish(
+        self, ctx: Round, engine: Engine, sends: list[tuple[Occurrence, int]], bound: float
+    ) -> None:
+        """Send each occurrence (held by this round until its paired ms), oldest first,
+        retrying a refusal while the round is before ``bound`` (monotonic); the first
+        one that is not accepted within it leaves it and the rest to the sweep."""
+        clock = ctx._clock
+        for index, (occurrence, seen) in enumerate(sends):
+            tries = 0
+            while True:
+                left = bound - clock.monotonic()
+                error = self._send(
+                    engine,
+                    occurrence,
+                    lambda: _now_ms(clock.now()),
+                    ctx,
+                    timeout=max(SEND_LEAST, min(self.send_timeout, left)),
                 )
-                return  # that attempt, or the sweep once the hold ends, sends it
-            occurrence = _occurrence(row)
-            if not _claim(engine, row.id, row.next_try_ms, now + hold):
-                return  # a sweep sends it now
-        seen, started, tries = now + hold, clock.monotonic(), row.tries
-        while True:
-            error = self._send(engine, occurrence, lambda: _now_ms(clock.now()), ctx)
-            now = _now_ms(clock.now())
-            if error is None:
-                _mark(engine, occurrence.id, now)
-                return
-            if ctx.cancelled:  # the send given up on at the cancellation: the sweep's now
-                self._hand_back(engine, occurrence.id, seen, now, error=error)
-                ctx.check()
-            tries += 1
-            pause = retry_pause(tries)
-            if pause > started + self.retry_within - clock.monotonic():
-                self._hand_back(engine, occurrence.id, seen, now, error=error)  # to the sweep
-                log.warning(
-                    "job %r: occurrence %s not accepted by %s (%s); the sweep retries it",
-                    ctx.name,
-                    occurrence.id,
-                    self.publisher.target,
-                    error,
-                )
-                return
-            # Kept from the sweeps through the pause and the next attempt.
-            later = now + round(pause * 1000) + hold
-            if not _claim(engine, occurrence.id, seen, later, error=error):
-                return  # a sweep took it meanwhile
-            log.warning(
-                "job %r: occurrence %s not accepted by %s (%s); retrying in %gs",
-                ctx.name,
-                occurrence.id,
-                self.publisher.target,
-                error,
-                pause,
-            )
-            seen = later
-            if ctx.wait(pause):  # cancelled: the row is the sweep's at once
                 now = _now_ms(clock.now())
-                self._hand_back(engine, occurrence.id, seen, now)
-                ctx.check()
-            # Taken again before the next attempt: a send given up on that the broker
-            # accepted meanwhile has marked the row sent, and must not be sent twice.
-            now = _now_ms(clock.now())
-            if not _claim(engine, occurrence.id, seen, now + hold):
-                return
-            seen = now + hold
+                if error is None:
+                    mark(engine, occurrence.id, now)
+                    count_accepted(ctx, occurrence, self.publisher.target, clock.now())
+                    break
+                count_refused(ctx, self.publisher.target)
+                if ctx.cancelled:  # given up at the cancellation: the sweep's now
+                    self._hand_over(engine, [(occurrence, seen), *sends[index + 1 :]], now, error)
+                    ctx.check()
+                pause = RETRY_PAUSES[min(tries, len(RETRY_PAUSES) - 1)]
+                tries += 1
+                last = self.retry_within is None and tries >= len(RETRY_PAUSES) + 1
+                if last or clock.monotonic() + pause >= bound:
+                    self._hand_over(engine, [(occurrence, seen), *sends[index + 1 :]], now, error)
+                    log.warning(
+                        "job %r: occurrence %s not accepted by %s after %d attempt(s) (%s); "
+                        "the sweep retries it",
+                        ctx.name,
+                        occurrence.id,
+                        self.publisher.target,
+                        tries,
+                        error,
+                    )
+                    raise NotPublished(
+                        f"occurrence {occurrence.id} not accepted by {self.publisher.target} "
+                        f"after {tries} attempt(s): {error}"
+                    )
+                # Kept from the sweeps through the pause and the next attempt.
+                later = now + round(pause * 1000) + round(self.hold * 1000)
+                if not claim(engine, occurrence.id, seen, later, error=error):
+                    break  # a sweep took it meanwhile
+                seen = later
+                if ctx.wait(pause):  # cancelled: the rows are the sweep's at once
+                    now = _now_ms(clock.now())
+                    self._hand_over(engine, [(occurrence, seen), *sends[index + 1 :]], now, None)
+                    ctx.check()
+                # Taken again before the next attempt: a send given up on that the broker
+                # accepted meanwhile has marked the row sent, and must not be sent twice.
+                now = _now_ms(clock.now())
+                if not claim(engine, occurrence.id, seen, now + round(self.hold * 1000)):
+                    break
+                seen = now + round(self.hold * 1000)
+
+    def _hand_over(
+        self,
+        engine: Engine,
+        sends: list[tuple[Occurrence, int]],
+        due_ms: int,
+        error: str | None,
+    ) -> None:
+        """Leave the rows this round holds to the sweep, due at ``due_ms``: the first
+        with its send's ``error``."""
+        for index, (occurrence, seen) in enumerate(sends):
+            self._hand_back(
+                engine, occurrence.id, seen, due_ms, error=error if index == 0 else None
+            )
 
     def _send(
         self,
@@ -265,26 +310,28 @@ class Handoff:
         occurrence: Occurrence,
         now: Callable[[], int],
         ctx: Round | None = None,
+        *,
+        timeout: float | None = None,
     ) -> str | None:
         """Publish within `send_timeout`, and for a round (``ctx``) no longer than until
         its cancellation; the failure's summary, or ``None`` once sent.
 
         A send given up on that the broker accepts after all is marked sent then."""
 
+        bound = self.send_timeout if timeout is None else timeout
+
         def late() -> None:
-            _mark(engine, occurrence.id, now())
+            mark(engine, occurrence.id, now())
             log.info("occurrence %s: the broker accepted it late; marked sent", occurrence.id)
 
         if ctx is None:
-            return self._sender.send(occurrence, timeout=self.send_timeout, late=late)
+            return self._sender.send(occurrence, timeout=bound, late=late)
         # The round's own wake-up event, which its cancellation sets: the sender sets it
         # too (the answer, the bound), so it is cleared after unless the round is
         # cancelled (the cause is recorded before the event is set: checked after).
         event = ctx._waker()
         try:
-            return self._sender.send(
-                occurrence, timeout=self.send_timeout, late=late, interrupt=event
-            )
+            return self._sender.send(occurrence, timeout=bound, late=late, interrupt=event)
         finally:
             if not ctx.cancelled:
                 event.clear()
@@ -302,7 +349,7 @@ class Handoff:
         in_flight = self._sender.in_flight(id)
         if in_flight:
             due_ms = max(due_ms, seen)
-        taken = _claim(engine, id, seen, due_ms, error=error)
+        taken = claim(engine, id, seen, due_ms, error=error)
         if taken and in_flight:
             with self._lock:
                 self._held[id] = due_ms
@@ -311,44 +358,56 @@ class Handoff:
     def keep_held(self, engine: Engine, *, now: datetime) -> None:
         """Keep held, for `hold` seconds from ``now``, each row whose send this replica
         gave up on (past `send_timeout`) while the broker may still accept it; the sweep
-        calls it on every replica before it reads the due rows (every `SWEEP_EVERY`
-        seconds, which the hold must exceed). A send that ended lets its row go: marked
+        calls it on every replica before it reads the due rows (at most a hold apart, and
+        a second before a hold it keeps ends). A send that ended lets its row go: marked
         sent if the broker accepted it, else due at the end of its hold."""
         hold = round(self.hold * 1000)
         with self._lock:
             held = dict(self._held)
         for id, seen in held.items():
             until = _now_ms(now) + hold
-            if self._sender.in_flight(id) and (until <= seen or _claim(engine, id, seen, until)):
+            if self._sender.in_flight(id) and (until <= seen or claim(engine, id, seen, until)):
                 with self._lock:
                     self._held[id] = max(until, seen)
                 continue
             with self._lock:  # the send ended, or the row was sent or taken meanwhile
                 self._held.pop(id, None)
 
-    def resend(self, engine: Engine, row: lease.OutboxRow, *, now: datetime) -> bool | None:
+    def resend(
+        self, engine: Engine, row: lease.OutboxRow, *, now: datetime, retry_in: float | None = None
+    ) -> Resent:
         """Send an unsent outbox row again (the sweep), with its id and recorded headers.
 
-        The row is claimed first (a conditional update of its next try time), so of the
-        replicas that sweep at once one sends it; the send waits at most `send_timeout`
-        (below the hold) for the broker; a failure sets its next try after a back-off
-        (`retry_pause`), and not before the hold ends if the broker may still accept it.
+        The row is checked first, as a worker checks a message: one that does not decode,
+        or whose id is not the occurrence id of its name, instant and app (recomputed
+        here), is never sent. It is logged at ERROR with its id and why, and kept unsent,
+        its next try put off as a refused probe's (5 s, doubling with its tries, up to a
+        minute; the reason on record as its error). A row that can be sent is claimed
+        first (a conditional update of its next try time), so of the replicas that sweep
+        at once one sends it; the send waits at most `send_timeout` (below the hold) for
+        the broker; a failure sets its next try ``retry_in`` seconds later (by default
+        `retry_pause` of its tries), and not before the hold ends if the broker may still
+        accept it.
 
         Returns:
-            ``True``: sent; ``False``: refused (retried later); ``None``: not claimed
-            (sent meanwhile, or another replica took it).
+            `Resent.SENT`, `Resent.REFUSED` (retried later), `Resent.NOT_CLAIMED` (sent
+            meanwhile, or another replica took it), or `Resent.INVALID` (kept, put off).
         """
         now_ms = _now_ms(now)
+        try:
+            occurrence = occurrence_of(row)
+        except ValueError as exc:
+            return put_off_invalid(engine, row, str(exc), now_ms)
         hold = now_ms + round(self.hold * 1000)
-        if not _claim(engine, row.id, row.next_try_ms, hold):
-            return None
-        error = self._send(engine, _occurrence(row), lambda: now_ms)
+        if not claim(engine, row.id, row.next_try_ms, hold):
+            return Resent.NOT_CLAIMED
+        error = self._send(engine, occurrence, lambda: now_ms)
         if error is None:
-            _mark(engine, row.id, now_ms)
+            mark(engine, row.id, now_ms)
             log.info("job %r: occurrence %s sent by the sweep", row.name, row.id)
-            return True
-        later = now_ms + round(retry_pause(row.tries + 1) * 1000)
-        self._hand_back(engine, row.id, hold, later, error=error)
+            return Resent.SENT
+        pause = retry_pause(row.tries + 1) if retry_in is None else retry_in
+        self._hand_back(engine, row.id, hold, now_ms + round(pause * 1000), error=error)
         log.warning(
             "job %r: occurrence %s still not accepted by %s (%s)",
             row.name,
@@ -356,14 +415,14 @@ class Handoff:
             self.publisher.target,
             error,
         )
-        return False
+        return Resent.REFUSED
 
 
 def handoff(
     publisher: Publisher,
     *,
-    retry_within: float = RETRY_WITHIN,
-    hold: float = HOLD_SECONDS,
+    retry_within: float | None = None,
+    hold: float | None = None,
     send_timeout: float | None = None,
 ) -> Handoff:
     """Turn ``publisher`` into a job function that hands each instant to its task system.
@@ -373,14 +432,20 @@ def handoff(
     fenced transaction, sends it with the occurrence id as the message's own id, and
     marks it sent once the broker accepted it; see `Handoff.__call__` and `Handoff.resend`.
 
+    Each knob is ``None`` (the default) to have it derived, or a number of seconds
+    used as given; registration warns (`Handoff.check_period`) when the given ones
+    would keep a round sending past the job's next instant.
+
     Args:
-        retry_within: Seconds the round retries a refused send before it leaves it to
-            the sweep (keep it below the job's period: a round that runs past its next
-            instant makes that instant skipped).
+        retry_within: Seconds the round retries a refused send before it fails and
+            leaves the row to the sweep. ``None`` (the default): the peer's five attempts
+            (`RETRY_PAUSES`), never past shortly before the job's next instant, so that
+            a round never overruns the next instant.
         hold: Seconds an attempt keeps its row from the other retriers; after them, a
-            replica that died while sending is retried for (longer than a send takes).
+            replica that died while sending is retried for (longer than a send takes);
+            `HOLD_SECONDS` by default.
         send_timeout: Seconds one send waits for the broker's answer (real time), below
-            ``hold``; by default `SEND_TIMEOUT`, or half the hold if that is shorter.
+            ``hold``; ``None``: `SEND_TIMEOUT`, or half the hold if that is shorter.
             A send past it counts as refused; the row stays held until its hold ends.
 
     Raises:
@@ -389,31 +454,3 @@ def handoff(
             0 and ``hold``.
     """
     return Handoff(publisher, retry_within=retry_within, hold=hold, send_timeout=send_timeout)
-
-
-def _occurrence(row: lease.OutboxRow) -> Occurrence:
-    headers = row.payload.get("headers") or {}
-    return Occurrence(
-        id=row.id,
-        name=row.name,
-        instant=row.instant.astimezone(UTC),
-        headers={str(k): str(v) for k, v in headers.items()},
-        app=str(row.payload.get("app") or ""),
-        again=True,
-        args=str(row.payload.get("args") or "{}"),
-        trigger=str(row.payload.get("trigger") or "schedule"),
-    )
-
-
-def _claim(
-    engine: Engine, id: str, seen: int, next_try_ms: int, *, error: str | None = None
-) -> bool:
-    with engine.begin() as conn:
-        return lease.claim_publication(
-            conn, id, seen_next_try_ms=seen, next_try_ms=next_try_ms, error=error
-        )
-
-
-def _mark(engine: Engine, id: str, now_ms: int) -> None:
-    with engine.begin() as conn:
-        lease.mark_published(conn, id, now_ms=now_ms)

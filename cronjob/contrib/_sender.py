@@ -53,6 +53,9 @@ log = logging.getLogger("cronjob")
 #: cancellation every `_POLL` seconds; past them, it waits on the round's clock event.
 ANSWER_GRACE: Final = 5.0
 _POLL: Final = 0.05
+#: A failed publish is tried again at once only if it failed within these seconds (a
+#: stale connection fails at once; a broker that is away fails after a timeout).
+_STALE_WITHIN: Final = 1.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class Publisher(Protocol):
 class _Send:
     occurrence: Occurrence
     late: Callable[[], None] | None
+    #: When the caller stops waiting (monotonic): a second attempt starts only before.
+    deadline: float = 0.0
     #: The caller's wake-up event, set once the publish returns (while the caller waits).
     interrupt: ClockEvent | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -179,7 +184,7 @@ class Sender:
         deadline = time.monotonic() + timeout
         if not self._slot.acquire(timeout=timeout):
             return f"TimeoutError: another send to {self._publisher.target} took over {timeout:g}s"
-        job = _Send(occurrence, late, interrupt)
+        job = _Send(occurrence, late, deadline, interrupt)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -215,15 +220,39 @@ class Sender:
                 return interrupt.is_set()
         return True
 
-    def _run(self) -> None:
-        while True:
-            job = self._sends.get()
+    def _publish(self, job: _Send) -> str | None:
+        """Publish ``job``'s occurrence; the failure's summary, or ``None`` once sent.
+
+        A publish that fails is tried once more at once while its caller still waits: a
+        client's connection gone stale while the broker was away (restarted, a network
+        blip) fails the first send after, and the client opens a new one on the next
+        call. Only a second failure counts as the broker's refusal. A first failure that
+        took `_STALE_WITHIN` seconds or more (a connect timeout: the broker is away) is
+        not tried again: the second would only wait as long."""
+        for attempt in (1, 2):
+            began = time.monotonic()
             try:
                 self._publisher.publish(job.occurrence)
             except Exception as exc:  # any failure of the broker's client: retried
-                error: str | None = f"{type(exc).__name__}: {exc}"
-            else:
-                error = None
+                error = f"{type(exc).__name__}: {exc}"
+                took = time.monotonic() - began
+                if attempt == 1 and took < _STALE_WITHIN and began + 2 * took < job.deadline:
+                    log.info(
+                        "occurrence %s: %s refused it (%s); trying again at once on a new "
+                        "connection",
+                        job.occurrence.id,
+                        self._publisher.target,
+                        error,
+                    )
+                    continue
+                return error
+            return None
+        return None  # not reached: the loop returns
+
+    def _run(self) -> None:
+        while True:
+            job = self._sends.get()
+            error = self._publish(job)
             with self._lock:
                 job.error = error
                 job.done.set()

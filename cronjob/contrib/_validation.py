@@ -6,7 +6,8 @@ disposition (the stream worker applies them all, the ``once`` wrappers of Celery
 and Dramatiq the identity, obsolete and firing checks):
 
 1. Structure (`check_structure`, stream entries): the fields are there, ``source`` is
-   `SOURCE`, ``scheduled_at`` is RFC 3339 UTC to the whole second with ``Z``, ``args``
+   `SOURCE`, ``scheduled_at`` is RFC 3339 UTC to the whole second with ``Z`` (a manual
+   round's may carry its fraction: its instant is the moment it was asked for), ``args``
    a JSON object. Identity (`check_identity`): the id recomputed from the app, the
    schedule and the instant is the message's. Either failing: invalid.
 2. Obsolete (`resolve`): no registered job and no schedule row names the schedule (it
@@ -61,7 +62,6 @@ __all__ = [
     "check_identity",
     "check_structure",
     "claim_of",
-    "format_instant",
     "resolve",
 ]
 
@@ -80,6 +80,8 @@ MANUAL: Final = "manual"
 TRIGGERS: Final = frozenset({SCHEDULED, MANUAL, "backfill"})
 
 _RFC3339_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+#: A manual round's instant (the moment it was asked for) keeps its fraction.
+_RFC3339_Z_FRACTION = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
 _REQUIRED = ("source", "app", "schedule", "occurrence_id", "scheduled_at", "args")
 
 
@@ -169,19 +171,6 @@ def claim_of(
     )
 
 
-def format_instant(instant: datetime) -> str:
-    """``instant`` in RFC 3339, UTC, whole second, with ``Z`` (``2026-09-29T03:00:00Z``).
-
-    Raises:
-        ValueError: ``instant`` is naive or has a fraction of a second.
-    """
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"instant {instant.isoformat()} is naive; give it a zone")
-    if instant.microsecond:
-        raise ValueError(f"instant {instant.isoformat()} has a fraction of a second")
-    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _text(fields: Mapping[str, object], key: str) -> str:
     value = fields.get(key)
     if isinstance(value, bytes):
@@ -195,7 +184,8 @@ def check_structure(fields: Mapping[str, object]) -> Claim:
     Raises:
         InvalidOccurrence: a field is missing or empty (``app`` may be empty),
             ``source`` is not `SOURCE`, ``scheduled_at`` is not RFC 3339 UTC to the whole
-            second with ``Z`` (a fractional second is refused, not rounded), or ``args``
+            second with ``Z`` (a fractional second is refused, not rounded, but for an
+            entry whose ``trigger`` is `MANUAL`), or ``args``
             is not a JSON object.
     """
     missing = [key for key in _REQUIRED if key not in fields]
@@ -208,12 +198,18 @@ def check_structure(fields: Mapping[str, object]) -> Claim:
     if text["source"] != SOURCE:
         raise InvalidOccurrence(f"source is {text['source']!r}, not {SOURCE!r}")
     stamp = text["scheduled_at"]
-    if not _RFC3339_Z.fullmatch(stamp):
+    trigger = _trigger(fields.get("trigger"))
+    if trigger == MANUAL:
+        if not _RFC3339_Z_FRACTION.fullmatch(stamp):
+            raise InvalidOccurrence(
+                f"scheduled_at {stamp!r} is not RFC 3339 UTC with Z (YYYY-MM-DDTHH:MM:SS[.ffffff]Z)"
+            )
+    elif not _RFC3339_Z.fullmatch(stamp):
         raise InvalidOccurrence(
             f"scheduled_at {stamp!r} is not RFC 3339 UTC to the whole second (YYYY-MM-DDTHH:MM:SSZ)"
         )
     try:
-        instant = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        instant = datetime.fromisoformat(stamp).astimezone(UTC)
     except ValueError:
         raise InvalidOccurrence(f"scheduled_at {stamp!r} is no date and time") from None
     try:
@@ -223,7 +219,6 @@ def check_structure(fields: Mapping[str, object]) -> Claim:
     if not isinstance(args, dict):
         raise InvalidOccurrence(f"args {text['args'][:80]!r} is not a JSON object")
     traceparent = _text(fields, "traceparent") or None
-    trigger = _trigger(fields.get("trigger"))
     return Claim(
         app=text["app"],
         schedule=text["schedule"],

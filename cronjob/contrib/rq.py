@@ -30,7 +30,7 @@ from rq import Queue, get_current_job
 from rq.job import Job
 
 from .._exceptions import RegistrationError
-from ._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
+from ._handoff import Handoff, Occurrence
 from ._instant import format_instant
 from ._once import STALE_AFTER, run_claimed, run_once
 from ._validation import claim_of
@@ -124,8 +124,8 @@ def enqueue(
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
-    retry_within: float = RETRY_WITHIN,
-    hold: float = HOLD_SECONDS,
+    retry_within: float | None = None,
+    hold: float | None = None,
     send_timeout: float | None = None,
     **options: Any,
 ) -> Handoff:
@@ -137,11 +137,12 @@ def enqueue(
         args: Passed to the task, positionally.
         kwargs: Passed to the task, by keyword.
         retry_within: Seconds the round retries a refused enqueue before it leaves it to
-            the sweep (see [handoff][cronjob.contrib.handoff]).
-        hold: Seconds an attempt keeps its row from the other retriers (see
+            the sweep; ``None``: derived from the period (see
             [handoff][cronjob.contrib.handoff]).
-        send_timeout: Seconds an enqueue waits for Redis's answer, below ``hold`` (see
-            [handoff][cronjob.contrib.handoff]).
+        hold: Seconds an attempt keeps its row from the other retriers; ``None``:
+            derived (see [handoff][cronjob.contrib.handoff]).
+        send_timeout: Seconds an enqueue waits for Redis's answer, below ``hold``;
+            ``None``: derived (see [handoff][cronjob.contrib.handoff]).
         options: Passed to ``Queue.enqueue_call`` (`JOB_OPTIONS`).
 
     Raises:

@@ -32,6 +32,7 @@ from ._decided import noting_given_up
 from ._giveback import GiveBacks
 from ._keeper import too_late
 from ._lead import LEAD_MAX, ClaimLead
+from ._owed import owe, owe_ran_over
 from ._peers import GRACE, Peers
 from ._ports import Outage, Starter, Timetable
 from ._state import Flags, JobState, Reason, Run
@@ -399,6 +400,8 @@ class Claims:
                     claimed = []
                 else:
                     self._report_claimed(claimed, batch, reason)
+                    if batch.superseded or batch.ended:
+                        self._owe(claimed, batch)
             if lost and not self._claim_later(instant, lost):
                 for state in lost:
                     timetable.schedule_after(state, instant)
@@ -458,6 +461,17 @@ class Claims:
             give_backs.hand_back(states, batch.token, batch.instant, why, logging.WARNING)
         else:
             give_backs.hand_back(states, batch.token, batch.instant, "met a drain", logging.INFO)
+
+    def _owe(self, claimed: list[JobState], batch: lease.ClaimBatch) -> None:
+        """Hand each round just won of a hand-off the instants the round before it held
+        the lease over: one it gave up (`owe`), or one that ended after them (`owe_ran_over`)."""
+        for state in claimed:
+            gave_up = batch.superseded.get(state.job.name)
+            if gave_up is not None:
+                owe(state, gave_up[0], batch.instant, self._store.ttl)
+            ran = batch.ended.get(state.job.name)
+            if ran is not None:
+                owe_ran_over(state, ran[0], ran[1], batch.instant)
 
     def _report_claimed(
         self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason

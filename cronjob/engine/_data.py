@@ -13,7 +13,9 @@ What a change does, as the dispatcher applies it:
 
 - **Added**: scheduled from the first instant after it is seen (a one-off whose instant
   passed is claimed at once, as catch-up, if its policy catches up and its instant lies
-  within its ``catch_up_window``; else it is done).
+  within its ``catch_up_window``; else it is done). A schedule no running replica saw
+  (all were down, or none registered its task) is owed its instants from its commit by
+  start-up's catch-up (`Recovery`, ``_committed``), not from here.
 - **Changed**: the new schedule governs from the first instant after it is seen; the old
   one's instants are not caught up. A round claimed before runs as it was claimed (its
   descriptor is pinned, see `cronjob.engine._pinned`), retries and all; its end schedules
@@ -21,8 +23,9 @@ What a change does, as the dispatcher applies it:
   its jittered start is pinned too: it starts as it would have.
 - **Removed** (or its task is not registered here): no instant of it starts after; a
   round claimed before runs to its end, on record, never cut short nor superseded.
-- **Added again** after a removal: owed nothing from before (the write marks a round of
-  its former life cut short as run twice, see `lease.forgo_former_rounds`).
+- **Added again** after a removal: owed nothing from before the re-add, which is its
+  commit (the write marks a round of its former life cut short as run twice, see
+  `lease.forgo_former_rounds`).
 
 A wing (see ``_wings``): recovery calls it once the database is reached (`DataSchedules.reached`:
 the load, before start-up's catch-up) and on each wake (`DataSchedules.poll`).
@@ -324,7 +327,7 @@ class DataSchedules(Wing):
                 state.job = job
                 state.refresh()
                 if old.schedule != job.schedule or type(old.schedule) is not type(job.schedule):
-                    state.changed = now
+                    state.changed, state.before = now, old.schedule
             fresh.append((state, old))
         if unknown:
             self._tell_unknown(unknown)

@@ -1,4 +1,5 @@
-"""A round's fenced transactions: ``ctx.transaction()`` and ``ctx.transaction_async()``.
+"""A round's fenced transactions: ``ctx.transaction()`` and ``ctx.transaction_async()``,
+and the group writes of many rounds in one (``Fencing.write_many``: hand-off records).
 
 For a leased round, the transaction checks, inside itself, that the round still holds its
 lease (its fencing token) when it opens and again just before it commits, and refuses
@@ -13,7 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import lease
@@ -89,6 +90,60 @@ class Fencing:
             if not self._store.holds(conn, ctx.name, run.token, final=True):
                 raise lease_lost(ctx.name, "taken before the transaction committed")
 
+    def write_many(
+        self, runs: Sequence[Run | LeaseLost], work: Callable[[Connection, list[bool]], None]
+    ) -> list[Exception | None]:
+        """Write for many rounds in one transaction, fenced by one check of all their
+        leases (a hand-off's group record, `cronjob.contrib._records`).
+
+        Each round is refused as `transaction` refuses it (the replica crashed, its
+        timeout cancelled it, it ended, its lease is gone); ``runs`` may carry a round's
+        refusal already (a ``ctx`` whose round is over). Then one statement checks the
+        leases of the others and locks their rows until the commit
+        ([lease.LeaseStore.holds_many][], under
+        [locking_held][lease.LeaseStore.locking_held]): no claim can take one before
+        it, so ``work`` may write after the check. ``work(conn, holding)`` is called once,
+        in the transaction, ``holding[i]`` telling whether ``runs[i]`` may write; the
+        transaction commits after it unless the replica crashed meanwhile. Nothing is
+        opened when no round may write.
+
+        Returns:
+            For each round, in order: ``None`` (what ``work`` wrote for it committed), or
+            what the round raises: `LeaseLost` (lease gone, ended, or the replica
+            crashed) or `TimedOut`, and nothing was written for it; or the error that
+            failed the check, ``work`` or the commit (every round not refused before it
+            gets it, as its own transaction would have failed; nothing is written). A
+            ``BaseException`` that is not an ``Exception`` propagates.
+        """
+        fates: list[Exception | None] = [
+            run if isinstance(run, LeaseLost) else _refusal(run, self._flags.crashed)
+            for run in runs
+        ]
+        fenced = [
+            (i, run) for i, run in enumerate(runs) if fates[i] is None and isinstance(run, Run)
+        ]
+        if not fenced:
+            return fates
+        leases = [(run.ctx.name, run.token) for _, run in fenced if run.token is not None]
+        try:
+            with self._store.locking_held(), self._engine.begin() as conn:
+                held = self._store.holds_many(conn, leases, lock=True)
+                for i, run in fenced:
+                    if run.token is not None and (run.ctx.name, run.token) not in held:
+                        fates[i] = lease_lost(run.ctx.name, "the round no longer holds it")
+                work(conn, [fate is None for fate in fates])
+                if self._flags.crashed:  # as a killed process's would, the transaction dies
+                    raise _Crashed
+        except _Crashed:
+            for i, run in fenced:
+                if fates[i] is None:
+                    fates[i] = LeaseLost(f"job {run.ctx.name!r}: the replica crashed")
+        except Exception as exc:  # each round raises it, as its own transaction would have
+            for i, _run in fenced:
+                if fates[i] is None:
+                    fates[i] = exc
+        return fates
+
     @contextlib.asynccontextmanager
     async def transaction_async(self, run: Run) -> AsyncIterator[AsyncConnection]:
         """`transaction` on the async engine: the same checks, awaited."""
@@ -160,6 +215,25 @@ class Fencing:
             log.warning("the async engine was not disposed within %gs", DISPOSE_SECONDS)
         except Exception as exc:  # a connection that fails to close: it is gone anyway
             log.warning("disposing the async engine failed: %s", exc)
+
+
+class _Crashed(Exception):
+    """Raised inside `Fencing.write_many`'s transaction to roll it back: the replica
+    crashed while it was written."""
+
+
+def _refusal(run: Run, crashed: bool) -> LeaseLost | TimedOut | None:
+    """Why ``run`` may not write in a transaction opening now (as `Fencing.transaction`
+    refuses it before its lease check), or ``None``."""
+    name = run.ctx.name
+    if crashed:
+        return LeaseLost(f"job {name!r}: the replica crashed")
+    cause = run.ctx.cause
+    if isinstance(cause, TimedOut):
+        return TimedOut(*cause.args)
+    if run.token is not None and run.ended:
+        return lease_lost(name, "the round no longer holds it")
+    return None
 
 
 def _refuse_timed_out(run: Run) -> None:

@@ -15,6 +15,14 @@ name                          instrument       unit           attributes
 ``cronjob.lost_leases``       counter          ``{lease}``    job
 ``cronjob.skipped_instants``  counter          ``{instant}``  job, reason
 ``cronjob.instants.missed``   counter          ``{instant}``  job
+``cronjob.outbox.published``  counter          ``{message}``  job, target
+``cronjob.outbox.republished``  counter        ``{message}``  job, target
+``cronjob.outbox.refused``    counter          ``{send}``     job, target
+``cronjob.outbox.obsolete``   counter          ``{message}``  job, target
+``cronjob.outbox.invalid``    counter          ``{message}``  job, target
+``cronjob.outbox.latency``    histogram        ``s``          job, target
+``cronjob.outbox.unsent``     gauge            ``{message}``  (none)
+``cronjob.outbox.oldest_unsent_age``  gauge    ``s``          (none)
 ============================  ===============  =============  ==========================
 
 Names follow OpenTelemetry's naming rules: a namespace of our own (``cronjob``), never
@@ -32,6 +40,14 @@ a round that ended in error: the qualified class name of the job's exception for
 ``failed`` and ``retrying`` (an attempt that failed), ``timeout`` for ``timed_out``; a
 round cut short or given up was cancelled, not in error, and has none.
 
+The outbox's (`OutboxMeters`, ``Meters.outbox``): a hand-off's publications accepted by
+the broker, the first time by the round's first run (``published``) or again with the
+same id by the sweep or a second run (``republished``); sends refused; rows resolved
+obsolete and rows found invalid by the sweep; the latency from the scheduled instant to
+the broker's acceptance; and two gauges, the unsent publications (all jobs') and the age
+of the oldest, as the sweep's latest read found them (a scrape reads no database).
+``cronjob.target`` is the publisher's target (``rq``, ``celery``…).
+
 Each part calls the `JobMetrics` of the job it handles (``state.metrics``) where
 the event already happens: the runner as a round starts and ends, the keeper on a loss,
 the sweeper on a second run, the dispatcher on a catch-up and on skipped instants. An
@@ -42,21 +58,22 @@ for its whole life.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from .._round import Outcome
+from ._committed import owed_from
 
 if TYPE_CHECKING:
     from lease import LeaseRow
 
     from .._schedule import Schedule
 
-__all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters"]
+__all__ = ["GIVEN_UP", "SKIP_COUNT_LIMIT", "JobMetrics", "Meters", "OutboxMeters"]
 
 #: The ``cronjob.outcome`` of a round cut short on its second run (the instant is given up).
 GIVEN_UP = "given up"
@@ -134,6 +151,7 @@ class Meters:
             "{instant}",
             "Instants that no replica ran nor accounted for, found as a catch-up runs the latest.",
         )
+        self.outbox = OutboxMeters(meter)
 
     def job(self, name: str) -> JobMetrics:
         """The measurements of the job named ``name``.
@@ -145,6 +163,98 @@ class Meters:
         job = JobMetrics(self, name)
         self.rounds.add(0, job.by_outcome(Outcome.SUCCEEDED.text))
         return job
+
+
+class OutboxMeters:
+    """The outbox's instruments (see the module's table), on ``meter``.
+
+    The counters and the histogram are called where the event happens (the round's
+    thread, the ``cronjob-outbox`` thread); the gauges report what `read` was last told,
+    from the scrape's thread, without a query.
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self.published = meter.create_counter(
+            "cronjob.outbox.published",
+            "{message}",
+            "Publications the broker accepted from the round's first run.",
+        )
+        self.republished = meter.create_counter(
+            "cronjob.outbox.republished",
+            "{message}",
+            "Publications the broker accepted again with the same id: a sweep, a second run.",
+        )
+        self.refused = meter.create_counter(
+            "cronjob.outbox.refused", "{send}", "Sends the broker refused or did not answer."
+        )
+        self.obsolete = meter.create_counter(
+            "cronjob.outbox.obsolete",
+            "{message}",
+            "Unsent publications resolved obsolete: no replica registers their job any more.",
+        )
+        self.invalid = meter.create_counter(
+            "cronjob.outbox.invalid",
+            "{message}",
+            "Unsent rows found undecodable or not their occurrence's id: kept, never sent.",
+        )
+        self.latency = meter.create_histogram(
+            "cronjob.outbox.latency",
+            "s",
+            "From a publication's scheduled instant to the broker's acceptance.",
+            explicit_bucket_boundaries_advisory=LATENESS_BUCKETS,
+        )
+        #: (unsent, when the oldest was recorded, when read), epoch ms; None: never read.
+        self._seen: tuple[int, int | None, int] | None = None
+        meter.create_observable_gauge(
+            "cronjob.outbox.unsent",
+            [self._unsent],
+            "{message}",
+            "Publications not yet accepted nor resolved, all jobs', at the latest sweep.",
+        )
+        meter.create_observable_gauge(
+            "cronjob.outbox.oldest_unsent_age",
+            [self._oldest_age],
+            "s",
+            "How long the oldest unsent publication had been on record at the latest sweep.",
+        )
+
+    def accepted(
+        self, job: str, target: str, instant: datetime, at: datetime, *, again: bool
+    ) -> None:
+        """The broker accepted ``job``'s publication of ``instant`` at ``at``: the first
+        time (``again`` false: a round's first run) or again with the same id."""
+        attributes = {"cronjob.job": job, "cronjob.target": target}
+        (self.republished if again else self.published).add(1, attributes)
+        self.latency.record(max(0.0, (at - instant).total_seconds()), attributes)
+
+    def note_refused(self, job: str, target: str) -> None:
+        """A send of ``job``'s publication was refused, or not answered in time."""
+        self.refused.add(1, {"cronjob.job": job, "cronjob.target": target})
+
+    def note_obsolete(self, job: str, target: str) -> None:
+        """An unsent publication of ``job`` was resolved obsolete."""
+        self.obsolete.add(1, {"cronjob.job": job, "cronjob.target": target})
+
+    def note_invalid(self, job: str, target: str) -> None:
+        """An unsent row of ``job`` was found invalid (kept, put off, not sent)."""
+        self.invalid.add(1, {"cronjob.job": job, "cronjob.target": target})
+
+    def read(self, unsent: int, oldest_ms: int | None, now_ms: int) -> None:
+        """A sweep read, at ``now_ms``, ``unsent`` publications, the oldest recorded at
+        ``oldest_ms``: what the gauges report until the next one."""
+        self._seen = (unsent, oldest_ms, now_ms)
+
+    def _unsent(self, _options: CallbackOptions) -> Iterator[Observation]:
+        seen = self._seen
+        if seen is not None:
+            yield Observation(seen[0])
+
+    def _oldest_age(self, _options: CallbackOptions) -> Iterator[Observation]:
+        seen = self._seen
+        if seen is not None:
+            unsent, oldest_ms, now_ms = seen
+            age = 0 if oldest_ms is None or not unsent else max(0, now_ms - oldest_ms)
+            yield Observation(age / 1000)
 
 
 class JobMetrics:
@@ -221,6 +331,15 @@ class JobMetrics:
         if count > 0:
             self._meters.missed_instants.add(count, {"cronjob.job": self._name})
 
+    def published(self, target: str, instant: datetime, at: datetime, *, again: bool) -> None:
+        """The broker accepted this job's publication of ``instant`` at ``at`` (see
+        `OutboxMeters.accepted`)."""
+        self._meters.outbox.accepted(self._name, target, instant, at, again=again)
+
+    def refused(self, target: str) -> None:
+        """A send of this job's publication was refused (or not answered in time)."""
+        self._meters.outbox.note_refused(self._name, target)
+
     def overrun(self, schedule: Schedule, started: datetime, ended: datetime) -> None:
         """Count the instants that came due while a round ran, from ``started`` through
         ``ended``: the dispatcher schedules the job after ``ended``, so they are skipped
@@ -247,10 +366,11 @@ def missed_before(schedule: Schedule, row: LeaseRow, instant: datetime, now: dat
 
 def catch_up_floor(row: LeaseRow, now: datetime) -> datetime:
     """The moment after which a catch-up finds a job's instants missed: the row's latest
-    claim, its first deployment, its timing's latest change (``spec_changed``), the
+    claim, its first deployment (a schedule made of data: its commit, see
+    `cronjob.engine._committed`), its timing's latest change (``spec_changed``), the
     overrun it records (``skipped_through``), and a day before ``now``, whichever is
     latest."""
-    marks = (row.instant, row.deployed, row.skipped_through, row.spec_changed)
+    marks = (row.instant, owed_from(row), row.skipped_through, row.spec_changed)
     return max([at for at in marks if at is not None] + [now - MISSED_HORIZON])
 
 

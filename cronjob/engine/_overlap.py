@@ -22,6 +22,10 @@ only the instants after the change: one of its new timing from before the change
 never buffered nor superseding, the old timing's instants are not caught up. One removed
 meanwhile has no instant after: its round is never superseded, nothing follows it.
 
+A hand-off (a job that publishes its instants) skips none of them, whatever its
+policy: the latest that fell while its round held the lease is claimed as it ends, and
+that round owes the earlier ones (see `cronjob.engine._owed`).
+
 Only the replica running the round acts: it alone knows when the round ends, and
 every instant that falls meanwhile is refused to the others by the lease. A follow-up
 claim that finds a later instant already claimed (another replica's claim came between
@@ -51,6 +55,8 @@ from .._exceptions import Cancelled, Superseded
 from .._policy import CatchUp, Overlap
 from .._registry import Job
 from .._round import Outcome
+from ._committed import owed_from
+from ._owed import first_kept, owe_overrun, publishes
 from ._ports import Claimer, Starter, Timetable
 from ._state import JobState, Reason, Run
 
@@ -163,7 +169,8 @@ class NextRounds:
                 return
         overlap = policy.overlap
         rerun = run.reason is Reason.RERUN and since is None
-        if rerun and overlap is Overlap.BUFFER_ONE and not timetable.draining:
+        handoff = since is None and publishes(state.job)
+        if rerun and overlap is Overlap.BUFFER_ONE and not timetable.draining and not handoff:
             # The round's first run died with its replica, or a drain cut it short there:
             # the instant buffered meanwhile was known to that replica alone. The round
             # ran from its first start to this end, so the first instant after its own
@@ -182,10 +189,17 @@ class NextRounds:
             first = state.next_after(instant) if started >= instant else schedule.next(started)
         if first is not None and started >= first:
             first = schedule.next(started)
+        if handoff:  # from its claim on, not its start: a late round's lease came first
+            first = first_kept(run, self._clock.now(), self._clock.monotonic())
         if first is not None and started <= ended < first:
             # The common case, no instant overrun: the first instant after the start
             # is the first after the end too (one schedule step per round, not two).
             timetable.schedule_after(state, ended, when=first)
+            return
+        if handoff and first is not None and not timetable.draining:
+            # A hand-off skips no instant: the claims of those that fell while it ran
+            # were refused, and only this replica knows (see cronjob.engine._owed).
+            self._follow(state, owe_overrun(state, first, ended), Reason.OVERLAP)
             return
         if first is None or overlap is Overlap.SKIP or timetable.draining:
             state.metrics.overrun(schedule, started, ended)
@@ -227,14 +241,16 @@ def _changed_since(run: Run) -> datetime | None:
 def oldest_owed(job: Job, row: lease.LeaseRow, latest: datetime, now: datetime) -> datetime:
     """The oldest instant ``job`` (``catch_up="all"``) is owed, ``latest`` being the most
     recent one owed: the first after what its row says ran, was overrun, or came before
-    its deployment, and within its ``catch_up_window`` of ``now``."""
+    its deployment (a schedule made of data: its commit, see `owed_from`), and within its
+    ``catch_up_window`` of ``now``."""
     bounds = [now - job.policy.catch_up_window - _TICK]
+    since = owed_from(row)
     if row.instant is not None:
         bounds.append(row.instant)
-        if job.task is not None and row.deployed is not None:
-            bounds.append(row.deployed)  # a schedule made of data, changed since
-    elif row.deployed is not None:
-        bounds.append(row.deployed)
+        if job.task is not None and since is not None:
+            bounds.append(since)  # a schedule made of data, changed since
+    elif since is not None:
+        bounds.append(since)
     if row.skipped_through is not None:
         bounds.append(row.skipped_through)
     first = job.schedule.next(max(bounds))

@@ -5,21 +5,23 @@ sweep's and policies' callbacks there): the [Round][cronjob.Round] its job sees 
 the `Run` the parts keep of it. The round is not started:
 the runner does that (`cronjob.engine._runner.RoundRunner.submit_many`). The fenced
 transactions every round is handed (``ctx.transaction()``, ``ctx.transaction_async()``,
-the fence check) are made once and run on the round's own thread; each finds its round's
-``Run`` on the round itself (`run_of`).
+the fence check, the group writes of hand-off records) are made once and run on the
+round's own thread (the group writes on the thread of the round that writes the group);
+each finds its round's ``Run`` on the round itself (`run_of`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 import lease
 
 from .._clock import Clock
+from .._exceptions import LeaseLost
 from .._round import Round, Trigger, lease_lost
 from ._fencing import Fencing
 from ._state import JobState, Reason, Run, pin
@@ -51,6 +53,11 @@ class RoundMaker:
         def transaction(ctx: Round) -> contextlib.AbstractContextManager[Connection]:
             return fencing.transaction(run_of(ctx))
 
+        def writes(
+            rounds: Sequence[Round], work: Callable[[Connection, list[bool]], None]
+        ) -> list[Exception | None]:
+            return fencing.write_many([_run_or_lost(ctx) for ctx in rounds], work)
+
         def transaction_async(
             ctx: Round,
         ) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
@@ -62,6 +69,7 @@ class RoundMaker:
             fencing.check(run_of(ctx), dialect, fetch, final=final)
 
         self._transaction = transaction
+        self._writes = writes
         self._transaction_async = transaction_async
         self._fence = fence
 
@@ -90,6 +98,7 @@ class RoundMaker:
             transaction=self._transaction,
             transaction_async=self._transaction_async,
             fence=self._fence,
+            writes=self._writes,
             trigger=(
                 Trigger.SCHEDULE
                 if request is None
@@ -110,6 +119,7 @@ class RoundMaker:
             token=token,
             reason=reason,
             renewed_at=claimed_at,
+            claimed_mono=claimed_at,
             request=request,
             queued_mono=self._clock.monotonic(),
         )
@@ -117,7 +127,19 @@ class RoundMaker:
         # soon as the round is over, not by the cyclic garbage collector (thousands of
         # pairs a second at scale, each a full collection's work). See run_of.
         ctx._run = run if token is None else weakref.ref(run)
+        ctx._schedule = pinned.schedule
+        owed = state.owed
+        if owed is not None and owed.instant == instant:
+            ctx._owed, ctx._takes_over, state.owed = owed.instants, owed.takes_over, None
         return run
+
+
+def _run_or_lost(ctx: Round) -> Run | LeaseLost:
+    """`run_of` ``ctx``, or the `LeaseLost` it raises."""
+    try:
+        return run_of(ctx)
+    except LeaseLost as exc:
+        return exc
 
 
 def run_of(ctx: Round) -> Run:

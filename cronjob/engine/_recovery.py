@@ -10,7 +10,8 @@ The seed's rules, as this part applies them:
   (within the last 24 h, measured on that instant) was not claimed and not overrun runs
   it once, on one replica. A job that never ran is owed it only if it comes after the
   job's first deployment (its lease row's first write, `lease.LeaseRow.deployed`):
-  the instants before were never its to run.
+  the instants before were never its to run. A schedule made of data is owed from its
+  commit instead, even one that no replica ran then (see ``_committed``).
 - **Outage**: a claim the database could not answer leaves its instant owed. Recovery
   then probes the database (1 s, doubling to 8 s) and, once it answers, applies the same
   catch-up rule: the most recent instant each job missed, once, on one replica; the
@@ -37,12 +38,13 @@ import lease
 from .._bounds import OneOff
 from .._clock import Clock
 from .._policy import CatchUp
+from ._committed import owed_from
 from ._control import Control
 from ._metrics import missed_before
 from ._overlap import oldest_owed
 from ._peers import Peers
 from ._ports import Claimer, Timetable
-from ._skipped import BY_LATEST, BY_NONE, BY_WINDOW, skip_note, write_notes
+from ._skipped import BY_LATEST, BY_NONE, BY_WINDOW, skip_after, skip_note, write_notes
 from ._state import JobState, Reason
 from ._sweep import Sweeper
 from ._wings import Wing
@@ -358,14 +360,18 @@ class Recovery:
         day, is the job's to run — the job has run before (its row has an instant), or it
         never ran and the instant comes strictly after its first deployment on record (an
         instant at the very moment the row was written belongs before it, as a replica's
-        schedule starts strictly after its start) — no replica claimed it, and no round
-        that ran to its end overran it. A row whose first deployment is unknown (an older
-        release wrote it) owes nothing before it has run. A job busy with a round is
-        skipped. The job's policy bends the rule: ``catch_up="none"`` owes nothing,
-        ``catch_up_window`` replaces the day, and ``catch_up="all"`` claims the oldest
-        instant owed (its end claims the next, see ``_overlap``), unless the row's round
-        awaits its second run (the sweep's; its end goes on from there). The instants a
-        policy passes over go on record as skipped by it (see `_skipped`).
+        schedule starts strictly after its start); for a schedule made of data, strictly
+        after the commit of its timing, also when no replica ran then (`owed_from`) — no
+        replica claimed it, and no round that ran to its end overran it. A row whose first
+        deployment and commit are unknown (an older release wrote it) owes nothing before
+        it has run. A job busy with a round is skipped. The job's policy bends the rule:
+        ``catch_up="none"`` owes nothing, ``catch_up_window`` replaces the day, and
+        ``catch_up="all"`` claims the oldest instant owed (its end claims the next, see
+        ``_overlap``), ``catch_up="oldest"`` the oldest alone (the instants after it are
+        passed over), unless the row's round awaits its second run: that run (the
+        sweep's) is the oldest, its end goes on from there, and ``"oldest"`` passes over
+        the instants after it. The instants a policy passes over go on record as skipped
+        by it (see `_skipped`).
         """
         latest = now.replace(microsecond=0) + timedelta(seconds=1)  # instants <= now
         owed: dict[datetime, list[JobState]] = {}
@@ -389,16 +395,17 @@ class Recovery:
             instant = state.job.schedule.prev(latest)
             if instant is None:
                 continue
+            since = owed_from(row)  # its first deployment, or a data schedule's commit
             if row.instant is not None:
                 if row.instant >= instant:
                     continue  # claimed already
-                if state.job.task is not None and row.deployed and instant <= row.deployed:
+                if state.job.task is not None and since and instant <= since:
                     continue  # a schedule made of data, changed since: not its instant
             elif isinstance(state.job.schedule, OneOff):
                 pass  # a one-off never ran: its one instant is owed within the day
-            elif row.deployed is None or instant <= row.deployed:
-                # Never ran, and the instant came before its first deployment (or when that
-                # was is unknown, on a row an older release wrote): its next one is its first.
+            elif since is None or instant <= since:
+                # Never ran, and the instant came before its first deployment or commit (or
+                # when is unknown, on a row an older release wrote): its next one is its first.
                 continue
             if row.skipped_through is not None and instant <= row.skipped_through:
                 continue  # overrun by a round that ran to its end
@@ -409,11 +416,25 @@ class Recovery:
                 by = BY_NONE if catch_up is CatchUp.NONE else BY_WINDOW
                 notes.append(note(instant, now, policy=by, holder=self._replica_id, through=True))
                 continue
-            if catch_up is CatchUp.ALL:  # the oldest first; the others follow its end
-                if row.instant is not None and row.attempt == 1 and row.state in _UNENDED:
-                    continue  # the sweep's second run of it comes first; the rest follow
-                instant = oldest_owed(state.job, row, instant, now)
-                notes.append(note(instant, now, policy=BY_WINDOW, holder=self._replica_id))
+            if catch_up is CatchUp.ALL or catch_up is CatchUp.OLDEST:  # the oldest first
+                # A round that awaits its second run (the sweep's) is the oldest owed.
+                held = row.instant if row.attempt == 1 and row.state in _UNENDED else None
+                latest_owed = instant
+                if held is None:
+                    instant = oldest_owed(state.job, row, instant, now)
+                    notes.append(note(instant, now, policy=BY_WINDOW, holder=self._replica_id))
+                if catch_up is CatchUp.OLDEST:  # the others are passed over, on record
+                    skipped = skip_after(
+                        state.job.name,
+                        state.job.schedule,
+                        instant if held is None else held,
+                        latest_owed,
+                        now,
+                        holder=self._replica_id,
+                    )
+                    notes.append(skipped)
+                if held is not None:
+                    continue  # its second run comes first; its end goes on from there
             else:  # the instants before the latest are not run: count them missed
                 state.missed = missed_before(state.job.schedule, row, instant, now)
                 notes.append(note(instant, now, policy=BY_LATEST, holder=self._replica_id))

@@ -10,7 +10,8 @@ are the statements that would keep the control thread behind.
 A second run never starts before its instant: one handed back ahead of it (a drain met
 its first run won ahead) is held until the instant, as the first run would have been. A
 second run won but not started here (a drain, a claim that came back too late) is handed
-back unrun, logged with its names, and stays owed: a later sweep claims it again.
+back unrun, logged with its names, and stays owed: a later sweep claims it again. A
+hand-off's second run owes what its instant's first claim owed (`owe_second_run`).
 
 Dispatcher thread only; the claim runs on the control thread.
 """
@@ -28,6 +29,7 @@ from .._clock import Clock
 from ._control import Control
 from ._giveback import GiveBacks
 from ._keeper import too_late
+from ._owed import owe_second_run
 from ._ports import Claimer, Starter, Timetable
 from ._state import JobState, Reason
 
@@ -98,6 +100,7 @@ class Reruns:
 
         def done(result: lease.ClaimBatch | BaseException) -> None:
             won = self._kept(result, instant, claimed_at)
+            superseded = {} if isinstance(result, BaseException) else result.superseded
             rounds: list[tuple[JobState, int | None]] = []
             for cut, state in cuts:
                 if cut.name not in won:
@@ -113,6 +116,17 @@ class Reruns:
                     "the database",
                 )
                 state.metrics.rerun()
+                # What its first claim owed (even given back unrun), and, if its lease
+                # expired, the instants that lease kept.
+                gave_up = superseded.get(cut.name)
+                owe_second_run(
+                    state,
+                    instant,
+                    issued,
+                    self._store.ttl,
+                    gave_up=None if gave_up is None else gave_up[0],
+                    expired=not cut.given_back,
+                )
                 rounds.append((state, won[cut.name]))
             if not rounds:
                 return

@@ -19,10 +19,11 @@ from .._jitter import jitter_delay
 from .._records import Why
 from .._registry import Job
 from .._round import Outcome, Round
+from .._schedule import Schedule
 from ._metrics import NO_METRICS, JobMetrics
 from ._pinned import NO_LIMITS, Limits, Pinned
 
-__all__ = ["Flags", "JobState", "Killable", "Reason", "Run", "pin"]
+__all__ = ["Flags", "JobState", "Killable", "Owed", "Reason", "Run", "pin"]
 
 
 class Killable(Protocol):
@@ -112,6 +113,12 @@ class JobState:
     #: A schedule made of data: when this replica saw its timing change last; a round
     #: claimed before runs as claimed, the instants after are the new timing's.
     changed: datetime | None = None
+    #: The timing before that change (what a round claimed before it was bound by).
+    before: Schedule | None = None
+    #: What a hand-off job's next round owes besides its instant: after a round of the
+    #: job that died holding the lease, or one that ran past its next instants (see
+    #: `cronjob.engine._owed`).
+    owed: Owed | None = None
 
     def __post_init__(self) -> None:
         self.refresh()
@@ -139,6 +146,19 @@ class JobState:
         return instant + delay
 
 
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """What the round of a hand-off job's ``instant`` owes besides that instant (see
+    `cronjob.engine._owed`): the ``instants`` a round of its job kept from every claim,
+    oldest first, to record and publish; with ``takes_over``, that round died holding
+    the lease, and the outbox rows it recorded and still held are this round's to send
+    at once (``Round._takes_over``)."""
+
+    instant: datetime
+    instants: tuple[datetime, ...]
+    takes_over: bool
+
+
 @dataclass(eq=False, slots=True, weakref_slot=True)
 class Run:
     """A round in flight on this replica (slotted: an instant of 100,000 jobs at one
@@ -154,6 +174,9 @@ class Run:
     reason: Reason
     #: Monotonic clock time the claim was issued, or of the last successful renewal.
     renewed_at: float
+    #: Monotonic clock time the claim was issued (a hand-off's overrun is counted from
+    #: it, see `cronjob.engine._owed.first_kept`).
+    claimed_mono: float = 0.0
     #: Monotonic clock time the lease was found lost, if it was.
     lost_at: float | None = None
     #: Set by the round's worker when the job returned or raised, before the end is

@@ -213,7 +213,9 @@ def wire_core(
             sweep_soon=sweeper.sweep_soon,
         )
     )
-    republisher = Republisher(clock=clock, store=store, control=control, states=states)
+    republisher = Republisher(
+        clock=clock, store=store, control=control, states=states, meters=meters
+    )
     # The rows of this replica's tasks' schedules, removed ones included, are its to send.
     republisher.follow_tasks(tasks)
     wings.append(republisher)

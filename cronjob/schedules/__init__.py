@@ -26,7 +26,8 @@ fires (its spec, `at`, `start`, `end`), as registration raises for a spec, and
 """
 
 # The layout: _check (every value checked before anything is written), _api (the sync
-# calls), _async (the same on an AsyncConnection); the statements are lease's.
+# calls), _write (the write of checked rows, and when each was committed), _async (the
+# same on an AsyncConnection); the statements are lease's.
 
 from __future__ import annotations
 

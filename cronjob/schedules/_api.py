@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import collections
 import contextlib
 import json
 from collections.abc import Iterable, Iterator
@@ -19,11 +18,12 @@ import lease
 from .._bounds import at_spec
 from .._exceptions import RegistrationError
 from .._policy import CatchUp, Overlap
-from .._registry import Registry, _check_name, default_registry
+from .._registry import Registry, _check_name
 from ._check import New, checked
 from ._conflict import refusing_overtaken
 from ._policies import OWN_POLICIES, own_of
 from ._tables import require_tables
+from ._write import now_ms_of, shown, write
 
 __all__ = [
     "Database",
@@ -42,9 +42,6 @@ __all__ = [
 Database = Connection | Engine | str | sa.URL
 #: What [add][cronjob.schedules.add] does with an id already on record.
 IfExists = Literal["error", "replace", "keep"]
-_IF_EXISTS: Final = ("error", "replace", "keep")
-#: Who a schedule added paused is paused by, on its lease row.
-PAUSED_BY: Final = "schedules.add"
 
 
 class _Unset:
@@ -67,8 +64,8 @@ class ScheduleRecord:
         args: Its arguments (decoded anew for each record).
         start: No instant before it (UTC), or ``None``.
         end: No instant after it (UTC), or ``None``.
-        created: When it was added (the database's clock).
-        updated: When it last changed (the database's clock).
+        created: When it was added (the writer's ``now``, else the database's clock).
+        updated: When it last changed (the same).
         overlap: Its own ``overlap``; ``None``: its task's. So for the four below.
         catch_up: Its own ``catch_up``.
         catch_up_window: Its own ``catch_up_window``.
@@ -146,10 +143,6 @@ def _begin(db: Database) -> Iterator[Connection]:
     raise TypeError(f"expected a SQLAlchemy Connection, Engine or URL, got {type(db).__name__}")
 
 
-def _shown(row: lease.ScheduleRow) -> str:
-    return at_spec(row.at) if row.at is not None else row.spec or ""
-
-
 def _storable(id_: object) -> bool:
     """Whether ``id_`` could be a schedule's id: one that is not is on record nowhere (and
     is never sent to the database, which might fail on it or, on MariaDB/MySQL, match
@@ -159,93 +152,6 @@ def _storable(id_: object) -> bool:
     except RegistrationError:
         return False
     return True
-
-
-def _write(
-    conn: Connection,
-    rows: builtins.list[lease.ScheduleRow],
-    paused: set[str],
-    if_exists: str,
-    registry: Registry | None = None,
-) -> int:
-    """Write checked ``rows`` in ``conn``'s transaction; the count written."""
-    if if_exists not in _IF_EXISTS:
-        raise ValueError(f"if_exists must be one of {', '.join(_IF_EXISTS)}, got {if_exists!r}")
-    ids = [row.id for row in rows]
-    if len(set(ids)) != len(ids):
-        twice = sorted(id_ for id_, n in collections.Counter(ids).items() if n > 1)
-        raise RegistrationError(f"schedule {twice[0]!r} is given more than once")
-    jobs = {job.name for job in default_registry.jobs}
-    if registry is not None:
-        jobs.update(job.name for job in registry.jobs)
-    clash = [id_ for id_ in ids if id_ in jobs]
-    if clash:
-        raise RegistrationError(f"schedule {clash[0]!r}: the id is a registered job's name")
-    if not rows:
-        return 0
-    with refusing_overtaken(ids[0]):
-        return _write_checked(conn, rows, paused, if_exists)
-
-
-def _write_checked(
-    conn: Connection, rows: builtins.list[lease.ScheduleRow], paused: set[str], if_exists: str
-) -> int:
-    """`_write` once the ids are known to be free of jobs' names and given once each."""
-    ids = [row.id for row in rows]
-    # The counter's row locked first: changes of schedules commit in the counter's order,
-    # and what is checked below stays so until this transaction ends. Raised only once
-    # nothing is refused, so a refusal leaves the counter as it was.
-    lease.bump_schedule_rev(conn, by=0)
-    taken = lease.taken_schedule_ids(conn, ids, lock=True)
-    jobs_rows = lease.leased_names(conn, [id_ for id_ in ids if id_ not in taken])
-    if jobs_rows:
-        first = sorted(jobs_rows)[0]
-        raise RegistrationError(
-            f"schedule {first!r}: the id is the name of a job on record (a lease row that "
-            "is no schedule's); choose another id, or `cronjob forget` a retired job"
-        )
-    live = [row for row in rows if taken.get(row.id) is False]
-    if live and if_exists == "error":
-        raise RegistrationError(
-            f"schedule {live[0].id!r} already exists; pass if_exists='replace' or 'keep'"
-        )
-    kept = {row.id for row in live} if if_exists == "keep" else set()
-    new = [row for row in rows if row.id not in taken]
-    again = [row for row in rows if row.id in taken and row.id not in kept]
-    if not new and not again:
-        return 0
-    # A replaced schedule whose spec or instant changes owes nothing of its old timing:
-    # redeployed. One replaced with the same timing (an upsert at each start) is not.
-    revived = {row.id for row in again if taken[row.id]}
-    ids = [row.id for row in again]
-    # A locking read: the rows as last committed, as ``taken`` saw them (a snapshot taken
-    # before another writer added one of them would not have it).
-    found = lease.read_schedules(conn, ids=ids, removed=True, lock=True) if ids else []
-    before = {row.id: row for row in found}
-    moved = [
-        row
-        for row in again
-        if row.id in revived or (before[row.id].spec, before[row.id].at) != (row.spec, row.at)
-    ]
-    rev = lease.bump_schedule_rev(conn)
-    lease.insert_schedules(conn, new, rev)
-    lease.replace_schedules(conn, again, rev)
-    written = new + again
-    specs = {row.id: _shown(row) for row in written}
-    lease.redeploy_schedule_leases(conn, {row.id: specs[row.id] for row in moved}, unpause=revived)
-    lease.forgo_former_rounds(conn, revived)  # added again: owed nothing from before
-    # A window moved, the timing kept: missed instants count from now.
-    moved_ids = {row.id for row in moved}
-    windows = {row.id: (before[row.id].start, before[row.id].end) for row in again}
-    lease.retime_schedule_leases(
-        conn, [r.id for r in again if r.id not in moved_ids and windows[r.id] != (r.start, r.end)]
-    )
-    lease.schedule_lease_rows(conn, {i: specs[i] for i in specs if i not in paused})
-    lease.schedule_lease_rows(
-        conn, {i: specs[i] for i in specs if i in paused}, paused_by=PAUSED_BY
-    )
-    lease.tell_on_commit(conn)
-    return len(written)
 
 
 def add(
@@ -266,11 +172,15 @@ def add(
     catch_up_window: float | timedelta | None = None,
     jitter: float | timedelta | None = None,
     heartbeat: str | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """Add the schedule ``id``: ``task`` runs on ``spec`` (or once, ``at``) with ``args``.
 
     Every replica that registers ``task`` sees it within 2 s of the commit, without a
     restart. A changed spec governs from the first instant after a replica sees it.
+    Committed while no replica runs, it is owed its instants from ``now`` by its catch-up
+    policy (the latest, by default) once a replica starts: added at 09:30, replicas back
+    at 11:30, an hourly schedule runs its 11:00 instant; it is owed none from before.
 
     Args:
         db: A `Connection` (the call joins its transaction: nothing is seen by any replica
@@ -295,6 +205,11 @@ def add(
         jitter: Its own ``jitter``: the delay is drawn from a hash of the schedule's id
             and the instant.
         heartbeat: Its own heartbeat URL, pinged as its rounds start, succeed or fail.
+        now: When it is committed, on the lease clock (an aware datetime: a test's fake
+            clock); the database's clock by default. The row's ``created`` and
+            ``updated`` are stamped with it, and the catch-up owes the schedule its
+            instants after it. Replaced with another spec or instant (or window), the
+            schedule is owed from this replacement; with the same, it keeps its commit.
 
     Returns:
         Whether it was written (``False``: kept by ``if_exists="keep"``).
@@ -303,8 +218,9 @@ def add(
         RegistrationError: a bad id or args, an id taken by a job or (``"error"``) a
             schedule, a task ``registry`` does not hold, a policy registration would
             refuse (its message, naming the schedule).
-        ScheduleError: a bad or never-firing spec, a naive datetime, ``end`` before
-            ``start``, neither or both of ``spec`` and ``at``.
+        ScheduleError: a bad or never-firing spec, a naive datetime (``now`` too),
+            ``end`` before ``start``, neither or both of ``spec`` and ``at``.
+        TypeError: ``now`` is not a datetime.
         lease.MigrationRequired: the lease tables are missing (no replica has started on
             this database): start one, or run ``lease.migrate``.
         lease.LeaseError: the database failed.
@@ -327,7 +243,7 @@ def add(
         jitter=jitter,
         heartbeat=heartbeat,
     )
-    return add_many(db, [new], if_exists=if_exists, registry=registry) == 1
+    return add_many(db, [new], if_exists=if_exists, registry=registry, now=now) == 1
 
 
 def add_many(
@@ -336,21 +252,24 @@ def add_many(
     *,
     if_exists: IfExists = "error",
     registry: Registry | None = None,
+    now: datetime | None = None,
 ) -> int:
     """Add every schedule of ``schedules`` in one transaction: all, or none if one is
     refused (each checked as [add][cronjob.schedules.add] checks it, before anything is
-    written). Returns how many were written.
+    written), each committed at ``now`` (as for `add`). Returns how many were written.
 
     Raises:
         RegistrationError: as for `add`, naming the first refused schedule's id.
         ScheduleError: as for `add`, naming the first refused schedule's id.
+        TypeError: ``now`` is not a datetime.
         lease.MigrationRequired: the lease tables are missing.
     """
+    now_ms = now_ms_of(now)
     news = builtins.list(schedules)
     rows = [checked(new, registry=registry) for new in news]
     paused = {new.id for new in news if new.paused}
     with _begin(db) as conn:
-        return _write(conn, rows, paused, if_exists, registry)
+        return write(conn, rows, paused, if_exists, registry, now_ms=now_ms)
 
 
 def update(
@@ -368,22 +287,29 @@ def update(
     catch_up_window: float | timedelta | _Unset | None = _UNSET,
     jitter: float | timedelta | _Unset | None = _UNSET,
     heartbeat: str | _Unset | None = _UNSET,
+    now: datetime | None = None,
 ) -> bool:
     """Change what is given of the schedule ``id`` (``None`` clears ``start`` or
     ``end``, and gives a policy back to the task; a ``spec`` replaces an ``at`` and the
     other way round), checked as [add][cronjob.schedules.add] checks it.
 
     A round in flight runs to its end as it began; the next instant is the new
-    schedule's first after the change is seen.
+    schedule's first after the change is seen. A change of its spec, instant or window
+    is committed at ``now`` (the database's clock by default; as for `add`): committed
+    while no replica runs, the schedule is owed its instants from the change, never
+    from before it (nor any of its old spec's).
 
     Returns:
         Whether the schedule was on record (``False``: nothing written).
 
     Raises:
         RegistrationError: a bad task name, args or policy (as for `add`).
-        ScheduleError: a bad spec, ``at``, ``start`` or ``end`` (as for `add`).
+        ScheduleError: a bad spec, ``at``, ``start`` or ``end`` (as for `add`); a naive
+            ``now``.
+        TypeError: ``now`` is not a datetime.
         lease.MigrationRequired: the lease tables are missing.
     """
+    now_ms = now_ms_of(now)
     if not _storable(id):
         return False
     with _begin(db) as conn, refusing_overtaken(id):
@@ -410,13 +336,14 @@ def update(
         )
         row = checked(new)
         rev = lease.bump_schedule_rev(conn)
-        lease.update_schedule(conn, id, lease.schedule_values(row), rev)
+        lease.update_schedule(conn, id, lease.schedule_values(row), rev, now_ms=now_ms)
         timing = ("spec", "at_s")  # a window's bounds change no instant of the spec
         values, before = lease.schedule_values(row), lease.schedule_values(current)
         if any(values[column] != before[column] for column in timing):
-            lease.redeploy_schedule_leases(conn, {id: _shown(row)})
+            lease.redeploy_schedule_leases(conn, {id: shown(row)}, now_ms=now_ms)
         elif any(values[column] != before[column] for column in ("start_s", "end_s")):
-            lease.retime_schedule_leases(conn, [id])  # missed instants count from now
+            # Missed instants count from now, and the catch-up owes from now.
+            lease.retime_schedule_leases(conn, [id], now_ms=now_ms)
         lease.tell_on_commit(conn)
         return True
 
@@ -434,14 +361,22 @@ def _own_after(current: lease.ScheduleRow, *given: object) -> dict[str, Any]:
     return own
 
 
-def remove(db: Database, id: str) -> bool:
+def remove(db: Database, id: str, *, now: datetime | None = None) -> bool:
     """Remove the schedule ``id``: no instant of it starts after a replica sees the
     removal; a round in flight runs to its end, on record. Its history stays (pruned as
-    any). Returns whether it was on record; an id that is not refuses nothing.
+    any). Added again later, it is owed its instants from that add, none from before.
+    Returns whether it was on record; an id that is not refuses nothing.
+
+    Args:
+        now: When it is removed, on the lease clock (as for `add`): the prune ages the
+            tombstone from it. The database's clock by default.
 
     Raises:
+        ScheduleError: a naive ``now``.
+        TypeError: ``now`` is not a datetime.
         lease.MigrationRequired: the lease tables are missing.
     """
+    now_ms = now_ms_of(now)
     if not _storable(id):
         return False
     with _begin(db) as conn, refusing_overtaken(id):
@@ -449,7 +384,7 @@ def remove(db: Database, id: str) -> bool:
         if lease.taken_schedule_ids(conn, [id], lock=True).get(id) is not False:
             return False  # none, or a tombstone
         rev = lease.bump_schedule_rev(conn)
-        removed = lease.remove_schedule(conn, id, rev)
+        removed = lease.remove_schedule(conn, id, rev, now_ms=now_ms)
         lease.tell_on_commit(conn)
         return removed
 

@@ -60,6 +60,7 @@ async def add_async(
     catch_up_window: float | timedelta | None = None,
     jitter: float | timedelta | None = None,
     heartbeat: str | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """[add][cronjob.schedules.add] on an `AsyncConnection` (joining its transaction) or
     an `AsyncEngine`."""
@@ -82,6 +83,7 @@ async def add_async(
             catch_up_window=catch_up_window,
             jitter=jitter,
             heartbeat=heartbeat,
+            now=now,
         ),
     )
 
@@ -92,22 +94,27 @@ async def add_many_async(
     *,
     if_exists: _api.IfExists = "error",
     registry: Registry | None = None,
+    now: datetime | None = None,
 ) -> int:
     """[add_many][cronjob.schedules.add_many], asynchronously."""
     news = builtins.list(schedules)
     return await _run(
-        db, lambda conn: _api.add_many(conn, news, if_exists=if_exists, registry=registry)
+        db,
+        lambda conn: _api.add_many(conn, news, if_exists=if_exists, registry=registry, now=now),
     )
 
 
 async def update_async(db: AsyncConnection | AsyncEngine, id: str, **changes: Any) -> bool:
-    """[update][cronjob.schedules.update], asynchronously (the same keywords)."""
+    """[update][cronjob.schedules.update], asynchronously (the same keywords, ``now``
+    too)."""
     return await _run(db, lambda conn: _api.update(conn, id, **changes))
 
 
-async def remove_async(db: AsyncConnection | AsyncEngine, id: str) -> bool:
+async def remove_async(
+    db: AsyncConnection | AsyncEngine, id: str, *, now: datetime | None = None
+) -> bool:
     """[remove][cronjob.schedules.remove], asynchronously."""
-    return await _run(db, lambda conn: _api.remove(conn, id))
+    return await _run(db, lambda conn: _api.remove(conn, id, now=now))
 
 
 async def get_async(db: AsyncConnection | AsyncEngine, id: str) -> _api.ScheduleRecord | None:

@@ -16,21 +16,32 @@ Each entry becomes a job named by its key, with a spec of cronjob's grammar:
 Refused at start, naming the entry (`BeatScheduleError`): ``solar``, a schedule class
 of the app's own (a subclass too), a crontab restricting both ``day_of_month`` and
 ``day_of_week`` (Celery runs on the days in both, cron on the days in either, so no
-cron spec says it), a period that is not a whole number of seconds, an unknown key or
-an option the Celery target does not know.
+cron spec says it), a period that is not a whole number of seconds, an unknown key,
+an option the Celery target does not know, or a bad knob.
+
+The knobs of each entry's hand-off (``retry_within``, ``hold``, ``send_timeout``, see
+``cronjob.contrib.handoff``) come from the command's options (``--retry-within`` ...),
+for every entry, and from the entry's ``options`` under `KNOB_OPTIONS`' keys
+(``cronjob_retry_within`` ...), which win and are taken out of the options: they never
+reach ``apply_async``. Unset, a knob is derived (``None``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta, tzinfo
-from typing import Any
+from typing import Any, Final
+
+from .._handoff import HOLD_SECONDS
 
 __all__ = [
     "BeatEntry",
     "BeatScheduleError",
+    "KNOB_OPTIONS",
     "app_zone",
+    "entry_knobs",
     "beat_entries",
     "crontab_spec",
     "every_spec",
@@ -40,6 +51,12 @@ __all__ = [
 #: The keys of a ``beat_schedule`` entry that mean something here (``relative`` is
 #: accepted and has no effect: ``@every`` is always on the epoch's multiples).
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative"})
+#: The keys of an entry's ``options`` that set a knob of its hand-off, by knob.
+KNOB_OPTIONS: Final = {
+    "retry_within": "cronjob_retry_within",
+    "hold": "cronjob_hold",
+    "send_timeout": "cronjob_send_timeout",
+}
 
 # (field name, lowest, highest) of Celery's expanded crontab sets, in cron's order.
 _FIELDS = (
@@ -58,7 +75,8 @@ class BeatScheduleError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BeatEntry:
-    """One ``beat_schedule`` entry, as a job: its name, spec and what it sends."""
+    """One ``beat_schedule`` entry, as a job: its name, spec, what it sends (``options``
+    without the knobs) and its hand-off's knobs in seconds (``None``: derived)."""
 
     name: str
     spec: str
@@ -66,6 +84,9 @@ class BeatEntry:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    retry_within: float | None = None
+    hold: float | None = None
+    send_timeout: float | None = None
 
 
 def app_zone(app: Any) -> tzinfo | None:
@@ -157,16 +178,68 @@ def every_spec(entry: str, period: timedelta | float) -> str:
     return f"@every {int(seconds)}s"
 
 
-def beat_entries(beat_schedule: Mapping[str, Any], zone: tzinfo | None) -> list[BeatEntry]:
+def entry_knobs(
+    entry: str, options: dict[str, Any], defaults: Mapping[str, float | None]
+) -> dict[str, float | None]:
+    """The knobs of an entry's hand-off: ``defaults`` (the command's options, by knob),
+    overridden by those its ``options`` set under `KNOB_OPTIONS`' keys, which are
+    popped from ``options``.
+
+    Raises:
+        BeatScheduleError: A knob that is not a number of seconds (> 0; ``retry_within``
+            >= 0), or a ``send_timeout`` not below the hold (given, or `HOLD_SECONDS`).
+    """
+    found: dict[str, float | None] = {}
+    for knob, key in KNOB_OPTIONS.items():
+        given, where = defaults.get(knob), knob
+        if key in options:
+            given, where = options.pop(key), f"options[{key!r}]"
+        if given is None:
+            found[knob] = None
+            continue
+        least = ">= 0" if knob == "retry_within" else "> 0"
+        if (
+            isinstance(given, bool)
+            or not isinstance(given, int | float)
+            or not math.isfinite(given)
+            or not (given >= 0 if knob == "retry_within" else given > 0)
+        ):
+            raise BeatScheduleError(
+                f"beat entry {entry!r}: {where} must be a number of seconds {least}, not {given!r}"
+            )
+        found[knob] = float(given)
+    hold, send_timeout = found["hold"], found["send_timeout"]
+    hold = HOLD_SECONDS if hold is None else hold
+    if send_timeout is not None and send_timeout >= hold:
+        raise BeatScheduleError(
+            f"beat entry {entry!r}: send_timeout ({send_timeout:g} s) must be below the "
+            f"hold ({hold:g} s)"
+        )
+    return found
+
+
+def beat_entries(
+    beat_schedule: Mapping[str, Any],
+    zone: tzinfo | None,
+    *,
+    retry_within: float | None = None,
+    hold: float | None = None,
+    send_timeout: float | None = None,
+) -> list[BeatEntry]:
     """Read every entry of ``beat_schedule`` (``app.conf.beat_schedule``).
 
     Args:
         beat_schedule: The entries by name.
         zone: The crontabs' wall clock, `app_zone` (``None``: the machine's, refused).
+        retry_within: The knob of every entry that does not set its own; ``None``:
+            derived (see `entry_knobs`).
+        hold: As ``retry_within``.
+        send_timeout: As ``retry_within``.
 
     Raises:
         BeatScheduleError: The first entry that cannot run, named (see the module).
     """
+    defaults = {"retry_within": retry_within, "hold": hold, "send_timeout": send_timeout}
     from celery.schedules import crontab, schedule, solar
 
     entries = []
@@ -214,6 +287,8 @@ def beat_entries(beat_schedule: Mapping[str, Any], zone: tzinfo | None) -> list[
         for key, value in (("kwargs", kwargs), ("options", options)):
             if not isinstance(value, Mapping):
                 raise BeatScheduleError(f"beat entry {name!r}: {key} must be a dict, not {value!r}")
+        options = dict(options)  # a copy: the knobs are popped, the app's entry stays
+        knob = entry_knobs(name, options, defaults)
         entries.append(
             BeatEntry(
                 name=name,
@@ -221,7 +296,10 @@ def beat_entries(beat_schedule: Mapping[str, Any], zone: tzinfo | None) -> list[
                 task=task,
                 args=tuple(args),
                 kwargs=dict(kwargs),
-                options=dict(options),
+                options=options,
+                retry_within=knob["retry_within"],
+                hold=knob["hold"],
+                send_timeout=knob["send_timeout"],
             )
         )
     return entries

@@ -27,13 +27,26 @@ from ._send import send
 __all__ = ["read_beat_schedule", "register_beat_schedule", "run_beat"]
 
 
-def read_beat_schedule(app: Any) -> list[BeatEntry]:
-    """Read and check every entry of ``app.conf.beat_schedule``, options included.
+def read_beat_schedule(
+    app: Any,
+    *,
+    retry_within: float | None = None,
+    hold: float | None = None,
+    send_timeout: float | None = None,
+) -> list[BeatEntry]:
+    """Read and check every entry of ``app.conf.beat_schedule``, options and knobs
+    included (the knobs given here apply to each entry that sets none of its own).
 
     Raises:
         BeatScheduleError: The first entry that cannot run, named.
     """
-    entries = beat_entries(app.conf.beat_schedule or {}, app_zone(app))
+    entries = beat_entries(
+        app.conf.beat_schedule or {},
+        app_zone(app),
+        retry_within=retry_within,
+        hold=hold,
+        send_timeout=send_timeout,
+    )
     for entry in entries:
         try:
             CeleryPublisher(
@@ -44,27 +57,53 @@ def read_beat_schedule(app: Any) -> list[BeatEntry]:
     return entries
 
 
-def register_beat_schedule(app: Any, registry: Registry | None = None) -> list[str]:
+def register_beat_schedule(
+    app: Any,
+    registry: Registry | None = None,
+    *,
+    retry_within: float | None = None,
+    hold: float | None = None,
+    send_timeout: float | None = None,
+) -> list[str]:
     """Register each entry of ``app.conf.beat_schedule`` as a job; return their names.
 
-    Each job is `send` of the entry's task, args, kwargs and options, on the entry's
-    schedule read as `cronjob.contrib.celery._beat` says, named by the entry's key.
-    Every entry is read and checked before any is registered, so a bad entry leaves
-    the registry as it was.
+    Each job is `send` of the entry's task, args, kwargs, options and knobs, on the
+    entry's schedule read as `cronjob.contrib.celery._beat` says, named by the entry's
+    key. Every entry is read and checked before any is registered, so a bad entry
+    leaves the registry as it was.
 
     Args:
         app: The Celery application.
         registry: Where to register; ``None`` for the default registry (``cronjob run``'s).
+        retry_within: The hand-off's knob (see `send`) for every entry whose
+            ``options`` set no ``cronjob_retry_within``; ``None``: derived.
+        hold: As ``retry_within``, for ``cronjob_hold``.
+        send_timeout: As ``retry_within``, for ``cronjob_send_timeout``.
 
     Raises:
-        BeatScheduleError: An entry that cannot run (named), or an option of an entry's
-            ``options`` that the Celery target does not know.
+        BeatScheduleError: An entry that cannot run (named), an option of an entry's
+            ``options`` that the Celery target does not know, or a bad knob (not a
+            number of seconds, or a send timeout not below the hold).
         RegistrationError: A name the registry refuses (taken, too long).
     """
     registry = default_registry if registry is None else registry
-    entries = read_beat_schedule(app)
+    entries = read_beat_schedule(
+        app, retry_within=retry_within, hold=hold, send_timeout=send_timeout
+    )
     jobs = [
-        (send(app, entry.task, args=entry.args, kwargs=entry.kwargs, **entry.options), entry)
+        (
+            send(
+                app,
+                entry.task,
+                args=entry.args,
+                kwargs=entry.kwargs,
+                retry_within=entry.retry_within,
+                hold=entry.hold,
+                send_timeout=entry.send_timeout,
+                **entry.options,
+            ),
+            entry,
+        )
         for entry in entries
     ]
     for job, entry in jobs:
@@ -98,13 +137,18 @@ def run_beat(args: argparse.Namespace) -> int:
         app = load_app(args.app)
     except Exception as exc:
         return _fail(f"cannot load the Celery app {args.app!r}: {type(exc).__name__}: {exc}")
+    knobs = {
+        "retry_within": args.retry_within,
+        "hold": args.hold,
+        "send_timeout": args.send_timeout,
+    }
     try:
         if args.list:
-            entries = read_beat_schedule(app)
+            entries = read_beat_schedule(app, **knobs)
             for entry in entries:
                 print(f"{entry.name}\t{entry.spec}\t{entry.task}")
             return 0
-        names = register_beat_schedule(app)
+        names = register_beat_schedule(app, **knobs)
     except (BeatScheduleError, CronjobError) as exc:
         return _fail(str(exc))
     if not names:

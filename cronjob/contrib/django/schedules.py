@@ -186,9 +186,11 @@ def add(
     catch_up_window: float | timedelta | None = None,
     jitter: float | timedelta | None = None,
     heartbeat: str | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """[cronjob.schedules.add][] on Django's connection of ``using`` (by default
-    ``CRONJOB_DATABASE``), in the current atomic block (or one of its own)."""
+    ``CRONJOB_DATABASE``), in the current atomic block (or one of its own); ``now`` as
+    there (the database's clock by default)."""
     return _run(
         using,
         lambda conn: _api.add(
@@ -208,6 +210,7 @@ def add(
             catch_up_window=catch_up_window,
             jitter=jitter,
             heartbeat=heartbeat,
+            now=now,
         ),
         write=True,
     )
@@ -219,12 +222,13 @@ def add_many(
     if_exists: IfExists = "error",
     registry: Registry | None = None,
     using: str | None = None,
+    now: datetime | None = None,
 ) -> int:
     """[cronjob.schedules.add_many][] on Django's connection (see `add`)."""
     news = builtins.list(schedules)
     return _run(
         using,
-        lambda conn: _api.add_many(conn, news, if_exists=if_exists, registry=registry),
+        lambda conn: _api.add_many(conn, news, if_exists=if_exists, registry=registry, now=now),
         write=True,
     )
 
@@ -244,6 +248,7 @@ def update(
     jitter: float | timedelta | None = _UNSET,
     heartbeat: str | None = _UNSET,
     using: str | None = None,
+    now: datetime | None = None,
 ) -> bool:
     """[cronjob.schedules.update][] on Django's connection (see `add`): what is given
     changes; ``None`` clears ``start`` or ``end``, and gives a policy back to the task."""
@@ -263,14 +268,15 @@ def update(
             catch_up_window=catch_up_window,
             jitter=jitter,
             heartbeat=heartbeat,
+            now=now,
         ),
         write=True,
     )
 
 
-def remove(id: str, *, using: str | None = None) -> bool:
+def remove(id: str, *, using: str | None = None, now: datetime | None = None) -> bool:
     """[cronjob.schedules.remove][] on Django's connection (see `add`)."""
-    return _run(using, lambda conn: _api.remove(conn, id), write=True)
+    return _run(using, lambda conn: _api.remove(conn, id, now=now), write=True)
 
 
 def get(id: str, *, using: str | None = None) -> ScheduleRecord | None:

@@ -20,6 +20,9 @@ def send(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     queue_name: str = "default",
+    retry_within: float | None = None,
+    hold: float | None = None,
+    send_timeout: float | None = None,
     **options: Any,
 ) -> Handoff:
     """A job function that sends one message per instant to the actor ``actor_name``.
@@ -38,13 +41,21 @@ def send(
         args: Positional arguments for the actor (JSON).
         kwargs: Keyword arguments for the actor (JSON).
         queue_name: The actor's queue.
+        retry_within: Seconds the round retries a refused send before it leaves it to
+            the sweep; ``None``: derived from the period (see
+            [handoff][cronjob.contrib.handoff]).
+        hold: Seconds an attempt keeps its row from the other retriers; ``None``:
+            derived (see [handoff][cronjob.contrib.handoff]).
+        send_timeout: Seconds one send waits for the broker's answer, below ``hold``;
+            ``None``: derived (see [handoff][cronjob.contrib.handoff]).
         **options: Message options for the broker's middleware (``max_retries``,
             ``time_limit``, …; ``broker_priority`` on RabbitMQ with ``max_priority``).
 
     Raises:
-        RegistrationError: bad input, at once (see `DramatiqPublisher`).
+        RegistrationError: bad input, at once (see `DramatiqPublisher`), or
+            ``retry_within``, ``hold`` or ``send_timeout`` out of range.
     """
     publisher = DramatiqPublisher(
         broker, actor_name, args=args, kwargs=kwargs, queue_name=queue_name, **options
     )
-    return handoff(publisher)
+    return handoff(publisher, retry_within=retry_within, hold=hold, send_timeout=send_timeout)

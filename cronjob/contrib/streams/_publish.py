@@ -20,8 +20,9 @@ import redis
 from opentelemetry.metrics import MeterProvider
 
 from ..._exceptions import RegistrationError
-from .._handoff import HOLD_SECONDS, RETRY_WITHIN, Handoff, Occurrence
-from .._validation import SCHEDULED, SOURCE, format_instant
+from .._handoff import Handoff, Occurrence
+from .._instant import format_instant
+from .._validation import SCHEDULED, SOURCE
 from ._metrics import StreamMeters
 
 __all__ = [
@@ -81,13 +82,14 @@ def connect(client_or_url: redis.Redis | str) -> redis.Redis:
 
 def entry_fields(occurrence: Occurrence, args: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The fields of ``occurrence``'s entry: ``source``, ``app``, ``schedule``,
-    ``occurrence_id``, ``scheduled_at`` (RFC 3339 UTC, whole second, ``Z``), ``args``
+    ``occurrence_id``, ``scheduled_at`` (RFC 3339 UTC, whole second, ``Z``; a manual
+    round's keeps its fraction, see `cronjob.contrib.format_instant`), ``args``
     (JSON: ``args`` and the occurrence's own, which win), ``traceparent`` when the
     round has one, and ``trigger`` when the round was not a scheduled one (``manual``,
     ``backfill``).
 
     Raises:
-        ValueError: the instant has a fraction of a second.
+        ValueError: the instant is naive.
     """
     merged = {**(args or {}), **json.loads(occurrence.args)}
     fields = {
@@ -175,8 +177,8 @@ def publish(
     stream: str,
     maxlen: int = MAXLEN,
     args: Mapping[str, Any] | None = None,
-    retry_within: float = RETRY_WITHIN,
-    hold: float = HOLD_SECONDS,
+    retry_within: float | None = None,
+    hold: float | None = None,
     send_timeout: float | None = None,
     meter_provider: MeterProvider | None = None,
 ) -> Handoff:
@@ -192,9 +194,9 @@ def publish(
         stream: The stream's key.
         maxlen: The stream's approximate length cap (``XADD ... MAXLEN ~``).
         args: Arguments every entry carries in ``args`` (a data schedule's own win).
-        retry_within: As for ``cronjob.contrib.handoff``.
-        hold: As for ``cronjob.contrib.handoff``.
-        send_timeout: As for ``cronjob.contrib.handoff``.
+        retry_within: As for ``cronjob.contrib.handoff``; ``None``: derived from the period.
+        hold: As for ``cronjob.contrib.handoff``; ``None``: derived.
+        send_timeout: As for ``cronjob.contrib.handoff``; ``None``: derived.
         meter_provider: Where the counters go; ``None``: OpenTelemetry's global provider.
 
     Raises:
