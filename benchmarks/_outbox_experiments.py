@@ -3,7 +3,7 @@ gain, tried from the benchmark alone. Not the library's behaviour; never used el
 
 - ``no-ping``: the engine without ``pool_pre_ping`` (one ``SELECT 1`` round trip fewer
   per checkout; a round checks out twice).
-- ``batch-marks``: the mark of a sent occurrence (``cronjob.contrib._handoff._mark``,
+- ``batch-marks``: the mark of a sent occurrence (``cronjob.contrib._handoff.mark``,
   a transaction of its own per round) is replaced by a queue that one thread empties in
   one transaction and one ``UPDATE ... WHERE id IN (...)`` for every mark waiting, as the
   finisher batches the ends of rounds; the round's thread is free once the broker
@@ -71,13 +71,13 @@ def batched_marks(experiments: list[str]) -> Iterator[None]:
                         .values(sent_ms=now_ms, error=None)
                     )
 
-    original = _handoff._mark
+    original = _handoff.mark
     thread = threading.Thread(target=serve, name="bench-marker", daemon=True)
     thread.start()
-    _handoff._mark = mark
+    _handoff.mark = mark
     try:
         yield
     finally:
-        _handoff._mark = original
+        _handoff.mark = original
         pending.put(None)
         thread.join(10)
