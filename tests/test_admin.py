@@ -310,7 +310,7 @@ class TestBadDatabase:
         before = tables(db_url)
         with pytest.raises(
             admin.SchemaOutdated,
-            match=r"^the cronjob tables are at revision 0001, older than 0016, which this "
+            match=r"^the cronjob tables are at revision 0001, older than 0018, which this "
             r"release reads: start a replica of this release",
         ):
             admin.status(db_url)

@@ -212,7 +212,7 @@ class TestBadDatabase:
         status, out, err = run(capsys, "status", "--database-url", db_url)
         assert (status, out) == (2, "")
         assert err == (
-            "cronjob: error: the cronjob tables are at revision 0001, older than 0016, which "
+            "cronjob: error: the cronjob tables are at revision 0001, older than 0018, which "
             "this release reads: start a replica of this release (it migrates at start) or "
             "run lease.migrate(); nothing was changed\n"
         )

@@ -113,6 +113,8 @@ def as_async(url: str) -> str:
     """``url`` with the async driver a user would pick for its database."""
     parsed = sa.make_url(url)
     driver = ASYNC_DRIVERS[parsed.get_backend_name()]
+    # PyMySQL's ssl_disabled (tests/conftest.py's MYSQL_URL): aiomysql takes no such option.
+    parsed = parsed.difference_update_query(["ssl_disabled"])
     return parsed.set(drivername=f"{parsed.get_backend_name()}+{driver}").render_as_string(
         hide_password=False
     )

@@ -92,8 +92,9 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         ".venv/bin/mypy",
         "bash scripts/docs",
         ".venv/bin/python scripts/wheel_smoke.py",
-        ".venv/bin/python -m pytest -m faults",
-        ".venv/bin/python -m pytest -m 'not faults' -n 3",
+        ".venv/bin/python -m pytest -m 'faults and not restart' -n 4 --dist loadgroup",
+        ".venv/bin/python -m pytest -m 'not faults and not restart' -n 4 --dist loadgroup",
+        ".venv/bin/python -m pytest -m restart",
     ]
     assert ".venv/bin/pip install -q -e '.[test]'" in script
 

@@ -39,3 +39,14 @@ def test_run_refuses_a_max_workers_below_one(capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (
         "cronjob: error: argument --max-workers: must be a whole number of at least 1, not '0'"
     )
+
+
+def test_beat_gives_its_hand_off_rounds_more_threads_than_run():
+    """A hand-off's round mostly waits: beat's default lets every round of a busy
+    instant have a thread (its records and marks then share one transaction each)."""
+    from cronjob.admin._cli import _build_parser
+
+    parser = _build_parser("cronjob", jobs_imported=False)
+    assert parser.parse_args(["beat", "-A", "proj"]).max_workers == 256
+    assert parser.parse_args(["run", "jobs"]).max_workers == 64
+    assert parser.parse_args(["beat", "-A", "proj", "--max-workers", "8"]).max_workers == 8

@@ -290,15 +290,19 @@ class TestRestart:
         clock.advance(1)
         assert seen.instants("r") == [at(1), at(3)]
 
-    def test_a_schedule_that_never_ran_catches_nothing_up(self, engine, replicas, clock):
+    def test_a_schedule_that_never_ran_catches_up_its_latest_instant_since_its_commit(
+        self, engine, replicas, clock
+    ):
+        """Committed while no replica runs, it is owed its instants from the commit (the
+        policies' cases are in test_schedules_commit.py)."""
         seen = Seen()
-        schedules.add(engine, "r", task="report", spec=MINUTELY)
-        clock.advance(150)
+        schedules.add(engine, "r", task="report", spec=MINUTELY, now=clock.now())
+        clock.advance(150)  # 09:01 and 09:02 pass with no replica
         replicas(registry_with(seen.note), "a")
         clock.advance(1)
-        assert seen.rounds == []
+        assert seen.instants("r") == [at(2)]
         clock.advance(60)
-        assert seen.instants("r") == [at(3)]
+        assert seen.instants("r") == [at(2), at(3)]
 
 
 class TestStatus:

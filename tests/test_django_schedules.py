@@ -13,7 +13,7 @@ from tests.conftest import POSTGRES_URL, _reachable
 from tests.test_django import django
 
 #: The tests of tests/django_project/schedules_tests.py.
-TESTS = 9
+TESTS = 10
 
 
 def test_on_sqlite(tmp_path):

@@ -204,18 +204,19 @@ class TestChanges:
 
 
 class TestCatchUp:
-    def test_a_schedule_that_has_run_catches_up_its_latest_missed_instant_once(
+    def test_one_that_ran_or_was_committed_meanwhile_catches_up_its_latest_instant_once(
         self, sqlite_url, engine, registry, clock, rounds
     ):
         schedules.add(engine, "report:ran", task="report", spec="0 0 * * * *")
         with two_replicas(sqlite_url, registry, clock):
             clock.advance_to(at(10, 0, 30))  # report:ran runs 10:00
-        schedules.add(engine, "report:new", task="report", spec="0 0 * * * *")
+        schedules.add(engine, "report:new", task="report", spec="0 0 * * * *", now=clock.now())
         clock.advance_to(at(13, 30))  # every replica down through 11:00, 12:00, 13:00
         with two_replicas(sqlite_url, registry, clock):
             clock.advance(0)
         assert rounds.instants("report:ran") == [at(10, 0), at(13, 0)]
-        assert rounds.instants("report:new") == []  # it never ran: owed nothing
+        # Never ran, committed at 10:00:30: owed its latest instant since the commit.
+        assert rounds.instants("report:new") == [at(13, 0)]
 
     def test_a_one_off_whose_instant_passed_unclaimed_within_the_day_runs_once(
         self, sqlite_url, engine, registry, clock, rounds

@@ -82,6 +82,7 @@ SURFACE = {
     "cronjob.contrib": [
         "Handoff",
         "InvalidOccurrence",
+        "NotPublished",
         "Occurrence",
         "OccurrenceBusy",
         "Publisher",

@@ -698,6 +698,27 @@ class TestClaimRerun:
         assert rerun is not None
         assert store.renew([("a", first.token)], "r1") == set()
 
+    def test_its_second_runs_report_the_round_its_first_claim_gave_up(self, store):
+        """The row keeps what the instant's first claim gave up through its second runs,
+        each handed back unrun: a hand-off's second run owes what that claim owed."""
+        store.ensure(["a"])
+        (first,) = store.claim(["a"], T0, "r1")
+        later = supersede(store, first)
+        assert later.superseded == (T0, 1)
+        store.give_back_all(["a"], later.token)
+        rerun = store.claim_rerun("a", T1, "r3")
+        assert rerun is not None and rerun.superseded == (T0, 1)
+        store.give_back_all(["a"], rerun.token)
+        again = store.claim_reruns(["a"], T1, "r4")
+        assert (again.names, again.superseded) == (("a",), {"a": (T0, 1)})
+        row = store.read(["a"])["a"]
+        assert (row.instant, row.attempt, row.prev_instant, row.prev_state) == (
+            T1,
+            2,
+            T0,
+            lease.LeaseState.CUT,
+        )
+
     def test_it_refuses_what_the_rule_refuses(self, store):
         store.ensure(["done", "twice", "superseded", "never"])
         claims = {c.name: c for c in store.claim(["done", "twice", "superseded"], T0, "r1")}

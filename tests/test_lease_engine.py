@@ -128,6 +128,14 @@ class TestSqliteEngine:
 
 
 class TestServerEngine:
+    @pytest.mark.parametrize("backend", ["mysql+pymysql", "mariadb+pymysql"])
+    def test_the_async_url_leaves_out_pymysql_s_ssl_disabled(self, backend):
+        # aiomysql and asyncmy take no ssl_disabled, and use no TLS unless given a context:
+        # a URL that turns PyMySQL's preferred TLS off must still open an async engine.
+        url = lease.async_url(f"{backend}://root@db:3306/app?ssl_disabled=true&charset=utf8mb4")
+        assert url.get_dialect().is_async
+        assert dict(url.query) == {"charset": "utf8mb4"}
+
     @pytest.mark.parametrize(
         "server",
         [
@@ -139,6 +147,42 @@ class TestServerEngine:
         with connected(request.getfixturevalue(f"{server}_url")) as conn:
             assert conn.engine.pool._pre_ping  # type: ignore[attr-defined]
             assert conn.get_isolation_level() == "READ COMMITTED"
+
+    @pytest.mark.parametrize(
+        "server",
+        [
+            pytest.param("postgres", marks=pytest.mark.postgres),
+            pytest.param("mysql", marks=pytest.mark.mysql),
+        ],
+    )
+    def test_a_burst_of_checkouts_reuses_the_connections_the_last_one_opened(self, server, request):
+        """Two bursts of `POOL_SIZE` transactions at once (the rounds of many hand-off
+        jobs falling on one instant) open `POOL_SIZE` connections in all: the second
+        burst reuses them. SQLAlchemy's default pool (5 + 10 overflow) closed the 10 past
+        its 5 as they came back, and opened them again at every burst."""
+        engine = lease.create_engine(request.getfixturevalue(f"{server}_url"))
+        opened = []
+        sa.event.listen(engine, "connect", lambda *_: opened.append(1))
+        size = lease._engine.POOL_SIZE
+        try:
+            for _ in range(2):
+                held = [engine.connect() for _ in range(size)]
+                for conn in held:
+                    conn.exec_driver_sql("SELECT 1")
+                for conn in held:
+                    conn.close()
+            assert len(opened) == size
+            assert engine.pool.checkedin() == size  # type: ignore[attr-defined]
+        finally:
+            engine.dispose()
+
+    def test_a_pool_given_is_the_caller_s(self, postgres_url):
+        engine = lease.create_engine(postgres_url, pool_size=2)
+        try:
+            assert engine.pool.size() == 2  # type: ignore[attr-defined]
+            assert engine.pool._max_overflow == 10  # type: ignore[attr-defined]
+        finally:
+            engine.dispose()
 
     @pytest.mark.mysql
     def test_mysql_connections_notice_a_vanished_peer_within_seconds(self, mysql_url):
@@ -247,6 +291,7 @@ class TestSurface:
             "OutboxRow",
             "OutboxSummary",
             "POLICIES_FORMAT",
+            "Publication",
             "REASON_LENGTH",
             "REQUEST_TTL",
             "ReplicaRow",
@@ -285,12 +330,15 @@ class TestSurface:
             "finish_once",
             "forgo_former_rounds",
             "head_revision",
+            "held_publications",
             "insert_schedules",
             "is_async_url",
             "leased_names",
             "mark_published",
+            "mark_published_many",
             "metadata",
             "migrate",
+            "next_publication_ms",
             "once_state",
             "orphaned_publications",
             "outbox_summary",
@@ -301,6 +349,7 @@ class TestSurface:
             "read_schedule_rev",
             "read_schedules",
             "record_publication",
+            "record_publications",
             "redact",
             "redeploy_schedule_leases",
             "release_once",

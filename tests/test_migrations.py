@@ -26,7 +26,7 @@ from lease import _migrate
 from tests._helpers import replica_row
 
 REPO = Path(__file__).resolve().parent.parent
-HEAD = "0016"
+HEAD = "0018"
 
 
 def lease_tables_only(name: str | None, type_: str, parent_names: object) -> bool:

@@ -67,7 +67,9 @@ class TestSendEndsAtTheRoundsCancellation:
         exits: list[str] = []
         try:
             registry = cronjob.Registry()
-            registry.register(enqueue(queue, "tests.rq_tasks.traced"), MINUTE, name, timeout=2)
+            # A send bound (20 s) past the answer's grace: the round's timeout ends it.
+            publish = enqueue(queue, "tests.rq_tasks.traced", hold=60, send_timeout=20)
+            registry.register(publish, MINUTE, name, timeout=2)
             registry.register(lambda ctx: ran.append(ctx.instant), MINUTE, beside)
             replicas(registry, "a", on_fatal=exits.append)
             clock.advance(60)  # 09:01: the send waits on the silent broker; 2 s later the timeout

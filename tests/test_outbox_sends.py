@@ -192,13 +192,16 @@ class TestNoStarvation:
         registry.register(handoff(refusing), YEARLY, down)
         registry.register(handoff(recorder), YEARLY, up)
         replicas(registry, "a")
-        clock.advance(20)  # two sweeps: each tries one row of the refusing broker
+        # Two sweeps (a full read is followed by the next a second later): each tries one
+        # row of the refusing broker, its probe (before the first put-off, 2 s, ends).
+        clock.advance(1.5)
         assert recorder.sent == [oid]
-        assert refusing.sent == [downs[0], downs[2]]
+        # Each probe published twice: once more at once (a stale connection), then refused.
+        assert refusing.sent == [downs[0], downs[0], downs[2], downs[2]]
         found = rows(db_url)
-        # The row put off untried counts no try; it is tried after DEFER_REFUSED.
+        # The row put off untried counts no try; it is tried after DEFER_FIRST.
         assert [found[id_]["tries"] for id_ in downs] == [1, 0, 1]
-        deferred = ms(START) + round(_republish.DEFER_REFUSED * 1000)
+        deferred = ms(START) + round(_republish.DEFER_FIRST * 1000)
         assert found[downs[1]]["next_try_ms"] >= deferred
 
 

@@ -383,7 +383,7 @@ class TestRegistration:
             ),
             (
                 {"catch_up": True},
-                "job 'j': catch_up must be one of 'latest', 'none', 'all', got True",
+                "job 'j': catch_up must be one of 'latest', 'none', 'all', 'oldest', got True",
             ),
             ({"catch_up_window": 0}, "job 'j': catch_up_window must be positive, got 0"),
         ],

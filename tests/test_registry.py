@@ -491,18 +491,3 @@ class TestAHandoffIsLeasedOnly:
         registry.register(handoff(_Unsent()), "0 0 3 * * *", "export")
         [job] = registry.jobs
         assert (job.name, job.leased) == ("export", True)
-
-    def test_a_hold_the_sweep_cannot_keep_says_so_at_registration(self, caplog):
-        """The sweep keeps a row held past a send given up on every 15 s: a hold shorter
-        than the send timeout plus that may let a hung send be sent twice."""
-        from cronjob.contrib import Handoff
-        from cronjob.contrib._handoff import _SWEEP_EVERY
-        from cronjob.engine._sweep import SWEEP_EVERY
-
-        assert _SWEEP_EVERY == SWEEP_EVERY
-        with caplog.at_level("WARNING", logger="cronjob"):
-            Handoff(_Unsent())  # hold 60 s, send timeout 20 s
-            assert caplog.records == []
-            Handoff(_Unsent(), hold=20)  # send timeout 10 s: 10 s left, below 15
-        [record] = caplog.records
-        assert "may be sent a second time" in record.getMessage()

@@ -163,6 +163,35 @@ class TestCatchUp:
         for id_ in ("none", "all", "plain"):
             assert rounds.instants(id_)[-1] == at(hours=6), id_
 
+    def test_oldest_runs_the_oldest_missed_then_the_next_to_come_the_rest_on_record(
+        self, db_url, migrated_engine, replicas, clock
+    ):
+        rounds = Rounds(clock)
+        registry = task(rounds)
+        schedules.add(
+            migrated_engine,
+            "oldest",
+            task="report",
+            spec=HOURLY,
+            catch_up="oldest",
+            catch_up_window=4 * 3600,
+        )
+        run_then_stop(replicas, registry, 3600 + 5)  # 10:00 runs
+        clock.advance(4 * 3600 + 1800)  # down through 11:00 .. 14:00; now 14:30:05
+        replicas(registry, "b")
+        replicas(registry, "c")
+        clock.advance(10)
+        # Within 4 hours of 14:30: 11:00 .. 14:00 owed; the oldest, 11:00, runs once.
+        assert rounds.instants("oldest") == [at(hours=1), at(hours=2)]
+        assert set(outcomes(db_url, "oldest")[1:]) == {
+            (at(hours=2), "catch-up", "succeeded"),
+            (at(hours=5), "skipped", "catch_up=oldest"),  # 12:00 through 14:00
+        }
+        [job] = [j for j in admin.status(db_url, now=clock.now()).jobs if j.name == "oldest"]
+        assert job.missed == 0  # the instants passed over are no alarm
+        clock.advance(3600)  # 15:00 on time: no chain of the instants passed over
+        assert rounds.instants("oldest") == [at(hours=1), at(hours=2), at(hours=6)]
+
 
 class TestJitter:
     def test_a_schedules_jitter_delays_its_rounds_by_its_ids_draw_on_every_replica(

@@ -59,7 +59,10 @@ BAD = [
         {"overlap": "queue"},
         "schedule 'r': overlap must be one of 'skip', 'buffer_one', 'cancel_other', got 'queue'",
     ),
-    ({"catch_up": True}, "schedule 'r': catch_up must be one of 'latest', 'none', 'all', got True"),
+    (
+        {"catch_up": True},
+        "schedule 'r': catch_up must be one of 'latest', 'none', 'all', 'oldest', got True",
+    ),
     ({"catch_up_window": 0}, "schedule 'r': catch_up_window must be positive, got 0"),
     (
         {"catch_up_window": "1h"},

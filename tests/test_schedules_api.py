@@ -714,4 +714,6 @@ def test_a_replace_with_the_same_timing_keeps_the_deployment_a_new_timing_clears
     schedules.update(engine, "r", end=datetime(2099, 1, 1, tzinfo=UTC))
     assert store.read(["r"])["r"].deployed == deployed  # no instant of it moved
     schedules.add(engine, "r", task="t", spec="30 * * * * *", if_exists="replace")
-    assert store.read(["r"])["r"].deployed is None  # a new timing: owed nothing before
+    row = store.read(["r"])["r"]
+    assert row.deployed is None  # a new timing: owed from its commit, nothing before
+    assert row.committed is not None and row.committed == row.spec_changed

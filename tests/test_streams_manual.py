@@ -59,6 +59,26 @@ def wait_for(check, what: str, within: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def ran_by_a_worker(client, stream: str, engine, name: str) -> list[str]:
+    """The occurrence ids a worker whose own registry is empty runs in one step: the
+    replica's record (seen on its fake clock, months ago for the worker's real one) names
+    the job."""
+    ran: list[str] = []
+    handlers = Handlers()
+    handlers.register(lambda occ: ran.append(occ.occurrence_id), name)
+    worker = Worker(
+        client,
+        stream=stream,
+        group="workers",
+        database=engine,
+        registry=cronjob.Registry(),
+        handlers=handlers,
+    )
+    worker.ensure_group()
+    assert worker.step() == 1
+    return ran
+
+
 def test_a_manual_round_reaches_the_stream_marked_and_is_run(
     db_url, engine, replicas, clock, client, stream, redis_url
 ):
@@ -75,22 +95,28 @@ def test_a_manual_round_reaches_the_stream_marked_and_is_run(
     assert entry["trigger"] == "manual"
     assert entry["scheduled_at"] == asked.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    ran: list[str] = []
-    handlers = Handlers()
-    handlers.register(lambda occ: ran.append(occ.occurrence_id), name)
-    # The worker's own registry is empty: the replica's record (seen on its fake clock,
-    # months ago for the worker's real one) names the job.
-    worker = Worker(
-        client,
-        stream=stream,
-        group="workers",
-        database=engine,
-        registry=cronjob.Registry(),
-        handlers=handlers,
-    )
-    worker.ensure_group()
-    assert worker.step() == 1
-    assert ran == [entry["occurrence_id"]]
+    assert ran_by_a_worker(client, stream, engine, name) == [entry["occurrence_id"]]
+    assert client.xlen(stream + ":dead") == 0
+
+
+def test_a_manual_round_asked_within_a_second_keeps_its_fraction_and_is_run(
+    db_url, engine, replicas, clock, client, stream, redis_url
+):
+    """A real ``cronjob trigger`` is asked at a moment with milliseconds: its entry is
+    published with them (RFC 3339, ``Z``), its id checks out, and the worker runs it."""
+    name = f"report-{uuid.uuid4().hex[:8]}"
+    registry = cronjob.Registry()
+    registry.register(streams.publish(redis_url, stream=stream), "0 0 * * * *", name)
+    replicas(registry, "a")
+    clock.advance(5.518)
+    asked = clock.now()
+    admin.trigger(db_url, name, by="ops", now=asked)
+    clock.advance(15)
+    wait_for(lambda: client.xlen(stream) == 1, "the manual round's entry")
+    [(_, entry)] = client.xrange(stream)
+    assert entry["scheduled_at"] == "2026-03-02T09:00:05.518000Z"
+    assert entry["occurrence_id"] == cronjob.occurrence_id(name, asked)
+    assert ran_by_a_worker(client, stream, engine, name) == [entry["occurrence_id"]]
     assert client.xlen(stream + ":dead") == 0
 
 

@@ -3,6 +3,7 @@ sent, with the fields a worker checks, through the outbox of real replicas."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -119,10 +120,17 @@ class TestPublishIfNew:
             )
         )
 
-    def test_it_refuses_a_fractional_instant(self, stream, redis_url):
+    def test_a_manual_rounds_instant_keeps_its_fraction(self, stream, redis_url):
+        """The moment a manual round was asked for is its instant, to the millisecond:
+        the entry carries it (the worker's structure check takes a fraction only with
+        ``trigger=manual``), instead of the publisher refusing every manual round."""
         publisher = streams.StreamPublisher(redis_url, stream=stream)
-        with pytest.raises(ValueError, match=r"has a fraction of a second$"):
-            publisher.publish(handed("x", NINE_ONE + timedelta(microseconds=5)))
+        asked = NINE_ONE + timedelta(milliseconds=518)
+        occurrence = dataclasses.replace(handed("x", asked), trigger="manual")
+        fields = streams.entry_fields(occurrence)
+        assert fields["scheduled_at"] == "2026-03-02T09:01:00.518000Z"
+        assert fields["trigger"] == "manual"
+        publisher.publish(occurrence)
 
 
 class TestAppInIds:

@@ -210,6 +210,7 @@ class TestRunNow:
     def test_a_failing_manual_round_is_on_record_as_failed(self, db_url, replicas, clock):
         job = Job(fail=True)
         cluster(replicas, HOURLY, flaky=job)
+        clock.advance(0)  # the start's rows written (on each replica's control thread)
         request = admin.trigger(db_url, "flaky", by="ops", now=clock.now())
         clock.advance(15)
         [done] = admin.requests(db_url, request.ids)
@@ -248,6 +249,7 @@ class TestRunNow:
         # The command reads the database's clock: a pause, unlike a lease held on the
         # fake clock, does not depend on it.
         cluster(replicas, HOURLY, report=Job())
+        clock.advance(0)  # the start's rows written (on each replica's control thread)
         admin.pause(db_url, "report", by="ops", now=clock.now())
         err = io.StringIO()
         with contextlib.redirect_stderr(err):

@@ -5,6 +5,7 @@ What a call wrote is read back on a connection of SQLAlchemy's own (not Django's
 row counts only once it is committed."""
 
 import threading
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from django.db import connection, transaction
@@ -163,6 +164,22 @@ class TestSchedulesOnDjangosConnection(TransactionTestCase):
         assert schedules.remove("a:2") is False
         assert schedules.get("a:2") is None
         assert schedules.add_many([schedules.New("c:1", task="t1", spec=DAILY)]) == 1
+
+    def test_now_stamps_each_write_and_the_commit_a_timing_change_moves(self):
+        added, changed, removed = (datetime(2026, 3, 2, h, 30, tzinfo=UTC) for h in (9, 10, 11))
+        schedules.add("n:1", task="t1", spec=DAILY, now=added)
+        assert schedules.add_many([schedules.New("n:2", task="t1", spec=DAILY)], now=added) == 1
+        assert schedules.update("n:1", spec="0 30 9 * * *", now=changed)
+        record = schedules.get("n:1")
+        assert (record.created, record.updated) == (added, changed)
+        engine = outside()
+        try:
+            store = lease.LeaseStore(engine)
+            rows = store.read(["n:1", "n:2"])
+        finally:
+            engine.dispose()
+        assert (rows["n:1"].committed, rows["n:2"].committed) == (changed, added)
+        assert schedules.remove("n:2", now=removed) is True
 
     def test_a_schedules_own_policies_are_added_updated_and_refused(self):
         schedules.add("p:1", task="t1", spec=DAILY, jitter=5, heartbeat="https://hc.io/k")

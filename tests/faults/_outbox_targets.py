@@ -42,6 +42,8 @@ class Target:
 
     def __init__(self) -> None:
         self.queue = f"cronjob_fault_{uuid.uuid4().hex[:12]}"
+        #: The name of the job ``tests.faults.jobs_outbox`` registers for this queue.
+        self.job = f"outbox-fault-{self.queue}"
 
     def env(self, port: int) -> dict[str, str]:
         """The environment of a replica that sends to the broker at 127.0.0.1:``port``."""
@@ -80,7 +82,8 @@ class RQ(Target):
 
 class Stream(Target):
     """A Redis Stream (``cronjob.contrib.streams``): the queue's name is the stream's key.
-    Its dedup keys (``cronjob:occurrence:<id>``) are the test's own, by their ids."""
+    Its dedup keys (``cronjob:occurrence:<id>``) are the test's own: the job is named after
+    the queue (``tests.faults.jobs_outbox``), so are its occurrence ids."""
 
     name = "stream"
     port = 6379
@@ -137,12 +140,18 @@ class _RabbitMQ(Target):
         return self._declared()[0]
 
     def ids(self) -> list[str]:
+        """The ids on the queue; none before anyone declared it (nothing was sent)."""
         connection = self._connect()
         try:
             channel = connection.channel()
             found = []
             while True:
-                method, properties, body = channel.basic_get(self.queue, auto_ack=False)
+                try:
+                    method, properties, body = channel.basic_get(self.queue, auto_ack=False)
+                except pika.exceptions.ChannelClosedByBroker as error:
+                    if error.reply_code != 404 or found:
+                        raise
+                    return found
                 if method is None:
                     return found
                 found.append(self._message_id(properties, body))

@@ -7,7 +7,11 @@ publish-if-new).
 
 After each send it prints ``outbox-sent <id>`` on stderr and, with
 ``$OUTBOX_PAUSE_AFTER_SEND`` seconds, waits before the mark: the window in which a kill
-leaves a message sent and its row unsent, made wide enough to hit."""
+leaves a message sent and its row unsent, made wide enough to hit.
+
+The hand-off's knobs are short ones of the test's own unless ``$OUTBOX_KNOBS`` is
+``derived`` (none given: the defaults a user gets). With ``$OUTBOX_TASK`` it registers
+no job, but the task of that name (schedules made of data hand their instants with it)."""
 
 from __future__ import annotations
 
@@ -95,13 +99,21 @@ def _stream() -> Publisher:
 _PUBLISHERS = {"rq": _rq, "celery": _celery, "dramatiq": _dramatiq, "stream": _stream}
 if TARGET not in _PUBLISHERS:
     raise SystemExit(f"OUTBOX_TARGET={TARGET!r}: one of {', '.join(_PUBLISHERS)}")
-cronjob.register(
-    Handoff(
-        Announced(_PUBLISHERS[TARGET]()),
+_publisher = Announced(_PUBLISHERS[TARGET]())
+if os.environ.get("OUTBOX_KNOBS") == "derived":  # what a user gets who sets none
+    _handoff = Handoff(_publisher)
+else:
+    _handoff = Handoff(
+        _publisher,
         retry_within=1,
         hold=5,
         send_timeout=4,  # above the pause after the send: a kill comes before the mark
-    ),
-    "*/2 * * * * *",
-    "outbox-fault",
-)
+    )
+# Named after the test's queue: an occurrence id is the job's name and the instant, and a
+# broker's ids (an RQ job, a stream's dedup key) are broker-wide, so two tests running at
+# once must not send the same ids.
+JOB = f"outbox-fault-{QUEUE}"
+if os.environ.get("OUTBOX_TASK"):  # the task of schedules made of data, and no job
+    cronjob.register_task(_handoff, os.environ["OUTBOX_TASK"])
+else:
+    cronjob.register(_handoff, "*/2 * * * * *", JOB)
