@@ -85,6 +85,18 @@ def run_until_started(
     return status, run.output
 
 
+def drained(*runs: Watched, timeout: float = 60) -> None:
+    """SIGTERM each of ``runs`` still running, and wait until each has ended with status 0:
+    its drain finished the rounds in flight (a hand-off round its send and its mark).
+    Killed ones (already ended) are skipped."""
+    live = [run for run in runs if run.process.poll() is None]
+    for run in live:
+        run.process.send_signal(signal.SIGTERM)
+    for run in live:
+        status = run.process.wait(timeout=timeout)
+        assert status == 0, run.output
+
+
 def run_python(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
