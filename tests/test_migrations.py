@@ -188,6 +188,41 @@ class TestMigrationLock:
         engine.dispose()
 
 
+class TestWithoutAlembic:
+    """A start on a database at head reads its revision without importing alembic."""
+
+    def test_the_head_read_from_the_file_names_is_alembics(self):
+        assert _migrate.shipped_head() == lease.head_revision() == HEAD
+
+    def test_a_process_that_starts_on_a_database_at_head_never_imports_alembic(self, db_url):
+        engine = lease.create_engine(db_url)
+        lease.migrate(engine)
+        engine.dispose()
+        code = (
+            "import sys, lease\n"
+            "engine = lease.create_engine(sys.argv[1])\n"
+            "lease.migrate(engine)\n"
+            "print(lease.current_revision(engine), 'alembic' in sys.modules)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, db_url], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [HEAD, "False"]
+
+    def test_a_process_that_migrates_a_blank_database_imports_it(self, sqlite_url):
+        code = (
+            "import sys, lease\n"
+            "lease.migrate(lease.create_engine(sys.argv[1]))\n"
+            "print('alembic' in sys.modules)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, sqlite_url], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["True"]
+
+
 class TestLocation:
     def test_a_checkout_finds_the_migrations_at_the_top_of_the_repository(self):
         assert _migrate.migrations_location() == REPO / "alembic"
