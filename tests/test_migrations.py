@@ -191,13 +191,10 @@ class TestMigrationLock:
 class TestWithoutAlembic:
     """A start on a database at head reads its revision without importing alembic."""
 
-    def test_the_head_read_from_the_file_names_is_alembics(self):
-        assert _migrate.shipped_head() == lease.head_revision() == HEAD
-
-    def test_a_process_that_starts_on_a_database_at_head_never_imports_alembic(self, db_url):
-        engine = lease.create_engine(db_url)
-        lease.migrate(engine)
-        engine.dispose()
+    @staticmethod
+    def migrated_in_a_process(url: str) -> list[str]:
+        """Migrate ``url`` in a new process; what it prints: the revision, and whether
+        it imported alembic."""
         code = (
             "import sys, lease\n"
             "engine = lease.create_engine(sys.argv[1])\n"
@@ -205,22 +202,22 @@ class TestWithoutAlembic:
             "print(lease.current_revision(engine), 'alembic' in sys.modules)\n"
         )
         done = subprocess.run(
-            [sys.executable, "-c", code, db_url], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", code, url], capture_output=True, text=True, timeout=60
         )
         assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == [HEAD, "False"]
+        return done.stdout.split()
+
+    def test_the_head_read_from_the_file_names_is_alembics(self):
+        assert _migrate.shipped_head() == lease.head_revision() == HEAD
+
+    def test_a_process_that_starts_on_a_database_at_head_never_imports_alembic(self, db_url):
+        engine = lease.create_engine(db_url)
+        lease.migrate(engine)
+        engine.dispose()
+        assert self.migrated_in_a_process(db_url) == [HEAD, "False"]
 
     def test_a_process_that_migrates_a_blank_database_imports_it(self, sqlite_url):
-        code = (
-            "import sys, lease\n"
-            "lease.migrate(lease.create_engine(sys.argv[1]))\n"
-            "print('alembic' in sys.modules)\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", code, sqlite_url], capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split() == ["True"]
+        assert self.migrated_in_a_process(sqlite_url) == [HEAD, "True"]
 
 
 class TestLocation:
