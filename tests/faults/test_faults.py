@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+import lease
 from cronjob import admin
 
 from .harness import (
@@ -1105,8 +1106,13 @@ def scenario_pause(db: str = "postgres") -> Figures:
         s.wait_start("tick", 5, after=resumed_mono)
         s.stop()
         rounds = s.rounds()
+        # A round whose claim won before the pause runs at its instant, which may come
+        # after it: a claim goes out ahead of its instant (under half a second; the
+        # database refuses one more than CLAIM_AHEAD_LIMIT ahead). Seen at a load of 14,
+        # on SQLite: the pause landed within the lead of the next instant.
+        claimable = paused_at + timedelta(seconds=lease.CLAIM_AHEAD_LIMIT)
         paused = [
-            r.describe() for r in rounds if r.job == "five" and paused_at < r.instant < first_after
+            r.describe() for r in rounds if r.job == "five" and claimable < r.instant < first_after
         ]
         assert paused == [], f"rounds of a paused job: {paused}"
         assert first_after > before_resume, "an instant skipped while paused was run"
