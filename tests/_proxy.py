@@ -44,6 +44,9 @@ class Proxy:
                 except OSError:
                     client.close()
                     continue
+                # The 5 s bounds the connect only: a stalled connection stays open (a read
+                # that timed out would close both ends, a broker that hung up).
+                upstream.settimeout(None)
                 self._open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()

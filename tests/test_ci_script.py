@@ -93,7 +93,7 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         "bash scripts/docs",
         ".venv/bin/python scripts/wheel_smoke.py",
         ".venv/bin/python -m pytest -m 'faults and not restart' -n 4 --dist loadgroup",
-        ".venv/bin/python -m pytest -m 'not faults and not restart' -n 6 --dist loadgroup",
+        ".venv/bin/python -m pytest -m 'not faults and not restart' -n 4 --dist loadgroup",
         ".venv/bin/python -m pytest -m restart",
     ]
     install = ".venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode"
