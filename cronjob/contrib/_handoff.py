@@ -234,20 +234,9 @@ class Handoff:
     ) -> None:
         """Send each occurrence (held by this round until its paired ms), oldest first,
         retrying a refusal while the round is before ``bound`` (monotonic); the first
-        one that is not accepted within it leaves it and the rest to the sweep.
-
-        A row whose hold would end before its send could (the instants a round owes are
-        recorded with its own, and held as long: the round may spend that hold retrying
-        an earlier row, and a sweep then takes it) is taken again before its first send;
-        one a sweep took or sent meanwhile is left to it, never sent a second time."""
+        one that is not accepted within it leaves it and the rest to the sweep."""
         clock = ctx._clock
         for index, (occurrence, seen) in enumerate(sends):
-            now = _now_ms(clock.now())
-            if index and now + round(self.send_timeout * 1000) >= seen:
-                later = now + round(self.hold * 1000)
-                if not claim(engine, occurrence.id, seen, later):
-                    continue
-                seen = later
             tries = 0
             while True:
                 left = bound - clock.monotonic()
