@@ -15,7 +15,7 @@ from ._core import _StoreCore, _t, logger
 from ._dialect import _db_now_ms
 from ._exceptions import DatabaseUnavailable, translate_errors
 from ._mysql_due import DEADLOCK_RETRIES, is_deadlock, write_due
-from ._previous import gave_up, held_before, prev_start
+from ._previous import ended_round, gave_up
 from ._rows import (
     _UNFINISHED,
     Claim,
@@ -108,9 +108,7 @@ class _Claims(_StoreCore):
         A paused row (``paused_ms`` set, see `set_paused`) is never claimed.
         Each claimed row gets ``attempt = 1``, state ``running``, a new random token (one
         for this call), ``holder`` and ``expires_ms = now + ttl``, and keeps what it held
-        before in ``prev_*`` (``prev_start_ms``: when the round it replaces took the
-        lease; for a round that never ran to its end, the value it had: see
-        ``lease._previous.prev_start``). Names without a row are never claimed (see `ensure`).
+        before in ``prev_*``. Names without a row are never claimed (see `ensure`).
 
         ``due`` gives, by name, the next instant after ``instant`` at which the name may
         need a claim (a schedule's next instant); each claimed row keeps it in
@@ -289,13 +287,14 @@ class _Claims(_StoreCore):
                 logger.debug("claim of %d lease(s) deadlocked; running it again", len(wanted))
         instant = _from_seconds(epoch)
         won, superseded = {row[0] for row in rows}, gave_up(rows, epoch)
+        ended = {
+            row[0]: held
+            for row in rows
+            if row[2] not in _UNFINISHED and (held := ended_round(row[1], row[4], row[5]))
+        }
         names = tuple(name for name in wanted if name in won)
         return ClaimBatch(
-            instant=instant,
-            token=token,
-            names=names,
-            superseded=superseded,
-            ended=held_before(rows),
+            instant=instant, token=token, names=names, superseded=superseded, ended=ended
         )
 
     def _claim_statement(self, *, given_clock: bool, due: bool) -> tuple[sa.Update, sa.Update]:
@@ -361,8 +360,7 @@ class _Claims(_StoreCore):
                 (_t.c.prev_instant, _t.c.instant),
                 (_t.c.prev_state, _t.c.state),
                 (_t.c.prev_attempt, _t.c.attempt),
-                # A round that never ran to its end leaves the start as it was (see prev_start).
-                (_t.c.prev_start_ms, prev_start()),
+                (_t.c.prev_start_ms, _t.c.last_start_ms),
                 (_t.c.instant, epoch),
                 (_t.c.attempt, 1),
                 (_t.c.state, LeaseState.RUNNING.value),
@@ -400,11 +398,7 @@ class _Claims(_StoreCore):
 
         Returns:
             The second runs won (``attempt`` 2), in the order of ``names``, each
-            ``superseded`` as `claim_rerun` says; and the batch's ``ended``: how long the
-            lease was held before the instant's first claim, as the row tells (a second
-            run leaves ``prev_*`` as that claim wrote them), up to the row's last end:
-            the first run's give-back (or the end before it, if it died); from the
-            instant itself where the row tells nothing of the rounds before.
+            ``superseded`` as `claim_rerun` says.
 
         Raises:
             ValueError: ``instant`` is not an aware datetime with whole seconds, a name or
@@ -455,7 +449,6 @@ class _Claims(_StoreCore):
             names=tuple(name for name in wanted if name in won),
             superseded=gave_up(rows, epoch),
             attempt=2,
-            ended=held_before(rows, _from_seconds(epoch)),
         )
 
     def renew(self, held: Collection[tuple[str, int]], holder: str) -> set[str]:

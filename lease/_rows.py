@@ -149,14 +149,10 @@ class ClaimBatch:
     superseded: Mapping[str, tuple[datetime, int]]
     #: 1 for first runs, 2 for second runs.
     attempt: int = 1
-    #: The names whose row tells how long the lease was held before the claim, each as
+    #: The names whose row's previous round had ended (first runs), each with when that
+    #: round held the lease from (its instant, or its start if later) and its end, as
     #: ``(held_from, ended)``: an instant of the job between the two had its claims
-    #: refused. When the row's previous round had ended: from when it held the lease
-    #: (its instant, or its start if later) to its end. When it never ran to its end
-    #: (``superseded``, or the round a second run's first claim gave up): from when the
-    #: round before every such round took the lease to the row's last end (see
-    #: ``lease._previous.ended_round``). For second runs too: there, up to the first
-    #: run's give-back, and from the instant itself where the row tells no earlier start.
+    #: refused.
     ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
 
     def claims(self) -> list[Claim]:

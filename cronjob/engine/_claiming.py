@@ -401,7 +401,7 @@ class Claims:
                 else:
                     self._report_claimed(claimed, batch, reason)
                     if batch.superseded or batch.ended:
-                        self._owe(claimed, batch, issued)
+                        self._owe(claimed, batch)
             if lost and not self._claim_later(instant, lost):
                 for state in lost:
                     timetable.schedule_after(state, instant)
@@ -462,16 +462,16 @@ class Claims:
         else:
             give_backs.hand_back(states, batch.token, batch.instant, "met a drain", logging.INFO)
 
-    def _owe(self, claimed: list[JobState], batch: lease.ClaimBatch, issued: datetime) -> None:
-        """Hand each round won (claim sent at ``issued``) of a hand-off the instants the
-        lease was held over before it: a round it gave up's (`owe`), the row's (`owe_ran_over`)."""
+    def _owe(self, claimed: list[JobState], batch: lease.ClaimBatch) -> None:
+        """Hand each round just won of a hand-off the instants the round before it held
+        the lease over: one it gave up (`owe`), or one that ended after them (`owe_ran_over`)."""
         for state in claimed:
             gave_up = batch.superseded.get(state.job.name)
             if gave_up is not None:
-                owe(state, gave_up[0], batch.instant, self._store.ttl, issued=issued)
+                owe(state, gave_up[0], batch.instant, self._store.ttl)
             ran = batch.ended.get(state.job.name)
             if ran is not None:
-                owe_ran_over(state, ran[0], ran[1], batch.instant, issued=issued)
+                owe_ran_over(state, ran[0], ran[1], batch.instant)
 
     def _report_claimed(
         self, claimed: list[JobState], batch: lease.ClaimBatch, reason: Reason

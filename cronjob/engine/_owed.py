@@ -29,16 +29,6 @@ A hand-off's round ends before its next instant, so a dead round's lease ran out
 the lease's ttl after that instant; an instant later than that was free to claim, and
 one nobody claimed then is the job's catch-up policy's (every replica was down).
 
-What a claim owes is in its replica's memory until its round records it; a claim whose
-round never does (killed right after it, or given back unrun: a drain met it, it came
-back too late, no thread could take it) leaves it on the lease row alone. The claims
-that replace such rounds keep the row's ``prev_start_ms`` (see ``lease._claims``), so
-the row tells how long the lease was held before the round that takes it next, from the
-last round that ran to its end: that claim (`owe_ran_over`, beside `owe`) or that second
-run (`owe_second_run`'s ``held``) owes every instant of that hold, each recorded once.
-A claim sent late (an overdue instant, a catch-up) owes the instants between its own and
-its sending too: no claim won them, the lease it replaced refused them.
-
 Dispatcher thread only.
 """
 
@@ -84,30 +74,16 @@ def publishes(job: Job) -> bool:
     return getattr(job.fn, "publishes", False) is True
 
 
-def owe(
-    state: JobState,
-    held: datetime,
-    instant: datetime,
-    ttl: float,
-    *,
-    issued: datetime | None = None,
-) -> None:
-    """Give ``state``'s round of ``instant``, whose claim (sent at ``issued``) gave up its
-    job's unfinished round of ``held``, the instants that round kept from every claim
-    (``held`` too), and the rows it held, if the job publishes its instants.
-
-    Those after ``instant`` too, up to when the claim was sent: a claim sent late (an
-    instant overdue on a replica whose claims came back too late, a catch-up) takes the
-    row only now, and the instants between its own and now had their claims refused by
-    the lease it replaced (none won them: the row's instant was older). The round
-    publishes them; the job goes on after the latest (see `first_kept`)."""
+def owe(state: JobState, held: datetime, instant: datetime, ttl: float) -> None:
+    """Give ``state``'s round of ``instant``, whose claim gave up its job's unfinished
+    round of ``held``, the instants that round kept from every claim (``held`` too), and
+    the rows it held, if the job publishes its instants."""
     if not publishes(state.job):
         return
-    until = instant if issued is None else max(instant, issued)
     owed = owed_instants(
-        state.job.schedule, held, until, ttl, before=state.before, changed=state.changed
+        state.job.schedule, held, instant, ttl, before=state.before, changed=state.changed
     )
-    _hand(state, instant, held, tuple(at for at in owed if at != instant))
+    _hand(state, instant, held, owed)
 
 
 def owe_second_run(
@@ -118,24 +94,14 @@ def owe_second_run(
     *,
     gave_up: datetime | None,
     expired: bool,
-    held: tuple[datetime, datetime] | None = None,
 ) -> None:
     """Give the second run of ``state``'s round of ``instant`` (claimed at ``issued``)
     what it owes, if its job publishes its instants: what the instant's first claim owed
     (``gave_up``: the unfinished round it gave up, which the row keeps through the second
     runs, see [lease.LeaseStore.claim_rerun][]), whether that claim was given back unrun
-    or its round died; if the first run's lease ``expired`` (its replica died, it was not
-    given back), the instants after ``instant`` that lease kept, up to now; and the
-    instants the row says the lease kept before this claim (``held``: from when, until
-    when, see [lease.ClaimBatch][]), up to now.
-
-    The rule for ``held``: the first run never recorded what its claim owed for a round
-    that ran past its instants (``owe_overrun``, ``owe_ran_over``: the row's previous
-    round ended), nor, handed back, the instants its own lease kept after ``instant``
-    until the give-back (the row's last end): a drain met it, or its claim came back too
-    late. The row says both: the instants between when that round held the lease and
-    that end (and `OWED_SLACK` after it) are owed here, each once."""
-    if not publishes(state.job) or (gave_up is None and not expired and held is None):
+    or its round died; and, if the first run's lease ``expired`` (its replica died, it
+    was not given back), the instants after ``instant`` that lease kept, up to now."""
+    if not publishes(state.job) or (gave_up is None and not expired):
         return
     schedule, before, changed = state.job.schedule, state.before, state.changed
     owed: tuple[datetime, ...] = ()
@@ -144,34 +110,20 @@ def owe_second_run(
     if expired:
         after = owed_instants(schedule, instant, issued, ttl, before=before, changed=changed)
         owed += tuple(at for at in after if at > instant)
-    if held is not None:
-        start, end = held
-        kept = _between(
-            schedule, start, min(issued, end + timedelta(seconds=OWED_SLACK)), OWED_LIMIT
-        )
-        owed = tuple(sorted({*owed, *(at for at in kept if at != instant)}))
-    dead = gave_up is not None or expired
-    _hand(state, instant, instant if gave_up is None else gave_up, owed[:OWED_LIMIT], dead=dead)
+    _hand(state, instant, instant if gave_up is None else gave_up, owed[:OWED_LIMIT])
 
 
-def _hand(
-    state: JobState,
-    instant: datetime,
-    held: datetime,
-    owed: tuple[datetime, ...],
-    *,
-    dead: bool = True,
-) -> None:
-    """Hand the round of ``instant`` the instants ``owed`` and, if a round died holding
-    the lease (``dead``), the rows that round of ``held`` recorded and still held."""
-    state.owed = Owed(instant, owed, takes_over=dead)
+def _hand(state: JobState, instant: datetime, held: datetime, owed: tuple[datetime, ...]) -> None:
+    """Hand the round of ``instant`` the instants ``owed`` and the rows the dead round of
+    ``held`` recorded and still held."""
+    state.owed = Owed(instant, owed, takes_over=True)
     if not owed:
         return
     log.warning(
-        "job %r: its round of %s %s the lease over %d instant(s): the round of %s publishes them",
+        "job %r: its round of %s died holding the lease over %d instant(s): the round of %s "
+        "publishes them",
         state.job.name,
         held.isoformat(),
-        "died holding" if dead else "and the rounds before it, none on record, held",
         len(owed),
         instant.isoformat(),
     )
@@ -262,22 +214,12 @@ def owe_overrun(state: JobState, first: datetime, ended: datetime) -> datetime:
     return follow
 
 
-def owe_ran_over(
-    state: JobState,
-    held: datetime,
-    ended: datetime,
-    instant: datetime,
-    *,
-    issued: datetime | None = None,
-) -> None:
-    """Give ``state``'s round of ``instant`` (just claimed, the claim sent at ``issued``)
-    the instants of its hand-off job that the job's previous round, which held the lease
-    from ``held`` (its instant, or its start if later) until ``ended``, kept from their
-    claims: those after ``held`` and before ``instant`` (or before ``issued``, for a claim
-    sent late: see `owe`) that came before that end (and `OWED_SLACK` after it: a claim
-    is sent ahead of its instant). The row may tell of several rounds that never ran to
-    their end as one hold, from the start of the round before them (see
-    ``lease._previous.ended_round``).
+def owe_ran_over(state: JobState, held: datetime, ended: datetime, instant: datetime) -> None:
+    """Give ``state``'s round of ``instant`` (just claimed) the instants of its hand-off
+    job that the job's previous round, which held the lease from ``held`` (its instant,
+    or its start if later) until ``ended``, kept from their claims: those after ``held``
+    and before ``instant`` that came before that end (and `OWED_SLACK` after it: a claim
+    is sent ahead of its instant).
 
     The replica that ran that round claims the latest of them as it ends (`owe_overrun`);
     if another replica's claim of a later instant, sent ahead, took the row first, that
@@ -285,9 +227,8 @@ def owe_ran_over(
     follow-up did win, it owes the same instants (the outbox records each once)."""
     if not publishes(state.job):
         return
-    until = instant if issued is None else max(instant, issued)
-    end = min(until, ended + timedelta(seconds=OWED_SLACK))
-    kept = [at for at in _between(state.job.schedule, held, end, OWED_LIMIT) if at != instant]
+    end = min(instant, ended + timedelta(seconds=OWED_SLACK))
+    kept = _between(state.job.schedule, held, end, OWED_LIMIT)
     if not kept:
         return
     known = state.owed if state.owed is not None and state.owed.instant == instant else None

@@ -11,8 +11,7 @@ A second run never starts before its instant: one handed back ahead of it (a dra
 its first run won ahead) is held until the instant, as the first run would have been. A
 second run won but not started here (a drain, a claim that came back too late) is handed
 back unrun, logged with its names, and stays owed: a later sweep claims it again. A
-hand-off's second run owes what its instant's first claim owed, and what the row says
-the lease kept before it (`owe_second_run`).
+hand-off's second run owes what its instant's first claim owed (`owe_second_run`).
 
 Dispatcher thread only; the claim runs on the control thread.
 """
@@ -102,7 +101,6 @@ class Reruns:
         def done(result: lease.ClaimBatch | BaseException) -> None:
             won = self._kept(result, instant, claimed_at)
             superseded = {} if isinstance(result, BaseException) else result.superseded
-            held = {} if isinstance(result, BaseException) else result.ended
             rounds: list[tuple[JobState, int | None]] = []
             for cut, state in cuts:
                 if cut.name not in won:
@@ -119,7 +117,7 @@ class Reruns:
                 )
                 state.metrics.rerun()
                 # What its first claim owed (even given back unrun), and, if its lease
-                # expired, the instants that lease kept; what the row says the lease kept.
+                # expired, the instants that lease kept.
                 gave_up = superseded.get(cut.name)
                 owe_second_run(
                     state,
@@ -128,7 +126,6 @@ class Reruns:
                     self._store.ttl,
                     gave_up=None if gave_up is None else gave_up[0],
                     expired=not cut.given_back,
-                    held=held.get(cut.name),
                 )
                 rounds.append((state, won[cut.name]))
             if not rounds:
