@@ -10,7 +10,9 @@ logger (the revision, and what it did); alembic's lines are DEBUG records meanwh
 Alembic is imported only when there is something to migrate: a database already at head
 (every start but the first after a release) is read with two plain statements, so a
 process that starts on it never imports alembic, which is about a fifth of the time
-``import cronjob`` takes.
+``import cronjob`` takes. A database never migrated is not taken through every revision:
+its tables are created as the head defines them and it is stamped at head
+(`_create_at_head`); upgrades from an earlier revision run the revisions.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 from ._engine import behind_transaction_pooler, is_sqlite_memory
 from ._exceptions import MigrationFailed, MigrationRequired, translate_errors
-from ._schema import VERSION_TABLE
+from ._schema import VERSION_TABLE, metadata, schedule_rev_table
 from ._store import check_dialect
 
 try:
@@ -179,7 +181,10 @@ def _migrate(engine: Engine, *, auto_migrate: bool) -> str | None:
                 return f"lease schema at {head}"
             _check_known(script, current, head)
             try:
-                _upgrade(conn)
+                if current is None:
+                    _create_at_head(conn, script)
+                else:
+                    _upgrade(conn)
             except alembic.util.CommandError as exc:
                 raise MigrationFailed(f"migrating the lease tables failed: {exc}") from exc
             conn.commit()
@@ -221,6 +226,35 @@ def _upgrade(conn: Connection) -> None:
 
     with EnvironmentContext(config, script, fn=revisions, destination_rev="head"):
         script.run_env()
+
+
+def _create_at_head(conn: Connection, script: ScriptDirectory) -> None:
+    """Create the tables of a database never migrated as the head defines them, then
+    stamp it at head: alembic's way to build a new database, a dozen statements where
+    running every revision took about forty, and a third of the time on MariaDB.
+
+    The revisions' data is written as they write it: the change counter's one row (0008).
+    tests/test_migrations.py checks that both ways give the same tables, columns, server
+    defaults, indexes and rows on every supported database.
+
+    Raises:
+        MigrationFailed: a lease table is there without a revision on record (a first
+            migration that died on a server whose DDL commits, or tables made by hand):
+            nothing is created or stamped over it.
+    """
+    from alembic.runtime.migration import MigrationContext
+
+    found = sorted(set(sa.inspect(conn).get_table_names()) & set(metadata.tables))
+    if found:
+        raise MigrationFailed(
+            f"the lease tables {', '.join(found)} exist but no revision is on record in "
+            f"{VERSION_TABLE}: drop them (they hold nothing a migration made whole) or "
+            "stamp the revision they are at with alembic"
+        )
+    metadata.create_all(conn, checkfirst=False)
+    conn.execute(schedule_rev_table.insert(), [{"id": 1, "rev": 0}])
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    context.stamp(script, "head")
 
 
 def _current(conn: Connection) -> str | None:

@@ -124,6 +124,13 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A new, empty schema of the PostgreSQL test database (the connection's search_path)."""
+    with postgres_schema() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """`postgres_url`'s schema, as a context (a test that needs two)."""
     _reachable(POSTGRES_URL, "PostgreSQL")
     schema = _scratch_name()
     _execute(POSTGRES_URL, f"CREATE SCHEMA {schema}")
@@ -150,6 +157,13 @@ def _drop_schema(schema: str) -> None:
 @pytest.fixture
 def mysql_url() -> Iterator[str]:
     """A new, empty database on the MariaDB/MySQL server."""
+    with mysql_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def mysql_database() -> Iterator[str]:
+    """`mysql_url`'s database, as a context (a test that needs two)."""
     _reachable(MYSQL_URL, "MariaDB/MySQL")
     database = _scratch_name()
     _execute(MYSQL_URL, f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
