@@ -87,15 +87,21 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         or (line.startswith("bash ") and line != "bash scripts/pgbouncer")  # that one: setup
     ]
     assert checks == [
+        ".venv/bin/python -m compileall -q -j 0 "
+        "cronjob lease execctx alembic examples tests scripts",
         ".venv/bin/ruff check .",
         ".venv/bin/ruff format --check .",
-        ".venv/bin/mypy",
-        "bash scripts/docs",
+        ".venv/bin/python -m pytest -m restart -n 2 --dist loadgroup",
         ".venv/bin/python scripts/wheel_smoke.py",
-        ".venv/bin/python -m pytest -m 'faults and not restart' -n 4 --dist loadgroup",
+        ".venv/bin/python -m pytest -m 'faults and not restart' -n 6 --dist loadgroup",
         ".venv/bin/python -m pytest -m 'not faults and not restart' -n 4 --dist loadgroup",
-        ".venv/bin/python -m pytest -m restart",
     ]
+    # mypy and the docs build run beside the restart tests, and fail the script if they fail.
+    background = script.index('( .venv/bin/mypy && bash scripts/docs ) >"$checks_log" 2>&1 &')
+    waited = script.index('if ! wait "$checks"; then cat "$checks_log"; exit 1; fi')
+    restarts = script.index(".venv/bin/python -m pytest -m restart -n 2 --dist loadgroup")
+    assert background < restarts < waited < script.index(".venv/bin/python scripts/wheel_smoke.py")
+    assert "unset PYTHONDONTWRITEBYTECODE" in script
     install = ".venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode"
     assert f"{install} -e '.[test,docs]'" in script
     assert "python3 -m venv .venv" in script  # pip in it, for the tests that use it

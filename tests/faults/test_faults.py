@@ -6,9 +6,9 @@ with a lease table of its own (a schema, a database, a file). To keep the profil
 a few minutes, the first test that needs a database starts every selected scenario on
 every selected database at once, each in a thread of its own, and each test then waits
 for its scenario's outcome. The scenarios that restart a server (PostgreSQL, MariaDB;
-marked ``restart``) run alone, one after the other, after all the others (a restart cuts
-every session on the server, other people's included, so they are kept short and last:
-scripts/test runs them in a pytest run of their own, ``-m restart``, after the rest).
+marked ``restart``) run in a pytest run of their own, ``-m restart``, before every other
+test (a restart cuts every session on the server, other people's included, so they are
+kept short, and scripts/test runs them while no other test uses the servers).
 
 Each scenario returns the figures it measured; they are written to ``result.json`` in
 the scenario's folder (see ``harness.RUNS_DIR``) and printed with ``pytest -s``.
@@ -1501,7 +1501,7 @@ def test_missing_module():
     assert "no module named 'tests.faults.jobs_nowhere'" in result.stderr
 
 
-# -- last, alone: the database server restarted under load ---------------------------------
+# -- in a run of their own (-m restart): the database server restarted under load --------
 
 
 @pytest.mark.restart

@@ -5,8 +5,8 @@ XRANGE: the dedup key makes the republish of a sent entry a clean duplicate.
 
 Stopping Redis stops it for every user of 127.0.0.1:6379: it is shut down with SAVE and
 started again in the same directory (as ``scripts/test`` starts it), so other keys
-survive. That test is marked ``restart``: scripts/test runs it alone, last, with the
-database server restarts."""
+survive. That test is marked ``restart``: scripts/test runs it with the database server
+restarts, in a run of their own, before any other test."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def _start_redis(directory: str) -> None:
     wait_for(lambda: _redis("ping").stdout.strip() == "PONG", 30, "Redis to start")
 
 
-@pytest.mark.restart  # stops the shared Redis: alone, with the server restarts, last
+@pytest.mark.restart  # stops the shared Redis: in the run of the server restarts, first
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_redis_stopped_for_20s_every_occurrence_arrives_once(db_url, target):
     lease.migrate(lease.create_engine(db_url))
