@@ -91,7 +91,7 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         "cronjob lease execctx alembic examples tests scripts",
         ".venv/bin/ruff check .",
         ".venv/bin/ruff format --check .",
-        ".venv/bin/python -m pytest -m restart -n 2 --dist loadgroup",
+        ".venv/bin/python -m pytest -m restart -n 3 --dist loadgroup",
         ".venv/bin/python scripts/wheel_smoke.py",
         ".venv/bin/python -m pytest -m 'faults and not restart' -n 6 --dist loadgroup",
         ".venv/bin/python -m pytest -m 'not faults and not restart' -n 4 --dist loadgroup",
@@ -99,7 +99,7 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
     # mypy and the docs build run beside the restart tests, and fail the script if they fail.
     background = script.index('( .venv/bin/mypy && bash scripts/docs ) >"$checks_log" 2>&1 &')
     waited = script.index('if ! wait "$checks"; then cat "$checks_log"; exit 1; fi')
-    restarts = script.index(".venv/bin/python -m pytest -m restart -n 2 --dist loadgroup")
+    restarts = script.index(".venv/bin/python -m pytest -m restart -n 3 --dist loadgroup")
     assert background < restarts < waited < script.index(".venv/bin/python scripts/wheel_smoke.py")
     assert "unset PYTHONDONTWRITEBYTECODE" in script
     install = ".venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode"

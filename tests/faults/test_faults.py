@@ -5,10 +5,8 @@ Each scenario is its own test, parametrised (``db``) over the databases it appli
 with a lease table of its own (a schema, a database, a file). To keep the profile within
 a few minutes, the first test that needs a database starts every selected scenario on
 every selected database at once, each in a thread of its own, and each test then waits
-for its scenario's outcome. The scenarios that restart a server (PostgreSQL, MariaDB;
-marked ``restart``) run in a pytest run of their own, ``-m restart``, before every other
-test (a restart cuts every session on the server, other people's included, so they are
-kept short, and scripts/test runs them while no other test uses the servers).
+for its scenario's outcome. The scenario that restarts a server (PostgreSQL, MariaDB) is
+in test_server_restart.py.
 
 Each scenario returns the figures it measured; they are written to ``result.json`` in
 the scenario's folder (see ``harness.RUNS_DIR``) and printed with ``pytest -s``.
@@ -1258,7 +1256,6 @@ _MARKS = {
 }
 #: Why a scenario cannot apply to SQLite: it has no network connection and no server.
 NO_TCP = "SQLite is a file on this host: there is no connection to cut (see test_file_locked)"
-NO_SERVER = "SQLite has no server to restart"
 
 
 def on(*databases: str, cannot: dict[str, str] | None = None) -> pytest.MarkDecorator:
@@ -1499,69 +1496,3 @@ def test_missing_module():
     result = _cronjob_run("tests.faults.jobs_nowhere")
     assert result.returncode == 2
     assert "no module named 'tests.faults.jobs_nowhere'" in result.stderr
-
-
-# -- in a run of their own (-m restart): the database server restarted under load --------
-
-
-@pytest.mark.restart
-@on("postgres", "mysql", cannot={"sqlite": NO_SERVER})
-def test_server_restart(launched, db):
-    """The server restarted under load (one short restart, after every other scenario):
-    the replicas reconnect, none crashes or restarts, no instant runs twice, and the
-    schedule goes on."""
-    launched.wait()
-    database = DATABASES[db]
-    reason = database.reachable()
-    if reason is not None:
-        _unreachable(db, reason)
-    why_not = database.restartable()
-    if why_not is not None:
-        message = f"cannot restart the {db} server here: {why_not}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    jobs = [
-        JobSpec("tick", "*/1 * * * * *", "work", 0.3),
-        JobSpec("work5", "*/5 * * * * *", "work", 2.0),
-        JobSpec("async2", "*/2 * * * * *", "async_work", 0.5),
-    ]
-    with Scenario("server_restart", jobs, db=db) as s:
-        for name in "abc":
-            s.replica(name)
-        s.start()
-        time.sleep(8)
-        s.emit("fault", kind=f"{db}-restart")
-        began = time.monotonic()
-        took = database.restart()
-        back = time.monotonic()
-        resumed = s.wait_start("tick", 30, after=back)
-        recovery = resumed["mono"] - back
-        steady_from = wall_now() + 5 * SECOND
-        time.sleep(15)
-        last = wall_now() - 2 * SECOND
-        for replica in s.replicas.values():
-            assert len(replica.processes) == 1 and replica.alive, f"{replica.name} died"
-        assert all(rc == 0 for rc in s.stop().values())
-        report = s.check()
-        report.assert_clean()
-        # Once back, no instant is lost.
-        after = check_invariants(
-            [r for r in s.rounds() if r.job == "tick"],
-            {"tick": jobs[0]},
-            fault_free=True,
-            window=(steady_from, last),
-        )
-        after.assert_clean()
-        _finish(
-            s,
-            {
-                "restart_s": _round(took),
-                "restart_began_after_s": _round(began - s.began),
-                "first_round_after_restart_s": _round(recovery),
-                "rounds": report.rounds,
-                "reruns": len(report.reruns),
-                "given_up": len(report.given_up),
-                "violations": 0,
-            },
-        )
