@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -101,13 +101,19 @@ def main() -> int:
         work = Path(scratch)
         wheel = build_wheel(work)
         print(f"wheel: {wheel.name}", flush=True)
-        # The installs wait mostly on pip's cache and the disk: side by side.
+        # The installs wait mostly on pip's cache and the disk, and each case then runs on a
+        # database of its own for seconds of real time: all side by side (each case prints
+        # its report in one piece when its run ends).
         with ThreadPoolExecutor(len(cases)) as pool:
             installs = {case: pool.submit(install, case, wheel, work / case) for case in cases}
+            runs = {
+                case: pool.submit(run_installed, case, installs[case], work / case)
+                for case in cases
+            }
         failed = []
         for case in cases:
             try:
-                run_on(case, installs[case].result(), work / case)
+                runs[case].result()
             except SmokeFailed as exc:
                 print(f"[{case}] FAILED: {exc}", flush=True)
                 failed.append(case)
@@ -117,6 +123,11 @@ def main() -> int:
         return 1
     print(f"wheel smoke: passed ({', '.join(cases)}) in {took:.0f} s", flush=True)
     return 0
+
+
+def run_installed(case: str, installed: Future[Path], where: Path) -> None:
+    """`run_on` the venv ``installed`` makes, once it is made."""
+    run_on(case, installed.result(), where)
 
 
 def build_wheel(work: Path) -> Path:
