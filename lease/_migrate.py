@@ -234,8 +234,8 @@ def _create_at_head(conn: Connection, script: ScriptDirectory) -> None:
     running every revision took about forty, and a third of the time on MariaDB.
 
     The revisions' data is written as they write it: the change counter's one row (0008).
-    tests/test_migrations.py checks that both ways give the same tables, columns, server
-    defaults, indexes and rows on every supported database.
+    tests/test_migrations_created.py checks that both ways give the same tables, columns,
+    server defaults, keys, indexes and rows on every supported database.
 
     Raises:
         MigrationFailed: a lease table is there without a revision on record (a first

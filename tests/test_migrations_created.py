@@ -59,7 +59,11 @@ def _schema(engine: sa.Engine) -> dict[str, Any]:
             pk = inspector.get_pk_constraint(table)
             uniques = inspector.get_unique_constraints(table)
             foreign = sorted(
-                (tuple(f["constrained_columns"]), f["referred_table"], tuple(f["referred_columns"]))
+                (
+                    f["name"],
+                    f["referred_table"],
+                    *map(tuple, (f["constrained_columns"], f["referred_columns"])),
+                )
                 for f in inspector.get_foreign_keys(table)
             )
             rows = sorted(
@@ -68,8 +72,8 @@ def _schema(engine: sa.Engine) -> dict[str, Any]:
             found[table] = {
                 "columns": columns,
                 "indexes": indexes,
-                "primary key": tuple(pk["constrained_columns"]),
-                "unique": sorted(tuple(u["column_names"]) for u in uniques),
+                "primary key": (pk.get("name"), tuple(pk["constrained_columns"])),
+                "unique": sorted((u["name"], tuple(u["column_names"])) for u in uniques),
                 "foreign keys": foreign,
                 "rows": rows,
                 "definition": _definition(conn, table),
