@@ -14,7 +14,7 @@ from tests.conftest import MYSQL_URL, POSTGRES_URL, _reachable
 from tests.test_django import PROJECT, django_env
 
 #: The tests of tests/django_project/admin_tests.py.
-TESTS = 10
+TESTS = 13
 
 
 def run_admin_tests(tmp_path, db):

@@ -5,7 +5,7 @@ writes through `cronjob.contrib.django.schedules` and shows its refusals as form
 Requests go through Django's test client as a logged-in superuser; what they wrote is
 read back with `schedules.get`, and each write is checked to be the schedules API's."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 import sqlalchemy as sa
@@ -113,6 +113,50 @@ class TestScheduleAdmin(TransactionTestCase):
         update.assert_called_once()
         record = schedules.get("report:1")
         assert (record.spec, record.args) == ("0 30 9 * * *", {"n": 2})
+
+    def test_adding_with_policies_writes_the_schedules_own(self):
+        response = self.add(
+            overlap="buffer_one",
+            catch_up="all",
+            catch_up_window="3600",
+            jitter="5",
+            heartbeat="https://hc.example/ping/1",
+        )
+        assert response.status_code == 302, response.content.decode()[-3000:]
+        record = schedules.get("report:1")
+        assert (record.overlap, record.catch_up) == ("buffer_one", "all")
+        assert (record.catch_up_window, record.jitter) == (timedelta(hours=1), timedelta(seconds=5))
+        assert record.heartbeat == "https://hc.example/ping/1"
+
+    def test_editing_starts_from_the_policies_and_an_emptied_one_goes_back_to_the_task(self):
+        schedules.add(
+            "report:1", task="report", spec=DAILY, overlap="cancel_other", jitter=7, catch_up="none"
+        )
+        form = self.client.get(change_url("report:1")).context["adminform"].form
+        assert (form.initial["overlap"], form.initial["catch_up"]) == ("cancel_other", "none")
+        assert (form.initial["jitter"], form.initial["catch_up_window"]) == (7.0, None)
+        with mock.patch.object(schedules, "update", wraps=schedules.update) as update:
+            response = self.client.post(
+                change_url("report:1"),
+                {"task": "report", "spec": DAILY, "args": "{}", "overlap": "", "jitter": "7"},
+            )
+        assert response.status_code == 302, response.content.decode()[-3000:]
+        assert update.call_args.kwargs["overlap"] is None
+        record = schedules.get("report:1")
+        assert (record.overlap, record.catch_up, record.jitter) == (
+            None,
+            None,
+            timedelta(seconds=7),
+        )
+
+    def test_a_refused_policy_is_the_forms_error_and_nothing_is_written(self):
+        with mock.patch.object(schedules, "add", wraps=schedules.add) as add:
+            response = self.add(jitter="-1")
+        assert response.status_code == 200
+        errors = response.context["adminform"].form.non_field_errors()
+        assert errors == ["schedule 'report:1': jitter must be positive, got -1.0"]
+        add.assert_not_called()
+        assert schedules.get("report:1") is None
 
     def test_editing_to_a_one_off_instant(self):
         schedules.add("report:1", task="report", spec=DAILY)

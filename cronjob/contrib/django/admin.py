@@ -1,5 +1,5 @@
-"""Django's admin for schedules made of data: list, search, add, edit, pause, resume and
-remove the rows of ``cronjob_schedule``.
+"""Django's admin for schedules made of data: list, search, add, edit (their own policies
+included), pause, resume and remove the rows of ``cronjob_schedule``.
 
 Django's admin imports this module (its ``autodiscover``) when both
 ``"django.contrib.admin"`` and ``"cronjob.contrib.django"`` are installed: "Schedules"
@@ -16,8 +16,9 @@ the admin user's name as who. The replicas see each change within 2 s, as any.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from django import forms
@@ -30,12 +31,13 @@ from django.utils.html import format_html_join
 from ..._bounds import timing
 from ..._clock import Clock, SystemClock
 from ..._exceptions import RegistrationError, ScheduleError
+from ..._policy import CatchUp, Overlap
 from ...schedules import ScheduleRecord
 from . import schedules
 from ._database import database_alias
 from .models import Schedule
 
-__all__ = ["NEXT_INSTANTS", "ScheduleAdmin", "ScheduleForm"]
+__all__ = ["NEXT_INSTANTS", "POLICIES", "ScheduleAdmin", "ScheduleForm"]
 
 #: How many next instants the list shows for each schedule.
 NEXT_INSTANTS = 3
@@ -55,8 +57,22 @@ def _action(**options: Any) -> Callable[[_F], _F]:
     return decorator
 
 
+#: The form's fields of a schedule's own policies (empty: its task's).
+POLICIES = ("overlap", "catch_up", "catch_up_window", "jitter", "heartbeat")
+
+
+def _policy_choices(kind: type[enum.StrEnum]) -> list[tuple[str, str]]:
+    """An empty choice (the task's own) and each value of ``kind``."""
+    return [("", "the task's"), *((member.value, member.value) for member in kind)]
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
 class ScheduleForm(forms.ModelForm):
-    """A schedule's values, checked by [cronjob.schedules.check][] in ``clean()``.
+    """A schedule's values and its own policies (each left empty is its task's), checked
+    by [cronjob.schedules.check][] in ``clean()``.
 
     A refusal of the spec, ``at``, ``start`` or ``end`` (`ScheduleError`) is an error of
     the spec field when only a spec is given, else of the form; any other refusal
@@ -76,6 +92,26 @@ class ScheduleForm(forms.ModelForm):
         required=False, initial=dict, help_text="A JSON object: the arguments rounds see."
     )
     paused = forms.BooleanField(required=False, help_text="Added paused.")
+    overlap = forms.ChoiceField(
+        required=False,
+        choices=_policy_choices(Overlap),
+        help_text="An instant that falls while a round of this schedule runs.",
+    )
+    catch_up = forms.ChoiceField(
+        required=False,
+        choices=_policy_choices(CatchUp),
+        help_text="The missed instants (no replica ran them) that run late.",
+    )
+    catch_up_window = forms.FloatField(
+        required=False, help_text="Seconds: how far back missed instants run; empty: the task's."
+    )
+    jitter = forms.FloatField(
+        required=False,
+        help_text="Seconds: each round starts up to this late, at random; empty: the task's.",
+    )
+    heartbeat = forms.CharField(
+        required=False, help_text="A URL pinged as rounds start and end; empty: the task's."
+    )
 
     class Meta:
         model = Schedule
@@ -94,6 +130,11 @@ class ScheduleForm(forms.ModelForm):
                 start=record.start,
                 end=record.end,
                 args=record.args,
+                overlap=record.overlap or "",
+                catch_up=record.catch_up or "",
+                catch_up_window=_seconds(record.catch_up_window),
+                jitter=_seconds(record.jitter),
+                heartbeat=record.heartbeat or "",
             )
 
     def schedule_id(self) -> str | None:
@@ -104,7 +145,8 @@ class ScheduleForm(forms.ModelForm):
         return str(self.instance.pk)
 
     def values(self) -> dict[str, Any]:
-        """The cleaned values as `schedules.add` and `schedules.update` take them."""
+        """The cleaned values as `schedules.add` and `schedules.update` take them: an empty
+        policy is ``None``, the task's own (``update`` gives it back to the task)."""
         data: dict[str, Any] = self.cleaned_data
         return {
             "task": data.get("task"),
@@ -113,6 +155,11 @@ class ScheduleForm(forms.ModelForm):
             "args": data.get("args") or {},
             "start": data.get("start"),
             "end": data.get("end"),
+            "overlap": data.get("overlap") or None,
+            "catch_up": data.get("catch_up") or None,
+            "catch_up_window": data.get("catch_up_window"),
+            "jitter": data.get("jitter"),
+            "heartbeat": data.get("heartbeat") or None,
         }
 
     def clean(self) -> dict[str, Any]:
@@ -142,7 +189,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     list_display = ("id", "task", "shown_spec", "zone", "is_paused", "next_instants")
     search_fields = ("id", "task")
     actions = ("pause_schedules", "resume_schedules")
-    fields = ("id", "task", "spec", "at", "start", "end", "args", "paused")
+    fields = ("id", "task", "spec", "at", "start", "end", "args", "paused", *POLICIES)
     #: Where "now" is read for the next instants.
     clock: ClassVar[Clock] = SystemClock()
 
