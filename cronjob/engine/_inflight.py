@@ -225,9 +225,11 @@ class InFlight:
         self._inbox.post(lambda: self.rounds_ended(ends))
 
     def rounds_ended(self, ends: list[tuple[Run, datetime]]) -> None:
-        """`round_ended` for each of ``ends``."""
-        for run, ended in ends:
-            self.round_ended(run, ended)
+        """`round_ended` for each of ``ends``; the claims of the instants that follow them
+        made together, one per instant (`NextRounds.batched`)."""
+        with self.next_rounds.batched():
+            for run, ended in ends:
+                self.round_ended(run, ended)
 
     def round_ended(self, run: Run, ended: datetime) -> None:
         """``run`` ended at ``ended`` and its end is settled: schedule the job's next instant,

@@ -29,7 +29,9 @@ that round owes the earlier ones (see `cronjob.engine._owed`).
 Only the replica running the round acts: it alone knows when the round ends, and
 every instant that falls meanwhile is refused to the others by the lease. A follow-up
 claim that finds a later instant already claimed (another replica's claim came between
-the end and the follow-up) wins nothing: the job goes on from that later instant.
+the end and the follow-up) wins nothing: the job goes on from that later instant. The
+follow-ups of ends handled together (the finisher's batch) are claimed together, one
+claim per instant (`NextRounds.batched`).
 
 ``catch_up="all"``: a round run late (a catch-up after a start or an outage, or the second
 run of a round cut short) is followed at once by the job's next instant when that is due
@@ -43,9 +45,10 @@ Dispatcher thread only.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from datetime import datetime, timedelta
 
 import lease
@@ -98,6 +101,27 @@ class NextRounds:
         #: Rounds of ``cancel_other`` jobs by the instant that supersedes them.
         self._watched: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
+        #: Inside `batched`: the follow-up claims put off to its end, by instant and reason.
+        self._pending: dict[tuple[datetime, Reason], list[JobState]] | None = None
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Put off the follow-up claims of the ends handled in the block to its end, then
+        claim each instant once for every job it follows: rounds that ended together (the
+        finisher's batch) and are followed at the same instant, such as the hand-offs of
+        one period that all ran over it, are claimed in one statement, as their instant's
+        first claim was, not in one a job. Each job is taken off the timetable at once, as
+        without the block; the claims are made even if handling an end raised."""
+        if self._pending is not None:  # already inside one
+            yield
+            return
+        self._pending = {}
+        try:
+            yield
+        finally:
+            pending, self._pending = self._pending, None
+            for (instant, reason), states in pending.items():
+                self._claims.claim(instant, states, reason=reason)
 
     def watch(self, run: Run) -> None:
         """``run`` (of a ``cancel_other`` job) starts: supersede it if it still runs at
@@ -217,7 +241,12 @@ class NextRounds:
         """Claim ``instant`` of ``state``'s job now (a per-instance job: start it)."""
         self._timetable.take(state)
         if state.job.leased:
-            self._claims.claim(instant, [state], reason=reason)
+            if self._pending is None:
+                self._claims.claim(instant, [state], reason=reason)
+                return
+            states = self._pending.setdefault((instant, reason), [])
+            if all(other is not state for other in states):
+                states.append(state)
         else:
             self._starter.start_round(
                 state,
