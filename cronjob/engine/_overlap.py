@@ -101,8 +101,9 @@ class NextRounds:
         #: Rounds of ``cancel_other`` jobs by the instant that supersedes them.
         self._watched: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
-        #: Inside `batched`: the follow-up claims put off to its end, by instant and reason.
-        self._pending: dict[tuple[datetime, Reason], list[JobState]] | None = None
+        #: Inside `batched`: the follow-up claims put off to its end, by instant and reason
+        #: (each job once, by identity, in the order of its end).
+        self._pending: dict[tuple[datetime, Reason], dict[int, JobState]] | None = None
 
     @contextlib.contextmanager
     def batched(self) -> Iterator[None]:
@@ -121,7 +122,7 @@ class NextRounds:
         finally:
             pending, self._pending = self._pending, None
             for (instant, reason), states in pending.items():
-                self._claims.claim(instant, states, reason=reason)
+                self._claims.claim(instant, list(states.values()), reason=reason)
 
     def watch(self, run: Run) -> None:
         """``run`` (of a ``cancel_other`` job) starts: supersede it if it still runs at
@@ -244,9 +245,7 @@ class NextRounds:
             if self._pending is None:
                 self._claims.claim(instant, [state], reason=reason)
                 return
-            states = self._pending.setdefault((instant, reason), [])
-            if all(other is not state for other in states):
-                states.append(state)
+            self._pending.setdefault((instant, reason), {})[id(state)] = state
         else:
             self._starter.start_round(
                 state,
