@@ -150,6 +150,7 @@ class TestPause:
     def test_pause_all_and_resume_all_change_every_job(self, db_url, replicas, clock):
         one, two = Runs(), Runs()
         two_replicas(replicas, one=one, two=two)
+        clock.advance(0)  # the replicas' start writes their rows (on their control thread)
         changes = admin.pause_all(db_url, reason="maintenance", by="ops", now=clock.now())
         assert [(c.job, c.changed, c.paused) for c in changes] == [
             ("one", True, True),
