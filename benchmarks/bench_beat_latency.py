@@ -24,6 +24,9 @@ one invocation. Per scheduler:
 - **arrival p50 / p99**: the message's arrival at the consumer minus its instant (due).
 - **accepted p50 / p99** (cronjob only): the outbox row's ``sent_ms`` (set once the
   broker confirmed the message) minus the instant.
+- **outbox recorded / unsent** (cronjob only): the window's (entry, instant) pairs on
+  record in the outbox after the grace, and how many of its rows are still unsent: a
+  missing pair that is on record and unsent was late, one not on record never published.
 - **CPU s**: the beat processes' user + system CPU over the window (``/proc``).
 - **connections / commits** (PostgreSQL only): the sessions opened and transactions
   committed in the window on the run's own database (``pg_stat_database``), created for
@@ -222,8 +225,10 @@ def scenario(
             time.sleep(grace)  # the window's last sends, and the sweep's re-sends
             pg1 = _pg_counts(admin, dbname) if admin is not None else None
             accepted: list[float] = []
+            outbox: dict[str, int] = {}
             if name.startswith("cronjob"):
                 accepted = _accepted(url, start, end)  # type: ignore[arg-type]
+                outbox = _outbox(url, start, end)  # type: ignore[arg-type]
         finally:
             for proc in procs:
                 _stop(proc)
@@ -262,6 +267,7 @@ def scenario(
         "late_over_1s": sum(x > 1 for x in late),
         "accepted_p50_ms": _pct(accepted, 0.5),
         "accepted_p99_ms": _pct(accepted, 0.99),
+        **outbox,
         "cpu_s": round(cpu1 - cpu0, 2),
         "connections_opened": None if pg0 is None or pg1 is None else pg1[0] - pg0[0],
         "commits": None if pg0 is None or pg1 is None else pg1[1] - pg0[1],
@@ -280,6 +286,27 @@ def _drop_redbeat(redis_url: str, prefix: str) -> None:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+def _outbox(url: str, start: float, end: float) -> dict[str, int]:
+    """What the outbox holds of the window's instants once the grace is over: the
+    (name, instant) pairs on record, and how many of them are still unsent. A pair
+    missing at the consumer but on record and unsent was late, not lost; one not on
+    record was never published."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            recorded, unsent = conn.execute(
+                sa.text(
+                    "SELECT COUNT(DISTINCT name || ':' || instant_ms),"
+                    " COUNT(*) FILTER (WHERE sent_ms IS NULL AND obsolete_ms IS NULL)"
+                    " FROM cronjob_outbox WHERE instant_ms >= :a AND instant_ms < :b"
+                ),
+                {"a": int(start * 1000), "b": int(end * 1000)},
+            ).one()
+    finally:
+        engine.dispose()
+    return {"outbox_recorded": int(recorded), "outbox_unsent": int(unsent)}
 
 
 def _accepted(url: str, start: float, end: float) -> list[float]:
