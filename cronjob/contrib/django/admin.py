@@ -33,6 +33,7 @@ from ..._clock import Clock, SystemClock
 from ..._exceptions import RegistrationError, ScheduleError
 from ..._policy import CatchUp, Overlap
 from ...schedules import ScheduleRecord
+from ...schedules._policies import OWN_POLICIES
 from . import schedules
 from ._database import database_alias
 from .models import Schedule
@@ -57,8 +58,9 @@ def _action(**options: Any) -> Callable[[_F], _F]:
     return decorator
 
 
-#: The form's fields of a schedule's own policies (empty: its task's).
-POLICIES = ("overlap", "catch_up", "catch_up_window", "jitter", "heartbeat")
+#: The form's fields of a schedule's own policies (empty: its task's): the schedules
+#: API's own list.
+POLICIES = OWN_POLICIES
 
 
 def _policy_choices(kind: type[enum.StrEnum]) -> list[tuple[str, str]]:
