@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from cronjob import Registry
 from cronjob.engine._overlap import NextRounds
 from cronjob.engine._state import Reason
 from cronjob.testing import FakeClock
+from tests.test_policies_overlap import MINUTELY, Rounds, at, ended
 
 T = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -135,3 +137,44 @@ def test_a_batch_inside_a_batch_claims_at_the_outer_end(rounds, recorded):
     # After the batch, follow-ups are claimed at once again.
     rounds._follow(a, T + timedelta(seconds=1), Reason.OVERLAP)
     assert recorded.claims[-1] == (T + timedelta(seconds=1), ["a"], Reason.OVERLAP)
+
+
+JOBS = ("a", "b", "c")
+
+
+class TestJobsWhoseRoundsEndTogether:
+    """End to end, on each database: rounds of several jobs that end at one time reach the
+    dispatcher in one batch; each job's follow-up runs once, as it did claimed alone."""
+
+    def test_buffer_one_each_buffered_instant_runs_once_as_the_rounds_end(
+        self, url, replicas, clock
+    ):
+        rounds = {name: Rounds(clock) for name in JOBS}
+        registry = Registry()
+        for name in JOBS:
+            registry.register(rounds[name].job(90), MINUTELY, name, overlap="buffer_one")
+        replicas(registry, "r1")
+        replicas(registry, "r2")
+        clock.advance(60 + 90 + 31)  # 09:01 runs to 09:02:30; 09:02 waits; 09:03 on time
+        for name in JOBS:
+            assert rounds[name].instants() == [at(minutes=m) for m in (1, 2, 3)], name
+            assert rounds[name].seen[1].started == at(minutes=2, seconds=30)
+            rounds[name].assert_never_overlapping()
+            assert [(i, why) for i, _a, why, _o in ended(url, name)] == [
+                (at(minutes=m), "schedule") for m in (1, 2, 3)
+            ]
+
+    def test_cancel_other_each_superseding_instant_runs_once(self, url, replicas, clock):
+        rounds = {name: Rounds(clock) for name in JOBS}
+        registry = Registry()
+        for name in JOBS:
+            registry.register(rounds[name].job(150), MINUTELY, name, overlap="cancel_other")
+        replicas(registry, "r1")
+        replicas(registry, "r2")
+        clock.advance(60 + 60 + 30)  # 09:01 superseded at 09:02, which runs (1 s); 09:03 next
+        for name in JOBS:
+            assert rounds[name].instants() == [at(minutes=1), at(minutes=2)], name
+            rounds[name].assert_never_overlapping()
+            outcomes = [(i, out) for i, _a, _w, out in ended(url, name)]
+            assert outcomes[0][0] == at(minutes=1) and outcomes[0][1] != "succeeded"
+            assert outcomes[1:] == [(at(minutes=2), "succeeded")]
