@@ -354,7 +354,7 @@ def test_the_previous_release_runs_beside_schedules_and_never_touches_them(
     for name in ("old-only-tick", "shared-tick"):
         instants = sorted(float(str(r["instant"])) for r in rounds if r["id"] == name)
         window = [t for t in instants if added <= t <= stopped - 1]
-        assert len(window) >= WINDOW - 2, (name, instants)
+        assert window, (name, instants, old.output)
         missed = set(range(int(window[0]), int(window[-1]))) - {int(t) for t in window}
         # On MariaDB the previous release's own claim can die in a deadlock (its due write
         # reads the whole table; see lease._mysql_due): it then logs the failed claim and
@@ -364,6 +364,9 @@ def test_the_previous_release_runs_beside_schedules_and_never_touches_them(
             {t for t in missed if _deadlocked(old.output, t)} if name == "old-only-tick" else set()
         )
         assert missed == excused, (name, sorted(missed), old.output)
+        # Each instant of the window ran or is excused (the first and last may fall
+        # outside it by a second each).
+        assert len(window) + len(excused) >= WINDOW - 2, (name, instants, old.output)
     assert {r["release"] for r in rounds if r["id"] == "old-only-tick"} == {"previous"}
     shared = collections.Counter(r["release"] for r in rounds if r["id"] == "shared-tick")
     assert shared["previous"] > 0 and shared["this"] > 0, shared
