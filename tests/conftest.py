@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -37,6 +35,7 @@ from sqlalchemy.pool import NullPool
 import cronjob
 import lease
 from tests._endpoint import endpoint  # noqa: F401 (a fixture: heartbeat pings)
+from tests._pool import AtHead, drop_schema, scratch_name
 
 pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py
 
@@ -111,8 +110,7 @@ def _execute_outside_transaction(url: str, statement: str) -> None:
         engine.dispose()
 
 
-def _scratch_name() -> str:
-    return f"lease_test_{uuid.uuid4().hex[:16]}"
+_scratch_name = scratch_name
 
 
 @pytest.fixture
@@ -142,16 +140,7 @@ def postgres_schema() -> Iterator[str]:
 
 
 def _drop_schema(schema: str) -> None:
-    """Drop a test's schema; a deadlock with a process of the test still finishing its
-    last statement there (a killed child's replica, seen once in CI) is tried again."""
-    for attempt in range(3):
-        try:
-            _execute(POSTGRES_URL, f"DROP SCHEMA {schema} CASCADE")
-            return
-        except sa.exc.OperationalError as exc:
-            if "deadlock detected" not in str(exc) or attempt == 2:
-                raise
-            time.sleep(0.5)
+    drop_schema(POSTGRES_URL, schema)
 
 
 @pytest.fixture
@@ -227,11 +216,37 @@ PGBOUNCER = pytest.param(
 )
 
 
+#: This process's databases at head (tests/_pool.py), for ``db_url``.
+_at_head = AtHead(postgres=POSTGRES_URL, mysql=MYSQL_URL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_databases_at_head() -> Iterator[None]:
+    yield
+    _at_head.close()
+
+
+def database_url(request: pytest.FixtureRequest, kind: str) -> str:
+    """The URL of a database of ``kind`` (a ``DATABASES`` or ``PGBOUNCER`` id) for the
+    test: its lease tables at head and empty, as `lease.migrate` leaves a new database
+    (see tests/_pool.py); for a test marked ``blank_database``, and through PgBouncer,
+    ``{kind}_url``'s database without the tables."""
+    if kind == "pgbouncer" or request.node.get_closest_marker("blank_database"):
+        return str(request.getfixturevalue(f"{kind}_url"))
+    if kind == "postgres":
+        _reachable(POSTGRES_URL, "PostgreSQL")
+    elif kind == "mysql":
+        _reachable(MYSQL_URL, "MariaDB/MySQL")
+    database = _at_head.database(kind, request.getfixturevalue("tmp_path"))
+    url = database.__enter__()
+    request.addfinalizer(lambda: database.__exit__(None, None, None))
+    return url
+
+
 @pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Each supported database in turn, without the lease tables."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    return url
+    """Each supported database in turn, its lease tables at head (``database_url``)."""
+    return database_url(request, request.param)
 
 
 @pytest.fixture

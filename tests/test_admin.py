@@ -288,6 +288,7 @@ class TestHistory:
 
 
 class TestBadDatabase:
+    @pytest.mark.blank_database
     def test_a_database_without_tables_says_so_and_changes_nothing(self, db_url):
         with pytest.raises(admin.TablesMissing, match=r"^no cronjob tables.*nothing was changed"):
             admin.status(db_url)
@@ -295,6 +296,7 @@ class TestBadDatabase:
             admin.history(db_url, "tick")
         assert tables(db_url) == set()
 
+    @pytest.mark.blank_database
     def test_an_older_schema_says_which_and_changes_nothing(self, db_url):
         engine = lease.create_engine(db_url)
         try:

@@ -188,6 +188,7 @@ class TestHistory:
 
 
 class TestBadDatabase:
+    @pytest.mark.blank_database
     def test_no_tables_is_one_line_exit_2_and_changes_nothing(self, db_url, capsys):
         for argv in (["status"], ["history", "tick"]):
             status, out, err = run(capsys, *argv, "--database-url", db_url)
@@ -200,6 +201,7 @@ class TestBadDatabase:
             assert sa.inspect(engine).get_table_names() == []
             engine.dispose()
 
+    @pytest.mark.blank_database
     def test_an_older_schema_is_one_line_exit_2_and_changes_nothing(self, db_url, capsys):
         import alembic.command
 

@@ -368,6 +368,7 @@ class TestCommands:
         assert (found["id"], found["task"], found["args"]) == ("report:1", "report", {"tenant": 1})
         assert found["paused"] is True and found["next_instant"] is None
 
+    @pytest.mark.blank_database
     def test_schedules_without_the_tables_says_so_and_exits_2(self, db_url, capsys):
         status, out, err = run(capsys, "schedules", "--database-url", db_url)
         assert (status, out) == (2, "")

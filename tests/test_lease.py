@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
-from conftest import DATABASES, PGBOUNCER, START, ManualClock
+from conftest import DATABASES, PGBOUNCER, START, ManualClock, database_url
 from sqlalchemy import event
 
 import lease
@@ -34,8 +34,7 @@ def ms(when: datetime) -> int:
 @pytest.fixture(params=[*DATABASES, PGBOUNCER])
 def db_url(request: pytest.FixtureRequest) -> str:
     """Each database in turn, and PostgreSQL through PgBouncer in transaction mode."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    return url
+    return database_url(request, request.param)
 
 
 @pytest.fixture
@@ -1080,8 +1079,7 @@ class TestRaces:
 @pytest.fixture(params=[*DATABASES[1:], PGBOUNCER])
 def server_url(request: pytest.FixtureRequest) -> str:
     """Each server database in turn, without the lease tables."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    return url
+    return database_url(request, request.param)
 
 
 @contextmanager
@@ -1281,6 +1279,7 @@ class TestErrors:
         "now_ms": lambda s: s.now_ms()
     }
 
+    @pytest.mark.blank_database
     @pytest.mark.parametrize("operation", sorted(TABLE_OPERATIONS))
     def test_no_sqlalchemy_error_escapes_a_missing_table(self, db_engine, operation):
         store = lease.LeaseStore(db_engine)
@@ -1300,6 +1299,7 @@ class TestErrors:
         assert "secret" not in str(caught.value)
         engine.dispose()
 
+    @pytest.mark.blank_database
     def test_holds_translates_errors_too(self, db_engine):
         store = lease.LeaseStore(db_engine)
         with pytest.raises(lease.LeaseError), db_engine.connect() as conn:

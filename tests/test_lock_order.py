@@ -27,7 +27,7 @@ from typing import Any
 import pymysql
 import pytest
 import sqlalchemy as sa
-from conftest import START, ManualClock
+from conftest import START, ManualClock, database_url
 
 import lease
 from lease._mysql_due import is_deadlock
@@ -49,7 +49,7 @@ def server_store(
     request: pytest.FixtureRequest, manual_clock: ManualClock
 ) -> Iterator[lease.LeaseStore]:
     """A store on a server database at head, its pool big enough for two threads."""
-    url: str = request.getfixturevalue(f"{request.param}_url")
+    url = database_url(request, request.param)
     engine = lease.create_engine(url, pool_size=4)
     lease.migrate(engine)
     try:

@@ -4,10 +4,14 @@ own statements on the outbox (its columns only) keep working beside this release
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 import lease
 from tests import test_migrations as migrations
+
+#: Migrations start from a database without the lease tables (tests/_pool.py).
+pytestmark = pytest.mark.blank_database
 
 #: How release 0012 records, reads, claims and counts a publication: its columns only.
 INSERT_0012 = (

@@ -5,11 +5,15 @@ upgrade carries the moment it was committed."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 import lease
 from cronjob import schedules
 from tests import test_migrations as migrations
+
+#: Migrations start from a database without the lease tables (tests/_pool.py).
+pytestmark = pytest.mark.blank_database
 
 
 class TestUpgradeTo0017:

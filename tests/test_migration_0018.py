@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 
 import lease
 from tests import test_migrations as migrations
+
+#: Migrations start from a database without the lease tables (tests/_pool.py).
+pytestmark = pytest.mark.blank_database
 
 
 def prev_start(engine: sa.Engine, name: str) -> int | None:

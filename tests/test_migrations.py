@@ -25,6 +25,9 @@ import lease
 from lease import _migrate
 from tests._helpers import replica_row
 
+#: Migrations start from a database without the lease tables (tests/_pool.py).
+pytestmark = pytest.mark.blank_database
+
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "0018"
 

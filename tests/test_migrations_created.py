@@ -23,6 +23,9 @@ from lease import _migrate
 from lease._schema import VERSION_TABLE, metadata
 from tests.conftest import mysql_database, postgres_schema
 
+#: Migrations start from a database without the lease tables (tests/_pool.py).
+pytestmark = pytest.mark.blank_database
+
 TABLES = sorted([*metadata.tables, VERSION_TABLE])
 
 

@@ -181,6 +181,7 @@ class TestAcknowledge:
         assert (found.missed, found.missed_acknowledged) == (2, 10)  # 09:12, 09:13
         assert not admin.status(db_url, now=clock.now()).healthy
 
+    @pytest.mark.blank_database
     def test_it_refuses_an_unknown_job_and_options_without_ack(self, db_url, capsys):
         with pytest.raises(admin.TablesMissing):
             admin.acknowledge(db_url, "nosuch")

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-from conftest import DATABASES, PGBOUNCER, lease_row
+from conftest import DATABASES, PGBOUNCER, database_url, lease_row
 
 import cronjob
 import lease
@@ -83,8 +83,7 @@ class TestOncePerInstant:
     @pytest.fixture(params=[*DATABASES, PGBOUNCER])
     def db_url(self, request: pytest.FixtureRequest) -> str:
         """Each database, and PostgreSQL through PgBouncer in transaction mode."""
-        url: str = request.getfixturevalue(f"{request.param}_url")
-        return url
+        return database_url(request, request.param)
 
     def test_each_instant_runs_once_across_three_replicas(self, replicas, clock, recorder):
         registry = Registry()
@@ -138,8 +137,7 @@ class TestSpreading:
     @pytest.fixture(params=[*DATABASES, PGBOUNCER])
     def db_url(self, request: pytest.FixtureRequest) -> str:
         """Each database, and PostgreSQL through PgBouncer in transaction mode."""
-        url: str = request.getfixturevalue(f"{request.param}_url")
-        return url
+        return database_url(request, request.param)
 
     JOBS = 30
 
@@ -483,8 +481,7 @@ class TestSecondRun:
     @pytest.fixture(params=[*DATABASES, PGBOUNCER])
     def db_url(self, request: pytest.FixtureRequest) -> str:
         """Each database, and PostgreSQL through PgBouncer in transaction mode."""
-        url: str = request.getfixturevalue(f"{request.param}_url")
-        return url
+        return database_url(request, request.param)
 
     def test_drain_gives_the_lease_back_and_another_replica_runs_attempt_2(
         self, url, replicas, clock, recorder

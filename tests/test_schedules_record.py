@@ -71,6 +71,7 @@ class TestPaused:
         assert asyncio.run(read()) == (True, [True])
 
 
+@pytest.mark.blank_database
 class TestBeforeAnyReplica:
     """No replica has started and ``lease.migrate`` has not run: the call says what to run."""
 

@@ -187,6 +187,7 @@ class TestReadOnly:
     def test_another_path_is_404(self, deployment, clock):
         assert wsgi_get(web.wsgi_app(deployment, clock=clock), "/admin").status == 404
 
+    @pytest.mark.blank_database
     def test_a_database_without_tables_says_so_and_is_left_as_it_was(self, db_url):
         page = wsgi_get(web.wsgi_app(db_url), "/")
         assert page.status == 503
