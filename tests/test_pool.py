@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 import lease
 from tests._pool import AtHead
-from tests.conftest import MYSQL_URL, POSTGRES_URL, _reachable
+from tests.conftest import MYSQL_URL, POSTGRES_URL, _execute, _reachable
 
 SERVERS = [
     pytest.param("postgres", marks=pytest.mark.postgres),
@@ -102,21 +102,15 @@ def test_a_database_taken_back_is_empty_again_its_identities_at_one(at_head, kin
 @pytest.mark.parametrize("kind", SERVERS)
 def test_a_changed_database_is_dropped_not_taken_back(at_head, kind, tmp_path):
     with at_head.database(kind, tmp_path) as url:
-        engine = sa.create_engine(url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE TABLE app_own (id INTEGER PRIMARY KEY)"))
-        finally:
-            engine.dispose()
+        _execute(url, "CREATE TABLE app_own (id INTEGER PRIMARY KEY)")
     with at_head.database(kind, tmp_path) as url:
         engine = sa.create_engine(url)
         try:
             assert "app_own" not in sa.inspect(engine).get_table_names()
-            with engine.begin() as conn:
-                dropped = "DROP INDEX ix_cronjob_round_name_id"
-                conn.execute(sa.text(f"{dropped} ON cronjob_round" if kind == "mysql" else dropped))
         finally:
             engine.dispose()
+        dropped = "DROP INDEX ix_cronjob_round_name_id"
+        _execute(url, f"{dropped} ON cronjob_round" if kind == "mysql" else dropped)
     with at_head.database(kind, tmp_path) as url:
         engine = sa.create_engine(url)
         try:
