@@ -100,9 +100,10 @@ REPUBLISH_LIMIT: Final = 500
 #: Seconds the due rows of a publisher whose probe was refused are put off, untried, the
 #: first time; each consecutive refused probe of the publisher doubles it.
 DEFER_FIRST: Final = 2.0
-#: The longest put-off, in seconds: a broker that is back is probed within it, and its
-#: rows are all sent by that sweep, within 10 s of its return.
-DEFER_REFUSED: Final = 8.0
+#: The longest put-off, in seconds: a broker that is back is probed within it (or within
+#: it after a probe in flight at its return has waited out its send timeout, 5 s at the
+#: default hold), and its rows are all sent by that sweep, within 10 s of its return.
+DEFER_REFUSED: Final = 4.0
 #: The shortest time between the end of a sweep and the next, in seconds.
 SWEEP_SOONEST: Final = 1.0
 #: Seconds before the earliest next try of an unsent row that the sweep comes: this
