@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ._logging import check_level, visible_logs
-from .engine._scheduler import Scheduler
+from .engine import Scheduler
 
 __all__ = ["APP_STATE_ATTRIBUTE", "lifespan"]
 

@@ -33,7 +33,7 @@ import pytest
 import lease
 
 from ._registry import Registry, default_registry
-from .engine._scheduler import Scheduler
+from .engine import Scheduler
 from .testing import FakeClock, RanRound, record_rounds
 
 __all__ = ["DEFAULT_START", "StartReplicas"]

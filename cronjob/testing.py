@@ -26,8 +26,7 @@ from ._fakeclock import FakeClock as FakeClock
 from ._records import Why
 from ._registry import Job, Registry
 from ._round import Outcome, Round, Trigger, classify
-from .engine._database import is_async_engine
-from .engine._scheduler import Scheduler
+from .engine import Scheduler, is_async_engine
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine

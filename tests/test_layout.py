@@ -169,6 +169,20 @@ def test_each_wing_imports_only_what_it_may(wing, forbidden):
     assert wrong == []
 
 
+def test_nothing_outside_the_engine_imports_its_private_modules():
+    """The rest of ``cronjob`` takes what it uses of the engine from ``cronjob.engine``
+    (its ``__init__`` re-exports it), never from an ``engine._x`` module: what the other
+    packages lean on is listed in one place. Imports for type checking count too."""
+    wrong = sorted(
+        f"{name} -> {target}"
+        for name, targets in TYPED_GRAPH.items()
+        if _wing(name) != "engine"
+        for target in targets
+        if target.startswith("cronjob.engine._")
+    )
+    assert wrong == []
+
+
 def test_the_building_blocks_import_neither_wing():
     """The public face's blocks (``__main__``, ``_lifespan``, ``testing``, ``contrib`` may
     use the wings), and the lease and execctx packages, stand below both wings."""

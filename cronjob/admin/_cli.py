@@ -31,7 +31,7 @@ from .._jitter import jitter_delay
 from .._policy import policy_text
 from .._registry import Job, default_registry
 from .._schedule import DstMark, Schedule, parse
-from ..engine._options import DEFAULT_MAX_WORKERS
+from ..engine import DEFAULT_MAX_WORKERS
 from ._ack_cli import add_missed_command, run_missed
 from ._backfill_cli import add_backfill_command, run_backfill
 from ._control_cli import add_commands as add_control_commands

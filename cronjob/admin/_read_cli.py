@@ -29,7 +29,7 @@ import lease
 
 from .. import admin
 from .._policy import policy_text
-from ..engine._database import resolve_database
+from ..engine import resolve_database
 from ._format import (
     _ack_row,
     _cell,

@@ -16,8 +16,7 @@ import lease
 
 from .._exceptions import CronjobError
 from .._logging import LOGGERS, stderr_handler
-from ..engine._database import resolve_database
-from ..engine._scheduler import Scheduler
+from ..engine import Scheduler, resolve_database
 
 __all__ = ["run_command"]
 

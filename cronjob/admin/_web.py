@@ -36,7 +36,7 @@ import lease
 
 from .. import admin
 from .._clock import Clock
-from ..engine._database import resolve_database
+from ..engine import resolve_database
 from . import _page
 
 __all__ = ["asgi_app", "serve", "wsgi_app"]

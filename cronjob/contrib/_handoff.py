@@ -24,7 +24,7 @@ from opentelemetry import propagate
 import lease
 
 from .._exceptions import RegistrationError
-from ..engine._republish import Resent
+from ..engine import Resent
 from . import _records
 from ._outbox import (
     claim,

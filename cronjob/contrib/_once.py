@@ -40,7 +40,7 @@ import lease
 from .._clock import Clock, SystemClock
 from .._exceptions import CronjobError
 from .._registry import Registry, default_registry
-from ..engine._database import resolve_database
+from ..engine import resolve_database
 from ._validation import Claim, check_claim, check_identity
 
 __all__ = ["STALE_AFTER", "OccurrenceBusy", "run_claimed", "run_once"]

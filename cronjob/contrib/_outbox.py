@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import lease
 
 from .._occurrence import occurrence_id
-from ..engine._republish import Resent
-from ..engine._state import Run
+from ..engine import Resent, Run
 from . import _marks
 from ._retries import invalid_pause
 from ._sender import Occurrence
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from .._round import Round
-    from ..engine._metrics import JobMetrics
+    from ..engine import JobMetrics
 
 __all__ = [
     "claim",

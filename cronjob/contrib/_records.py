@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import lease
 
 from .._occurrence import occurrence_id
-from ..engine._owed import OWED_LIMIT
+from ..engine import OWED_LIMIT
 from ._sender import Occurrence
 
 if TYPE_CHECKING:

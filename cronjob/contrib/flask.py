@@ -23,7 +23,7 @@ from flask import Flask, current_app
 from flask.cli import with_appcontext
 
 from ..admin._cli import main
-from ..engine._scheduler import Scheduler
+from ..engine import Scheduler
 
 __all__ = ["Cronjob", "command"]
 

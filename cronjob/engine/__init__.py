@@ -41,10 +41,31 @@ private module each (the package docstring of `cronjob` draws who owns what):
 The engine imports the public face's building blocks (``cronjob._clock``, ``_round``,
 ``_registry``, ``_schedule``, ``_exceptions``, ``_history``) and [lease][]; it never
 imports `cronjob` itself, [cronjob.admin][] or [cronjob.web][].
+
+What the rest of `cronjob` uses of the engine is re-exported here, and only from here
+(``tests/test_layout.py`` holds it): the façade and its database helpers (the face,
+``cronjob.admin``, ``cronjob.testing``), and what a hand-off publisher shares with the
+sweep that sends its rows again (``cronjob.contrib``: `Resent`, `Run`, `OWED_LIMIT`,
+`JobMetrics`). Nothing here is public API.
 """
 
 from __future__ import annotations
 
-from ._scheduler import Scheduler as Scheduler
+from ._database import is_async_engine, resolve_database
+from ._metrics import JobMetrics
+from ._options import DEFAULT_MAX_WORKERS
+from ._owed import OWED_LIMIT
+from ._republish import Resent
+from ._scheduler import Scheduler
+from ._state import Run
 
-__all__ = ["Scheduler"]
+__all__ = [
+    "DEFAULT_MAX_WORKERS",
+    "OWED_LIMIT",
+    "JobMetrics",
+    "Resent",
+    "Run",
+    "Scheduler",
+    "is_async_engine",
+    "resolve_database",
+]
