@@ -1,10 +1,13 @@
 """Shared fixtures: the three databases, engines on them, a manual clock.
 
-Database fixtures give a URL to an empty database of the test's own: SQLite gets a new
-file in ``tmp_path``; on the PostgreSQL and MariaDB servers (see SPEC.md, "Databases")
-the test gets a new schema (PostgreSQL, as the connection's ``search_path``) or database
-(MariaDB), dropped after it. So a test never sees another test's tables, even when two
-developers run the suite at once against the same servers.
+``sqlite_url``, ``postgres_url`` and ``mysql_url`` give a URL to an empty database of the
+test's own: SQLite gets a new file in ``tmp_path``; on the PostgreSQL and MariaDB servers
+(see SPEC.md, "Databases") the test gets a new schema (PostgreSQL, as the connection's
+``search_path``) or database (MariaDB), dropped after it. So a test never sees another
+test's tables, even when two developers run the suite at once against the same servers.
+``db_url`` gives one of its own too, but with the lease tables already at head and empty,
+taken back for the next test after it (tests/_pool.py); a test marked
+``blank_database`` gets an empty one.
 
 A server that cannot be reached skips the test, except under CI (``CI=true``), where
 it fails it: CI must never pass by skipping the servers.
@@ -110,9 +113,6 @@ def _execute_outside_transaction(url: str, statement: str) -> None:
         engine.dispose()
 
 
-_scratch_name = scratch_name
-
-
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A SQLite database in a new file."""
@@ -130,7 +130,7 @@ def postgres_url() -> Iterator[str]:
 def postgres_schema() -> Iterator[str]:
     """`postgres_url`'s schema, as a context (a test that needs two)."""
     _reachable(POSTGRES_URL, "PostgreSQL")
-    schema = _scratch_name()
+    schema = scratch_name()
     _execute(POSTGRES_URL, f"CREATE SCHEMA {schema}")
     url = sa.make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
     try:
@@ -154,7 +154,7 @@ def mysql_url() -> Iterator[str]:
 def mysql_database() -> Iterator[str]:
     """`mysql_url`'s database, as a context (a test that needs two)."""
     _reachable(MYSQL_URL, "MariaDB/MySQL")
-    database = _scratch_name()
+    database = scratch_name()
     _execute(MYSQL_URL, f"CREATE DATABASE {database} CHARACTER SET utf8mb4")
     try:
         yield sa.make_url(MYSQL_URL).set(database=database).render_as_string(hide_password=False)
@@ -168,7 +168,7 @@ def pgbouncer_url() -> Iterator[str]:
     PgBouncer in transaction mode, with ``pooler=transaction`` in the URL."""
     _reachable(POSTGRES_URL, "PostgreSQL")
     _reachable(PGBOUNCER_URL, "PgBouncer")
-    database = _scratch_name()
+    database = scratch_name()
     _execute_outside_transaction(POSTGRES_URL, f"CREATE DATABASE {database}")
     url = sa.make_url(PGBOUNCER_URL).set(database=database)
     try:
