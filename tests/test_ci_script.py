@@ -93,7 +93,7 @@ def test_the_test_command_sets_up_and_runs_every_check_in_order():
         ".venv/bin/ruff format --check .",
         ".venv/bin/python -m pytest -m restart -n 3 --dist loadgroup",
         ".venv/bin/python scripts/wheel_smoke.py",
-        ".venv/bin/python -m pytest -m 'faults and not restart' -n 4 --dist loadgroup",
+        ".venv/bin/python -m pytest -m 'faults and not restart' -n 3 --dist loadgroup",
         ".venv/bin/python -m pytest -m 'not faults and not restart' -n 4 --dist loadgroup",
     ]
     # mypy and the docs build run beside the restart tests, and fail the script if they fail.
