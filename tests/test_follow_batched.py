@@ -142,6 +142,18 @@ def test_a_batch_inside_a_batch_claims_at_the_outer_end(rounds, recorded):
 JOBS = ("a", "b", "c")
 
 
+def start_two_replicas(replicas, clock, *, seconds: float, overlap: str) -> dict[str, Rounds]:
+    """Each of `JOBS` every minute, its rounds lasting ``seconds``, with ``overlap``, on
+    two replicas; the rounds of each job by name."""
+    rounds = {name: Rounds(clock) for name in JOBS}
+    registry = Registry()
+    for name in JOBS:
+        registry.register(rounds[name].job(seconds), MINUTELY, name, overlap=overlap)
+    replicas(registry, "r1")
+    replicas(registry, "r2")
+    return rounds
+
+
 class TestJobsWhoseRoundsEndTogether:
     """End to end, on each database: rounds of several jobs that end at one time reach the
     dispatcher in one batch; each job's follow-up runs once, as it did claimed alone."""
@@ -149,12 +161,7 @@ class TestJobsWhoseRoundsEndTogether:
     def test_buffer_one_each_buffered_instant_runs_once_as_the_rounds_end(
         self, url, replicas, clock
     ):
-        rounds = {name: Rounds(clock) for name in JOBS}
-        registry = Registry()
-        for name in JOBS:
-            registry.register(rounds[name].job(90), MINUTELY, name, overlap="buffer_one")
-        replicas(registry, "r1")
-        replicas(registry, "r2")
+        rounds = start_two_replicas(replicas, clock, seconds=90, overlap="buffer_one")
         clock.advance(60 + 90 + 31)  # 09:01 runs to 09:02:30; 09:02 waits; 09:03 on time
         for name in JOBS:
             assert rounds[name].instants() == [at(minutes=m) for m in (1, 2, 3)], name
@@ -165,12 +172,7 @@ class TestJobsWhoseRoundsEndTogether:
             ]
 
     def test_cancel_other_each_superseding_instant_runs_once(self, url, replicas, clock):
-        rounds = {name: Rounds(clock) for name in JOBS}
-        registry = Registry()
-        for name in JOBS:
-            registry.register(rounds[name].job(150), MINUTELY, name, overlap="cancel_other")
-        replicas(registry, "r1")
-        replicas(registry, "r2")
+        rounds = start_two_replicas(replicas, clock, seconds=150, overlap="cancel_other")
         clock.advance(60 + 60 + 30)  # 09:01 superseded at 09:02, which runs (1 s); 09:03 next
         for name in JOBS:
             assert rounds[name].instants() == [at(minutes=1), at(minutes=2)], name
